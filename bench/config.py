@@ -1,0 +1,254 @@
+"""Typed configuration and the one place where a configuration is checked.
+
+Hydra composes ``conf/`` over these dataclasses (registered in the ConfigStore), so an
+unknown key or a wrong type fails at composition.  ``validate`` then applies every
+cross-field rule and returns a :class:`Plan`: the resolved, checked description of the
+run that the launcher and the workers use.  Errors name the key, the value and what
+would be valid, and are raised before any process is spawned.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+DEVICES = ("auto", "cuda", "cpu")
+FAULT_KINDS = ("none", "raise", "oom", "hang")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names key, value and valid choices."""
+
+    def __init__(self, key: str, value: Any, valid: str):
+        self.key, self.value, self.valid = key, value, valid
+        super().__init__(f"invalid config: {key}={value!r}: {valid}")
+
+
+# --------------------------------------------------------------------------- schema
+@dataclass
+class ModelConfig:
+    """The GPT every strategy trains; batch and sequence belong to the model preset."""
+
+    name: str = MISSING
+    d_model: int = MISSING
+    n_heads: int = MISSING
+    n_layers: int = MISSING
+    d_ff: int = MISSING
+    vocab_size: int = 8000
+    seq_len: int = MISSING
+    global_batch: int = MISSING  # sequences per optimizer step, over all ranks
+
+
+@dataclass
+class StrategyConfig:
+    """Fields every strategy has. ``micro_batch_size`` is per data-parallel rank;
+    null means one micro-batch per step (no gradient accumulation)."""
+
+    name: str = MISSING
+    impl: str = "torch"
+    micro_batch_size: Optional[int] = None
+
+
+@dataclass
+class SingleConfig(StrategyConfig):
+    name: str = "single"
+
+
+@dataclass
+class DDPConfig(StrategyConfig):
+    """torch DistributedDataParallel knobs (defaults are torch's)."""
+
+    name: str = "ddp"
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = False
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3.0e-4
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 0.0  # 0 disables clipping
+
+
+@dataclass
+class MetricsConfig:
+    nvml_interval_ms: int = 100  # NVML sampling period of the background thread
+    peak_tflops: Optional[float] = None  # overrides the device table for MFU
+    measure_matmul_peak: bool = True  # time a bf16 8192^3 matmul on GPU for a measured MFU
+
+
+@dataclass
+class FaultConfig:
+    """Fault injection, for testing failure handling: ``kind`` happens on ``rank`` at ``step``."""
+
+    kind: str = "none"  # none | raise | oom | hang
+    rank: int = 0
+    step: int = 0
+
+
+@dataclass
+class BenchConfig:
+    model: ModelConfig = MISSING
+    strategy: Any = MISSING
+    world_size: int = 1
+    precision: str = "bf16"
+    steps: int = 20  # optimizer steps in all, warm-up included
+    warmup_steps: int = 5  # not timed
+    seed: int = 0
+    device: str = "auto"
+    compile: bool = False
+    tf32: bool = False  # allow TF32 matmuls when precision=fp32 on GPU
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    dist_timeout_s: int = 600  # collective timeout of the process group
+    run_timeout_s: Optional[int] = None  # wall-clock limit of a run; its processes are ended after it
+
+
+STRATEGY_SCHEMAS: dict[str, type] = {"single": SingleConfig, "ddp": DDPConfig}
+
+
+def register_configs() -> None:
+    """Register the schemas; conf/*.yaml name them in their defaults lists."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="bench_schema", node=BenchConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    for name, schema in STRATEGY_SCHEMAS.items():
+        cs.store(group="strategy", name=f"{name}_schema", node=schema)
+
+
+# --------------------------------------------------------------------------- plan
+@dataclass
+class Plan:
+    """A validated run: the config plus everything derived from it."""
+
+    cfg: dict  # resolved config (plain containers)
+    device: str  # "cuda" | "cpu"
+    backend: str  # "nccl" | "gloo"
+    world_size: int
+    tp: int  # tensor-parallel size
+    pp: int  # pipeline-parallel size
+    dp_size: int  # data-parallel replicas: world_size / (tp * pp)
+    micro_batch_size: int  # sequences per micro-batch on one data-parallel rank
+    grad_accum: int  # micro-batches per optimizer step on one data-parallel rank
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> "Plan":
+        return Plan(**d)
+
+    @property
+    def model(self) -> dict:
+        return self.cfg["model"]
+
+    @property
+    def strategy(self) -> dict:
+        return self.cfg["strategy"]
+
+
+def _choice(key: str, value: Any, valid: tuple) -> None:
+    if value not in valid:
+        raise ConfigError(key, value, f"valid: {', '.join(map(str, valid))}")
+
+
+def _positive(key: str, value: int) -> None:
+    if value is None or value <= 0:
+        raise ConfigError(key, value, "must be a positive integer")
+
+
+def cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def validate(cfg: DictConfig | dict, gpus: Optional[int] = None) -> Plan:
+    """Check every cross-field rule; return the Plan or raise ConfigError.
+
+    ``gpus`` is the number of visible CUDA devices (looked up when None)."""
+    c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    m, s = c["model"], c["strategy"]
+
+    for key in ("d_model", "n_heads", "n_layers", "d_ff", "vocab_size", "seq_len", "global_batch"):
+        _positive(f"model.{key}", m[key])
+    if m["d_model"] % m["n_heads"]:
+        raise ConfigError("model.n_heads", m["n_heads"], f"must divide model.d_model={m['d_model']}")
+    _positive("world_size", c["world_size"])
+    _positive("steps", c["steps"])
+    if c["run_timeout_s"] is not None and c["run_timeout_s"] <= 0:
+        raise ConfigError("run_timeout_s", c["run_timeout_s"], "must be a positive number of seconds or null")
+    if c["warmup_steps"] < 0 or c["warmup_steps"] >= c["steps"]:
+        raise ConfigError("warmup_steps", c["warmup_steps"],
+                          f"must be >= 0 and < steps={c['steps']} (at least one timed step)")
+    _choice("precision", c["precision"], PRECISIONS)
+    _choice("device", c["device"], DEVICES)
+    _choice("fault.kind", c["fault"]["kind"], FAULT_KINDS)
+    _choice("strategy", s["name"], tuple(STRATEGY_SCHEMAS))
+
+    gpus = cuda_device_count() if gpus is None else gpus
+    device = c["device"]
+    if device == "auto":
+        device = "cuda" if gpus > 0 else "cpu"
+    if device == "cuda" and gpus == 0:
+        raise ConfigError("device", "cuda", "no CUDA device is visible; use device=cpu or device=auto")
+    if device == "cuda" and c["world_size"] > gpus:
+        raise ConfigError("world_size", c["world_size"],
+                          f"only {gpus} CUDA device(s) visible on this node; use world_size<={gpus} "
+                          "(or hydra/launcher=slurm for several nodes)")
+    if device == "cpu" and c["precision"] == "fp16":
+        raise ConfigError("precision", "fp16", "fp16 needs a GPU; on CPU use fp32 or bf16")
+    if device == "cpu" and c["compile"]:
+        pass  # torch.compile works on CPU (inductor C++); slow to start but valid
+
+    ws = c["world_size"]
+    if s["name"] == "single" and ws != 1:
+        raise ConfigError("world_size", ws, "strategy=single runs on exactly 1 device; use world_size=1 "
+                                            "or a parallel strategy (e.g. strategy=ddp)")
+    # One description of the parallel layout: tp x pp x dp = world_size.
+    tp, pp = s.get("tp", 1), s.get("pp", 1)
+    _positive("strategy.tp", tp)
+    _positive("strategy.pp", pp)
+    if ws % (tp * pp):
+        raise ConfigError("world_size", ws, f"must be a multiple of strategy.tp x strategy.pp = {tp * pp}")
+    dp = ws // (tp * pp)
+    gb = m["global_batch"]
+    if gb % dp:
+        raise ConfigError("model.global_batch", gb,
+                          f"must be divisible by the data-parallel size {dp} (world_size={ws})")
+    per_rank = gb // dp
+    mbs = s.get("micro_batch_size") or per_rank
+    if mbs <= 0 or per_rank % mbs:
+        raise ConfigError("strategy.micro_batch_size", s.get("micro_batch_size"),
+                          f"must divide the per-rank batch {per_rank} (= global_batch {gb} / dp {dp})")
+
+    plan = Plan(cfg=c, device=device, backend="nccl" if device == "cuda" else "gloo", world_size=ws,
+                tp=tp, pp=pp, dp_size=dp, micro_batch_size=mbs, grad_accum=per_rank // mbs)
+    rule = STRATEGY_RULES.get(s["name"])
+    if rule is not None:
+        rule(plan)
+    return plan
+
+
+# --------------------------------------------------------------------------- per-strategy rules
+# Each strategy's own cross-field rules, here so that every rule lives in this one file.
+# A rule takes the Plan (plan.cfg is the resolved config) and raises ConfigError.
+
+def _rules_ddp(plan: Plan) -> None:
+    s = plan.strategy
+    if s["bucket_cap_mb"] <= 0:
+        raise ConfigError("strategy.bucket_cap_mb", s["bucket_cap_mb"], "must be > 0")
+
+
+STRATEGY_RULES: dict[str, Callable[[Plan], None]] = {
+    "ddp": _rules_ddp,
+}

@@ -1,0 +1,108 @@
+"""Start the ranks of one run and turn how they ended into an outcome.
+
+Local runs (every world size, 1 included, so each run gets a fresh process: CUDA memory,
+NCCL state and a crash stay inside it) go through torch's elastic launch API, the one
+``torchrun`` uses, with a c10d rendezvous on a free port and no restarts.  When any worker
+fails, the elastic agent terminates the others and raises ``ChildFailedError``.  A run
+that exceeds ``run_timeout_s`` is ended the same way: a timer sends this process SIGTERM,
+which the agent turns into a shutdown of all workers (SIGTERM, then SIGKILL).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from bench.config import Plan
+from bench.metrics.io import read_json
+
+log = logging.getLogger("bench.launch")
+
+_HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+@dataclass
+class Outcome:
+    status: str  # completed | failed | oom | timeout | interrupted
+    error: Optional[dict] = None
+    failures: list[dict] = field(default_factory=list)  # failure_rank*.json of the run
+
+
+def read_failures(run_dir: Path) -> list[dict]:
+    """The ranks' own failure records, earliest first (the first is the root cause)."""
+    out = []
+    for p in sorted(run_dir.glob("failure_rank*.json")):
+        try:
+            out.append(read_json(p))
+        except Exception:
+            pass
+    return sorted(out, key=lambda f: f.get("time", 0))
+
+
+def launch_local(plan: Plan, run_dir: Path) -> Outcome:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from bench.worker import worker_main
+
+    timeout_s = plan.cfg.get("run_timeout_s")
+    timed_out = threading.Event()
+    timer = None
+    if timeout_s:
+        def _expire() -> None:
+            timed_out.set()
+            log.error("run exceeded run_timeout_s=%s: terminating its processes", timeout_s)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        timer = threading.Timer(timeout_s, _expire)
+        timer.daemon = True
+
+    saved = {s: signal.getsignal(s) for s in _HANDLED_SIGNALS}
+    with tempfile.TemporaryDirectory(prefix="bench_elastic_") as logs:
+        config = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=plan.world_size,
+            run_id=f"bench-{uuid.uuid4().hex[:8]}",
+            rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # port 0: the OS picks a free one
+            max_restarts=0, monitor_interval=0.2, start_method="spawn",
+            logs_specs=DefaultLogsSpecs(log_dir=logs))
+        try:
+            if timer:
+                timer.start()
+            elastic_launch(config, worker_main)(plan.to_dict(), str(run_dir))
+            return Outcome("completed")
+        except ChildFailedError as e:
+            failures = read_failures(run_dir)
+            if timed_out.is_set():
+                return Outcome("timeout", _timeout_error(timeout_s), failures)
+            if failures:
+                root = failures[0]
+                return Outcome("oom" if root["oom"] else "failed",
+                               {k: root[k] for k in ("rank", "type", "message", "traceback")}, failures)
+            rank, pf = e.get_first_failure()
+            return Outcome("failed", {"rank": rank, "type": "ChildFailedError",
+                                      "message": f"rank {rank} exited with code {pf.exitcode}",
+                                      "traceback": str(e)}, failures)
+        except SignalException as e:
+            failures = read_failures(run_dir)
+            if timed_out.is_set():
+                return Outcome("timeout", _timeout_error(timeout_s), failures)
+            return Outcome("interrupted", {"rank": None, "type": "SignalException", "message": str(e),
+                                           "traceback": None}, failures)
+        finally:
+            if timer:
+                timer.cancel()
+            for s, h in saved.items():
+                signal.signal(s, h)
+
+
+def _timeout_error(timeout_s) -> dict:
+    return {"rank": None, "type": "Timeout", "message": f"run exceeded run_timeout_s={timeout_s}; "
+            "all its processes were terminated", "traceback": None}

@@ -1,0 +1,159 @@
+"""The metrics component: turns per-rank measurements into ``metrics.json``.
+
+Every key of the schema is always present; what does not apply to a run is null.
+Bump SCHEMA_VERSION when a key changes meaning or moves.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from bench.metrics import flops as _flops
+from bench.metrics.timing import step_time_stats
+
+SCHEMA_VERSION = 1
+STATUSES = ("completed", "failed", "oom", "invalid", "timeout", "interrupted")
+
+
+def run_identity(cfg: dict) -> dict:
+    """The columns that say what ran (flat, for tables)."""
+    m, s = cfg.get("model", {}), cfg.get("strategy", {})
+    return {
+        "model": m.get("name"), "strategy": s.get("name"), "impl": s.get("impl"),
+        "world_size": cfg.get("world_size"), "precision": cfg.get("precision"),
+        "compile": cfg.get("compile"), "steps": cfg.get("steps"), "warmup_steps": cfg.get("warmup_steps"),
+        "global_batch": m.get("global_batch"), "seq_len": m.get("seq_len"), "seed": cfg.get("seed"),
+    }
+
+
+def skeleton(cfg: dict, status: str, error: Optional[dict] = None) -> dict:
+    """A metrics.json with every key present and every measurement null."""
+    assert status in STATUSES, status
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "status": status,
+        "error": error,
+        "run": {**run_identity(cfg), "device_type": None, "timed_steps": None},
+        "layout": None,
+        "throughput": {"tokens_per_step": None, "tokens_per_step_expected": None, "timed_window_s": None,
+                       "applied_timed_steps": None, "tokens_timed": None, "tokens_per_s": None,
+                       "tokens_per_s_per_device": None, "token_rule": None},
+        "step_time_s": {"median": None, "mean": None, "p10": None, "p90": None, "min": None, "max": None,
+                        "n": None, "all": None},
+        "loss": {"per_step": None, "first": None, "last": None, "ln_vocab": None},
+        "skipped_steps": {"warmup": None, "timed": None},
+        "flops": {"formula": _flops.FORMULA, "N": None, "N_counts": _flops.N_COUNTS, "L": None, "d": None,
+                  "seq": None, "flops_per_token": None, "total_params": None,
+                  "achieved_tflops_per_device": None, "peak_tflops": None, "peak_source": None, "mfu": None,
+                  "matmul_peak_tflops_measured": None, "mfu_vs_measured_peak": None},
+        "memory": {"max_allocated_mb": None, "max_reserved_mb": None, "nvml_used_peak_mb": None,
+                   "nvml_used_mean_mb": None, "host_peak_rss_mb": None},
+        "utilization": {"gpu_util_mean_pct": None},
+        "energy": {"joules": None, "joules_per_token": None},
+        "ranks": None,
+        "config": cfg,
+        "provenance": None,
+    }
+
+
+def _max(xs):
+    xs = [x for x in xs if x is not None]
+    return max(xs) if xs else None
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def assemble(cfg: dict, device_type: str, ranks: list[dict], describe: dict, provenance: dict,
+             matmul_peak: Optional[float]) -> dict:
+    """metrics.json of a completed run from the per-rank records (rank order)."""
+    out = skeleton(cfg, "completed")
+    model = cfg["model"]
+    warmup = cfg["warmup_steps"]
+    n_steps = cfg["steps"]
+    timed = n_steps - warmup
+
+    # Loss per step: token-weighted mean over the ranks that hold a loss (DP: every rank; TP: one
+    # replica's first rank; PP: last stage).
+    per_step = []
+    for n in range(n_steps):
+        num = den = 0.0
+        for r in ranks:
+            if r["losses"][n] is not None and r["tokens_per_step"] > 0:
+                num += r["losses"][n] * r["tokens_per_step"]
+                den += r["tokens_per_step"]
+        per_step.append(num / den if den else None)
+
+    skipped = ranks[0]["skipped"]
+    applied_timed = timed - sum(skipped[warmup:])
+    tokens_per_step = sum(r["tokens_per_step"] for r in ranks)
+    window = max(r["window_s"] for r in ranks)
+    tokens_timed = tokens_per_step * applied_timed
+    tps = tokens_timed / window
+    ws = cfg["world_size"]
+    fpt = _flops.flops_per_token(model)
+    achieved = fpt * tps / ws / 1e12
+    dev_name = ranks[0].get("device_name")
+    peak, source = (cfg["metrics"]["peak_tflops"], "config metrics.peak_tflops") \
+        if cfg["metrics"].get("peak_tflops") else _flops.peak_tflops(dev_name, cfg["precision"], cfg["tf32"])
+
+    # The run's step time is set by its slowest rank: take the per-step max over ranks.
+    step_times = [max(r["step_times"][i] for r in ranks) for i in range(timed)]
+    energy = [r["energy_j"] for r in ranks]
+
+    out["run"].update(device_type=device_type, timed_steps=timed)
+    out["layout"] = describe
+    out["throughput"] = {
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_step_expected": model["global_batch"] * model["seq_len"],
+        "timed_window_s": window,
+        "applied_timed_steps": applied_timed,
+        "tokens_timed": tokens_timed,
+        "tokens_per_s": tps,
+        "tokens_per_s_per_device": tps / ws,
+        "token_rule": describe.get("token_rule", "sum over ranks of each rank's counted tokens"),
+    }
+    out["step_time_s"] = {**step_time_stats(step_times), "all": step_times}
+    finite = [x for x in per_step if x is not None]
+    out["loss"] = {"per_step": per_step, "first": finite[0] if finite else None,
+                   "last": finite[-1] if finite else None, "ln_vocab": math.log(model["vocab_size"])}
+    out["skipped_steps"] = {"warmup": sum(skipped[:warmup]), "timed": sum(skipped[warmup:])}
+    out["flops"].update(
+        N=_flops.matmul_params(model), L=model["n_layers"], d=model["d_model"], seq=model["seq_len"],
+        flops_per_token=fpt, total_params=_flops.total_params(model),
+        achieved_tflops_per_device=achieved, peak_tflops=peak, peak_source=source,
+        mfu=achieved / peak if peak else None, matmul_peak_tflops_measured=matmul_peak,
+        mfu_vs_measured_peak=achieved / matmul_peak if matmul_peak else None)
+    out["memory"] = {
+        "max_allocated_mb": _max(r["max_allocated_mb"] for r in ranks),
+        "max_reserved_mb": _max(r["max_reserved_mb"] for r in ranks),
+        "nvml_used_peak_mb": _max(r["nvml_mem_used_peak_mb"] for r in ranks),
+        "nvml_used_mean_mb": _mean(r["nvml_mem_used_mean_mb"] for r in ranks),
+        "host_peak_rss_mb": _max(r["host_peak_rss_mb"] for r in ranks),
+    }
+    out["utilization"] = {"gpu_util_mean_pct": _mean(r["gpu_util_mean_pct"] for r in ranks)}
+    total_j = sum(energy) if energy and all(e is not None for e in energy) else None
+    out["energy"] = {"joules": total_j, "joules_per_token": total_j / tokens_timed if total_j else None}
+    out["ranks"] = [{k: v for k, v in r.items() if k not in ("losses",)} for r in ranks]
+    out["provenance"] = provenance
+    return out
+
+
+def one_line(m: dict[str, Any]) -> str:
+    """A compact human summary of a metrics.json."""
+    r = m["run"]
+    head = f"{r['model']}/{r['strategy']} ws={r['world_size']} {r['precision']}"
+    if m["status"] != "completed":
+        err = (m.get("error") or {}).get("message", "")
+        return f"{head}: {m['status'].upper()} {err.splitlines()[0] if err else ''}"
+    t, f, mem = m["throughput"], m["flops"], m["memory"]
+    mfu = f"{100 * f['mfu']:.1f}%" if f["mfu"] is not None else "n/a"
+    mfu_m = f" ({100 * f['mfu_vs_measured_peak']:.1f}% of measured matmul peak)" \
+        if f["mfu_vs_measured_peak"] is not None else ""
+    mem_s = f"{mem['max_allocated_mb']:.0f} MiB" if mem["max_allocated_mb"] is not None else \
+        f"host RSS {mem['host_peak_rss_mb']:.0f} MiB"
+    return (f"{head}: {t['tokens_per_s']:,.0f} tokens/s, step {1e3 * m['step_time_s']['median']:.1f} ms "
+            f"(median of {m['step_time_s']['n']}), MFU {mfu}{mfu_m}, peak mem {mem_s}, "
+            f"loss {m['loss']['first']:.4f} -> {m['loss']['last']:.4f}")

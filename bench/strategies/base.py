@@ -1,0 +1,102 @@
+"""The strategy interface and its registry.
+
+A strategy owns how the model is built, wrapped, fed and stepped, and nothing more: the
+worker owns timing, synchronization, metrics and writing.  A strategy never times itself.
+"""
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Optional
+
+import torch
+
+from bench.config import Plan
+
+REGISTRY: dict[str, type["Strategy"]] = {}
+
+
+def register(name: str) -> Callable[[type["Strategy"]], type["Strategy"]]:
+    def deco(cls: type["Strategy"]) -> type["Strategy"]:
+        cls.name = name
+        REGISTRY[name] = cls
+        return cls
+    return deco
+
+
+def get_strategy(name: str) -> type["Strategy"]:
+    import bench.strategies  # noqa: F401  (imports every strategy module, filling REGISTRY)
+    return REGISTRY[name]
+
+
+@dataclass
+class DistContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+
+
+@dataclass
+class StepResult:
+    loss: Optional[torch.Tensor]  # mean loss over this rank's share of the global batch, or None
+    skipped: bool = False  # fp16: the optimizer step was skipped for an inf/nan gradient
+
+
+class Precision:
+    """Autocast over fp32 master weights (bf16, fp16) or plain fp32; fp16 adds dynamic loss
+    scaling.  Shared by the strategies that run their own optimizer loop."""
+
+    def __init__(self, precision: str, device: torch.device):
+        self.name = precision
+        self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        self.device_type = device.type
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+    def autocast(self):
+        if self.name == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer, params, grad_clip: float) -> bool:
+        """Clip (optionally), step and update the scale; returns True when the step was skipped."""
+        if self.scaler is None:
+            if grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            optimizer.step()
+            return False
+        if grad_clip > 0:
+            self.scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        before = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        return self.scaler.get_scale() < before
+
+
+class Strategy(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, plan: Plan, dist: DistContext):
+        self.plan, self.dist = plan, dist
+
+    @abstractmethod
+    def setup(self) -> None:
+        """Build and wrap the model and optimizer; prepare this rank's data."""
+
+    @abstractmethod
+    def step(self, n: int) -> StepResult:
+        """One optimizer step over global batch n (micro-batching included)."""
+
+    @abstractmethod
+    def tokens_this_rank(self) -> int:
+        """Tokens this rank counts per optimizer step; the run's tokens are the sum over ranks."""
+
+    def describe(self) -> dict:
+        """The layout and library settings that actually ran (goes into metrics.json)."""
+        return {}

@@ -1,0 +1,181 @@
+"""The per-rank loop: the only training loop in bench.
+
+init process group -> strategy.setup() -> warm-up steps -> barrier -> timed steps, each
+synchronized at its end -> per-rank record -> rank 0 assembles and writes metrics.json.
+A rank that raises writes ``failure_rank{r}.json`` (type, message, traceback) before the
+exception leaves, so the launcher can tell the root cause from its collateral.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from bench import metrics
+from bench.config import Plan
+from bench.metrics import provenance
+from bench.metrics.io import write_json_atomic
+from bench.metrics.nvml import NvmlSampler
+from bench.strategies.base import DistContext, get_strategy
+
+log = logging.getLogger("bench.worker")
+
+
+def is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def _setup_logging(run_dir: Path, rank: int) -> None:
+    handlers: list[logging.Handler] = [logging.FileHandler(run_dir / f"rank{rank}.log")]
+    if rank == 0:
+        handlers.append(logging.StreamHandler(sys.stdout))
+    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
+                        format=f"[%(asctime)s][rank{rank}][%(levelname)s] %(message)s")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_matmul_peak(device: torch.device, n: int = 8192, iters: int = 10) -> float:
+    """Achieved bf16 TFLOP/s of an n^3 matmul on this device (a measured MFU denominator)."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    _sync(device)
+    dt = time.perf_counter() - t0
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * n**3 * iters / dt / 1e12
+
+
+def inject_fault(fault: dict, rank: int, step: int) -> None:
+    """Test hook (config ``fault``): fail like a real run would, on one rank at one step."""
+    if fault["kind"] == "none" or fault["rank"] != rank or fault["step"] != step:
+        return
+    if fault["kind"] == "raise":
+        raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+    if fault["kind"] == "oom":
+        raise torch.OutOfMemoryError(f"CUDA out of memory (injected on rank {rank} at step {step})")
+    if fault["kind"] == "hang":
+        while True:
+            time.sleep(1)
+
+
+def _device(plan: Plan, local_rank: int) -> torch.device:
+    if plan.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    # CPU: share the cores between the ranks of this node instead of oversubscribing them
+    local_ws = int(os.environ.get("LOCAL_WORLD_SIZE", plan.world_size))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ws))
+    return torch.device("cpu")
+
+
+def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int) -> None:
+    cfg = plan.cfg
+    device = _device(plan, local_rank)
+    dist.init_process_group(plan.backend, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=cfg["dist_timeout_s"]))
+    ctx = DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device,
+                      backend=plan.backend)
+    strategy = get_strategy(plan.strategy["name"])(plan, ctx)
+
+    matmul_peak = None
+    if device.type == "cuda" and rank == 0 and cfg["metrics"]["measure_matmul_peak"]:
+        matmul_peak = measure_matmul_peak(device)
+
+    t_setup = time.perf_counter()
+    strategy.setup()
+    setup_s = time.perf_counter() - t_setup
+    log.info("setup done in %.1f s: %s", setup_s, strategy.describe())
+
+    steps, warmup = cfg["steps"], cfg["warmup_steps"]
+    losses: list = []
+    skipped: list[bool] = []
+    t_warm = time.perf_counter()
+    for n in range(warmup):
+        inject_fault(cfg["fault"], rank, n)
+        res = strategy.step(n)
+        losses.append(res.loss)
+        skipped.append(res.skipped)
+    _sync(device)
+    warmup_s = time.perf_counter() - t_warm
+
+    sampler = NvmlSampler(device.index if device.type == "cuda" else None, cfg["metrics"]["nvml_interval_ms"])
+    dist.barrier()
+    sampler.start()
+    step_times = []
+    t_window = time.perf_counter()
+    for n in range(warmup, steps):
+        inject_fault(cfg["fault"], rank, n)
+        t0 = time.perf_counter()
+        res = strategy.step(n)
+        _sync(device)
+        step_times.append(time.perf_counter() - t0)
+        losses.append(res.loss)
+        skipped.append(res.skipped)
+        if rank == 0 and (n + 1 - warmup) % max(1, (steps - warmup) // 4) == 0:
+            log.info("step %d/%d  %.1f ms", n + 1, steps, 1e3 * step_times[-1])
+    window_s = time.perf_counter() - t_window
+    sampler.stop()
+
+    rec = {
+        "rank": rank,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "tokens_per_step": strategy.tokens_this_rank(),
+        "losses": [None if l is None else float(l) for l in losses],
+        "skipped": skipped,
+        "step_times": step_times,
+        "window_s": window_s,
+        "setup_s": setup_s,
+        "warmup_s": warmup_s,
+        "max_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+        "max_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20 if device.type == "cuda" else None,
+        "host_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        **sampler.summary(),
+    }
+    write_json_atomic(run_dir / f"rank{rank}.json", rec)
+    gathered = [None] * world_size if rank == 0 else None
+    dist.gather_object(rec, gathered, dst=0)
+    if rank == 0:
+        prov = provenance.collect(cfg.get("_command", []), [r["device_name"] for r in gathered])
+        m = metrics.assemble(cfg, device.type, gathered, strategy.describe(), prov, matmul_peak)
+        write_json_atomic(run_dir / "metrics.json", m)
+        log.info(metrics.one_line(m))
+    dist.barrier()
+
+
+@record
+def worker_main(plan_dict: dict, run_dir: str) -> None:
+    """Entry point of one rank (started by torch elastic, or directly under SLURM)."""
+    plan = Plan.from_dict(plan_dict)
+    rank = int(os.environ["RANK"])
+    run_path = Path(run_dir)
+    _setup_logging(run_path, rank)
+    try:
+        train(plan, run_path, rank, int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
+    except BaseException as exc:
+        write_json_atomic(run_path / f"failure_rank{rank}.json", {
+            "rank": rank, "type": type(exc).__name__, "message": str(exc), "oom": is_oom(exc),
+            "traceback": traceback.format_exc(), "time": time.time()})
+        log.exception("rank %d failed", rank)
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

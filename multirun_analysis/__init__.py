@@ -1,0 +1,1 @@
+"""Aggregation of bench run folders into tables, plots and a report."""
