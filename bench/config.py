@@ -67,6 +67,54 @@ class DDPConfig(StrategyConfig):
     static_graph: bool = False
 
 
+ZERO_OFFLOAD = ("none", "cpu")
+FSDP_REDUCE_DTYPES = ("fp32", "param")
+
+
+@dataclass
+class ZeroFP16Config:
+    """DeepSpeed fp16 dynamic loss scaling (DeepSpeed's defaults; used only when precision=fp16)."""
+
+    loss_scale: float = 0.0  # 0 = dynamic loss scaling; > 0 = that static scale
+    initial_scale_power: int = 16  # first scale = 2**initial_scale_power
+    loss_scale_window: int = 1000  # steps without overflow before the scale doubles
+    hysteresis: int = 2  # overflows tolerated before the scale is lowered
+    consecutive_hysteresis: bool = False  # refill hysteresis on every non-overflow step
+    min_loss_scale: float = 1.0
+
+
+@dataclass
+class ZeroConfig(StrategyConfig):
+    """DeepSpeed ZeRO through deepspeed.initialize (defaults are DeepSpeed 0.19's).
+
+    Sizes are numbers of elements; they are floats so that 5e8 can be written."""
+
+    name: str = "zero"
+    impl: str = "deepspeed"
+    zero_stage: int = 0
+    offload_optimizer: str = "none"  # none | cpu (stages 1-3)
+    offload_param: str = "none"  # none | cpu (stage 3)
+    reduce_bucket_size: float = 5e8
+    allgather_bucket_size: float = 5e8
+    overlap_comm: Optional[bool] = None  # null = DeepSpeed's default: true for stage 3, else false
+    contiguous_gradients: bool = True
+    prefetch_bucket_size: float = 5e7  # stage 3
+    param_persistence_threshold: float = 1e5  # stage 3
+    max_live_parameters: float = 1e9  # stage 3
+    fp16: ZeroFP16Config = field(default_factory=ZeroFP16Config)
+    ds_config: dict[str, Any] = field(default_factory=dict)  # raw DeepSpeed config, deep-merged last
+
+
+@dataclass
+class FSDPConfig(StrategyConfig):
+    """PyTorch FSDP2 (fully_shard) knobs (defaults are torch's)."""
+
+    name: str = "fsdp"
+    reshard_after_forward: bool = True  # true ~ ZeRO-3, false ~ ZeRO-2
+    reduce_dtype: str = "fp32"  # fp32 | param (gradient reduce-scatter dtype under bf16/fp16)
+    cpu_offload: bool = False  # CPUOffloadPolicy: sharded params, grads, optimizer on the host
+
+
 @dataclass
 class OptimConfig:
     lr: float = 3.0e-4
@@ -112,6 +160,7 @@ class BenchConfig:
 
 
 STRATEGY_SCHEMAS: dict[str, type] = {"single": SingleConfig, "ddp": DDPConfig}
+STRATEGY_SCHEMAS.update(zero=ZeroConfig, fsdp=FSDPConfig)
 
 
 def register_configs() -> None:
@@ -249,6 +298,55 @@ def _rules_ddp(plan: Plan) -> None:
         raise ConfigError("strategy.bucket_cap_mb", s["bucket_cap_mb"], "must be > 0")
 
 
+def _whole_positive(key: str, value: Any, allow_zero: bool = False) -> None:
+    """A size in elements (a float in the schema, so 5e8 can be written): a whole number > 0."""
+    ok = isinstance(value, (int, float)) and float(value).is_integer() and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        raise ConfigError(key, value, f"must be a whole number {'>= 0' if allow_zero else '> 0'} (elements)")
+
+
+# keys of the DeepSpeed config that bench derives itself (batch layout): ds_config may not set them
+ZERO_DERIVED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def _rules_zero(plan: Plan) -> None:
+    s = plan.strategy
+    _choice("strategy.zero_stage", s["zero_stage"], (0, 1, 2, 3))
+    stage = s["zero_stage"]
+    _choice("strategy.offload_optimizer", s["offload_optimizer"], ZERO_OFFLOAD)
+    _choice("strategy.offload_param", s["offload_param"], ZERO_OFFLOAD)
+    if s["offload_optimizer"] != "none" and stage == 0:
+        raise ConfigError("strategy.offload_optimizer", s["offload_optimizer"],
+                          "optimizer offload needs ZeRO stage 1, 2 or 3 (strategy.zero_stage=0 here); "
+                          "use offload_optimizer=none or zero_stage>=1")
+    if s["offload_param"] != "none" and stage != 3:
+        raise ConfigError("strategy.offload_param", s["offload_param"],
+                          f"parameter offload needs ZeRO stage 3 (strategy.zero_stage={stage} here); "
+                          "use offload_param=none or zero_stage=3")
+    for key in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters"):
+        _whole_positive(f"strategy.{key}", s[key])
+    _whole_positive("strategy.param_persistence_threshold", s["param_persistence_threshold"], allow_zero=True)
+    f = s["fp16"]
+    if f["loss_scale"] < 0:
+        raise ConfigError("strategy.fp16.loss_scale", f["loss_scale"], "must be >= 0 (0 = dynamic loss scaling)")
+    if not 0 <= f["initial_scale_power"] <= 64:
+        raise ConfigError("strategy.fp16.initial_scale_power", f["initial_scale_power"], "must be in 0..64")
+    _positive("strategy.fp16.loss_scale_window", f["loss_scale_window"])
+    _positive("strategy.fp16.hysteresis", f["hysteresis"])
+    if f["min_loss_scale"] <= 0:
+        raise ConfigError("strategy.fp16.min_loss_scale", f["min_loss_scale"], "must be > 0")
+    for key in ZERO_DERIVED_KEYS:
+        if key in (s["ds_config"] or {}):
+            raise ConfigError(f"strategy.ds_config.{key}", s["ds_config"][key],
+                              "is derived from model.global_batch and strategy.micro_batch_size; set those instead")
+
+
+def _rules_fsdp(plan: Plan) -> None:
+    s = plan.strategy
+    _choice("strategy.reduce_dtype", s["reduce_dtype"], FSDP_REDUCE_DTYPES)
+
+
 STRATEGY_RULES: dict[str, Callable[[Plan], None]] = {
     "ddp": _rules_ddp,
 }
+STRATEGY_RULES.update(zero=_rules_zero, fsdp=_rules_fsdp)

@@ -1,0 +1,24 @@
+# `make run` and `make test` work on a fresh clone: they create .venv on first use.
+# TORCH picks the torch build; torch==2.13.0 is the CPU wheel on CPU-only machines.
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+ARGS  ?=
+
+.PHONY: run test setup clean
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+run: setup
+	$(PY) -m bench $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q $(ARGS)
+
+clean:
+	rm -rf outputs multirun .pytest_cache

@@ -1,0 +1,50 @@
+"""Print a compact table of the runs under some folders and save their metrics as one JSON.
+
+    python benchmarks/collect.py RUNS_DIR [...] --out results.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dirs", nargs="+")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    rows = []
+    for d in a.dirs:
+        for p in sorted(Path(d).rglob("metrics.json")):
+            try:
+                m = json.loads(p.read_text())
+            except Exception as e:  # noqa: BLE001
+                print(f"{p}: unreadable ({e})")
+                continue
+            m["run_dir"] = str(p.parent)
+            rows.append(m)
+    hdr = f"{'run':44} {'status':9} {'tok/s':>10} {'step ms':>8} {'MFU':>6} {'MFUmeas':>7} {'alloc GiB':>9} {'loss':>7}"
+    print(hdr)
+    for m in rows:
+        r, t, f = m["run"], m["throughput"], m["flops"]
+        lay = m.get("layout") or {}
+        name = f"{r['model']}/{r['strategy']} ws{r['world_size']} {r['precision']}{' c' if r['compile'] else ''}" \
+               f" b{r['global_batch']}"
+        extra = "".join(f" {k}={lay[k]}" for k in ("zero_stage", "reshard_after_forward", "tp", "pp", "microbatches")
+                        if k in lay)
+        name = (name + extra)[:44]
+        if m["status"] != "completed":
+            print(f"{name:44} {m['status']:9} {(m.get('error') or {}).get('message', '')[:80]}")
+            continue
+        pct = lambda x: f"{100 * x:.1f}" if x is not None else "-"  # noqa: E731
+        alloc = m["memory"]["max_allocated_mb"]
+        print(f"{name:44} {m['status']:9} {t['tokens_per_s']:10,.0f} {1e3 * m['step_time_s']['median']:8.1f} "
+              f"{pct(f['mfu']):>6} {pct(f['mfu_vs_measured_peak']):>7} "
+              f"{(alloc / 1024 if alloc else 0):9.2f} {m['loss']['last']:7.4f}")
+    if a.out:
+        Path(a.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Composition (Hydra + structured configs) and validation (bench.config.validate)."""
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from bench.config import ConfigError, register_configs, validate
+from tests.conftest import REPO, run_bench
+
+register_configs()
+
+PAPER_MODELS = {  # d_model, heads, layers, d_ff, seq, global batch (seed paper Table I)
+    "10m": (320, 8, 4, 1536, 128, 16), "100m": (768, 12, 12, 3072, 512, 16),
+    "300m": (1024, 16, 24, 4096, 1024, 8), "500m": (1280, 20, 24, 5120, 1024, 8),
+    "1b": (1536, 24, 36, 6144, 1024, 4),
+}
+
+
+def cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_default_is_tiny_single():
+    c = cfg()
+    assert (c.model.name, c.strategy.name, c.world_size) == ("tiny", "single", 1)
+    plan = validate(c, gpus=0)
+    assert (plan.device, plan.backend, plan.dp_size, plan.grad_accum) == ("cpu", "gloo", 1, 1)
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_MODELS))
+def test_paper_model_presets(name):
+    m = cfg(f"model={name}").model
+    assert (m.d_model, m.n_heads, m.n_layers, m.d_ff, m.seq_len, m.global_batch) == PAPER_MODELS[name]
+    assert m.vocab_size == 8000
+
+
+def test_gpt2_preset_and_overrides():
+    m = cfg("model=gpt2", "model.global_batch=64", "model.seq_len=256").model
+    assert (m.d_model, m.n_heads, m.n_layers, m.vocab_size, m.seq_len, m.global_batch) == (768, 12, 12, 50257, 256, 64)
+
+
+def test_ddp_plan_splits_batch_and_accumulates():
+    plan = validate(cfg("strategy=ddp", "world_size=2", "strategy.micro_batch_size=2"), gpus=0)
+    assert (plan.dp_size, plan.micro_batch_size, plan.grad_accum) == (2, 2, 2)  # tiny: global batch 8
+
+
+@pytest.mark.parametrize("overrides,gpus,key", [
+    (["strategy=single", "world_size=2"], 0, "world_size"),
+    (["strategy=ddp", "world_size=3"], 0, "model.global_batch"),
+    (["warmup_steps=20", "steps=20"], 0, "warmup_steps"),
+    (["precision=fp16", "device=cpu"], 0, "precision"),
+    (["device=cuda"], 0, "device"),
+    (["strategy=ddp", "world_size=4", "device=cuda"], 2, "world_size"),
+    (["strategy=ddp", "world_size=2", "strategy.micro_batch_size=3"], 0, "strategy.micro_batch_size"),
+    (["precision=fp8"], 0, "precision"),
+    (["model.n_heads=3"], 0, "model.n_heads"),
+    (["strategy=ddp", "strategy.bucket_cap_mb=0"], 0, "strategy.bucket_cap_mb"),
+])
+def test_validation_errors_name_key_value_and_fix(overrides, gpus, key):
+    with pytest.raises(ConfigError) as e:
+        validate(cfg(*overrides), gpus=gpus)
+    assert e.value.key == key
+    msg = str(e.value)
+    assert key in msg and str(e.value.value) in msg
+
+
+@pytest.mark.parametrize("override,expect", [
+    ("strategy=nope", "Could not find 'strategy/nope'"),
+    ("model.not_a_key=1", "not_a_key"),
+    ("steps=many", "steps"),
+])
+def test_composition_errors_fail_fast(override, expect, tmp_path):
+    p = run_bench(override, run_dir=tmp_path / "r", timeout=60)
+    assert p.returncode != 0
+    assert expect in p.stderr + p.stdout
+    assert not (tmp_path / "r" / "metrics.json").exists()
+
+
+def test_invalid_run_is_one_clear_line_and_exit_2(tmp_path):
+    p = run_bench("strategy=single", "world_size=2", "device=cpu", run_dir=tmp_path / "r", timeout=60)
+    assert p.returncode == 2
+    out = p.stdout + p.stderr
+    assert "invalid config: world_size=2" in out and "Traceback" not in out
+    import json
+    m = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    assert m["status"] == "invalid" and m["throughput"]["tokens_per_s"] is None
+    assert not list((tmp_path / "r").glob("rank*.json"))  # nothing was spawned

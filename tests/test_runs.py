@@ -1,0 +1,109 @@
+"""End-to-end runs on CPU: real processes (torch elastic launch), real gloo groups."""
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+
+from bench.metrics import skeleton
+from tests.conftest import CPU_FAST, loss_curve, metrics_of, run_bench
+
+
+@pytest.fixture(scope="module")
+def single_baseline(tmp_path_factory):
+    d = tmp_path_factory.mktemp("single")
+    p = run_bench(*CPU_FAST, "strategy=single", run_dir=d)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return d
+
+
+def _keys(d: dict, prefix="") -> set[str]:
+    out = set()
+    for k, v in d.items():
+        out.add(prefix + k)
+        if isinstance(v, dict) and k not in ("config", "layout", "provenance", "error"):
+            out |= _keys(v, prefix + k + ".")
+    return out
+
+
+def test_single_writes_every_metrics_field(single_baseline):
+    m = metrics_of(single_baseline)
+    assert m["status"] == "completed" and m["schema_version"] == 1
+    assert _keys(skeleton(m["config"], "completed")) <= _keys(m)
+    t = m["throughput"]
+    assert t["tokens_per_step"] == t["tokens_per_step_expected"] == 8 * 128
+    assert t["tokens_timed"] == 3 * 8 * 128 and t["tokens_per_s"] > 0
+    assert len(m["step_time_s"]["all"]) == 3 and m["step_time_s"]["p10"] <= m["step_time_s"]["p90"]
+    assert len(m["loss"]["per_step"]) == 4
+    # uniform random tokens: the loss stays near ln(V)
+    assert abs(m["loss"]["last"] - math.log(8000)) < 0.3
+    assert m["flops"]["flops_per_token"] > 0 and "6*N" in m["flops"]["formula"]
+    assert m["memory"]["host_peak_rss_mb"] > 0
+    assert m["memory"]["max_allocated_mb"] is None  # CPU: does not apply -> null, not missing
+    prov = m["provenance"]
+    assert prov["versions"]["torch"] and prov["hostname"] and prov["command"][1:3] == ["-m", "bench"]
+    assert (single_baseline / "rank0.json").exists() and (single_baseline / ".hydra" / "config.yaml").exists()
+    assert json.loads((single_baseline / "status.json").read_text())["status"] == "completed"
+
+
+def test_ddp_two_ranks_loss_equals_single(single_baseline, bench_run):
+    p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = metrics_of(d)
+    assert len(m["ranks"]) == 2
+    assert m["throughput"]["tokens_per_step"] == 8 * 128  # sum over the two ranks' halves
+    ref, got = loss_curve(single_baseline), loss_curve(d)
+    assert len(got) == len(ref) == 4
+    assert max(abs(a - b) for a, b in zip(ref, got)) < 1e-5, (ref, got)
+
+
+def test_gradient_accumulation_is_the_same_optimizer_step(single_baseline, bench_run):
+    p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2", "strategy.micro_batch_size=1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = metrics_of(d)
+    assert m["layout"]["grad_accum"] == 4 and m["throughput"]["tokens_per_step"] == 8 * 128
+    assert max(abs(a - b) for a, b in zip(loss_curve(single_baseline), loss_curve(d))) < 1e-5
+
+
+def test_failing_rank_ends_run_quickly_with_traceback(bench_run):
+    t0 = time.time()
+    p, d = bench_run(*CPU_FAST, "steps=50", "strategy=ddp", "world_size=2",
+                     "fault.kind=raise", "fault.rank=1", "fault.step=2")
+    elapsed = time.time() - t0
+    assert p.returncode == 1
+    m = metrics_of(d)
+    assert m["status"] == "failed" and m["error"]["rank"] == 1
+    assert "injected fault on rank 1" in m["error"]["message"]
+    assert "Traceback" in m["error"]["traceback"] and "inject_fault" in m["error"]["traceback"]
+    assert "injected fault" in (d / "__main__.log").read_text()  # the run's log has it too
+    assert elapsed < 120  # 50 steps never ran: the agent tore the run down
+
+
+def test_oom_is_classified(bench_run):
+    p, d = bench_run(*CPU_FAST, "fault.kind=oom", "fault.step=1")
+    assert p.returncode == 1 and metrics_of(d)["status"] == "oom"
+
+
+def test_hung_run_is_killed_by_run_timeout(bench_run):
+    t0 = time.time()
+    p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2", "fault.kind=hang", "fault.rank=0",
+                     "fault.step=1", "run_timeout_s=25")
+    assert p.returncode == 1 and metrics_of(d)["status"] == "timeout"
+    assert time.time() - t0 < 90
+
+
+def test_multirun_gives_one_folder_per_job_and_records_the_invalid_one(tmp_path):
+    sweep = tmp_path / "sweep"
+    p = run_bench("strategy=single,ddp", "world_size=1,2", *CPU_FAST,
+                  run_dir=sweep, multirun=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    jobs = {}
+    for d in sorted(x for x in sweep.iterdir() if x.is_dir()):
+        m = metrics_of(d)
+        jobs[(m["run"]["strategy"], m["run"]["world_size"])] = m
+    assert set(jobs) == {("single", 1), ("single", 2), ("ddp", 1), ("ddp", 2)}
+    bad = jobs[("single", 2)]
+    assert bad["status"] == "invalid" and bad["error"]["key"] == "world_size"
+    assert all(jobs[k]["status"] == "completed" for k in jobs if k != ("single", 2))
