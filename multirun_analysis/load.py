@@ -277,6 +277,8 @@ def load_runs(*paths: str | os.PathLike, warn: bool = True) -> pd.DataFrame:
     first = ["run_dir", "status", "usable", "reason", "error_type", "error_message"]
     df = df[first + cfg_cols + [c for c in meta if c not in first] + metric_cols]
     df.attrs["config_columns"] = cfg_cols
+    for sec in ("model", "strategy"):  # which columns came from which config section
+        df.attrs[f"{sec}_columns"] = [names[k] for k in flat_names if k.split(".")[0] == sec]
     allp = [("", p) for p in problems] + [(r["run_dir"], p) for r in rows
                                           for p in (r["problems"] or "").split("; ") if p]
     df.attrs["problems"] = allp

@@ -1,0 +1,29 @@
+"""GPU checks (skipped without CUDA): run on the device host, outcomes recorded in results/."""
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import loss_curve, metrics_of
+
+GPU_FAST = ["device=cuda", "precision=fp32", "steps=6", "warmup_steps=2"]
+
+
+@pytest.mark.gpu
+def test_cuda_run_fills_gpu_metrics(bench_run):
+    p, d = bench_run("device=cuda", "precision=bf16", "steps=6", "warmup_steps=2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = metrics_of(d)
+    assert m["run"]["device_type"] == "cuda" and m["provenance"]["versions"]["cuda"]
+    assert m["memory"]["max_allocated_mb"] > 0 and m["memory"]["max_reserved_mb"] >= m["memory"]["max_allocated_mb"]
+    assert m["memory"]["nvml_used_peak_mb"] > 0 and m["utilization"]["gpu_util_mean_pct"] is not None
+    assert m["flops"]["peak_tflops"] and m["flops"]["mfu"] > 0 and m["flops"]["matmul_peak_tflops_measured"] > 0
+
+
+@pytest.mark.gpu2
+def test_nccl_ddp_loss_matches_single(bench_run):
+    p1, d1 = bench_run(*GPU_FAST)
+    p2, d2 = bench_run(*GPU_FAST, "strategy=ddp", "world_size=2")
+    assert p1.returncode == 0 and p2.returncode == 0, (p1.stderr[-2000:], p2.stderr[-2000:])
+    assert metrics_of(d2)["provenance"]["versions"]["nccl"]
+    # TF32 is off in fp32; the all-reduce changes the summation order only
+    assert max(abs(a - b) for a, b in zip(loss_curve(d1), loss_curve(d2))) < 1e-4
