@@ -23,6 +23,10 @@ class DDP(Single):
         self.ddp = DistributedDataParallel(
             model, device_ids=ids, bucket_cap_mb=s["bucket_cap_mb"],
             gradient_as_bucket_view=s["gradient_as_bucket_view"], static_graph=s["static_graph"])
+        if s["comm_hook"] != "none":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            self.ddp.register_comm_hook(None, getattr(default_hooks, f"{s['comm_hook']}_hook"))
         return self.ddp
 
     def no_sync(self, last_micro_batch: bool):
@@ -31,4 +35,5 @@ class DDP(Single):
     def describe(self) -> dict:
         s = self.plan.strategy
         return {**super().describe(), "dp": self.plan.dp_size, "bucket_cap_mb": s["bucket_cap_mb"],
-                "gradient_as_bucket_view": s["gradient_as_bucket_view"], "static_graph": s["static_graph"]}
+                "gradient_as_bucket_view": s["gradient_as_bucket_view"], "static_graph": s["static_graph"],
+                "comm_hook": s["comm_hook"], "token_rule": "sum over data-parallel ranks"}
