@@ -1,1 +1,24 @@
-"""Aggregation of bench run folders into tables, plots and a report."""
+"""Aggregation of bench run folders into tables, plots and a report.
+
+CLI: ``python -m multirun_analysis PATH [PATH ...] [--out DIR]``.  Notebook API::
+
+    from multirun_analysis import load_runs, summarize, compare_to_baseline, plot_throughput
+    runs = load_runs("multirun/2026-01-01/12-00-00")   # one row per run folder
+    summary = summarize(runs)                          # one row per experiment, vs baseline
+    plot_throughput(summary)                           # a matplotlib Figure
+
+Exact definitions of every summary column: ``multirun_analysis.DEFINITIONS`` (the docstring
+of multirun_analysis/summarize.py, also at the end of report.md).
+"""
+from multirun_analysis.analyze import Analysis, analyze
+from multirun_analysis.load import config_columns, find_runs, load_runs, problems_of, read_run
+from multirun_analysis.plots import (NoDataError, make_plots, plot_memory, plot_mfu, plot_pp_microbatches,
+                                     plot_scaling_efficiency, plot_throughput, plot_zero_stages)
+from multirun_analysis.report import compact_table, ranked_answer
+from multirun_analysis.summarize import (DEFINITIONS, compare_to_baseline, experiment_key, failed_runs,
+                                         summarize, variant_labels)
+
+__all__ = ["Analysis", "analyze", "config_columns", "find_runs", "load_runs", "problems_of", "read_run",
+           "NoDataError", "make_plots", "plot_memory", "plot_mfu", "plot_pp_microbatches",
+           "plot_scaling_efficiency", "plot_throughput", "plot_zero_stages", "compact_table", "ranked_answer",
+           "DEFINITIONS", "compare_to_baseline", "experiment_key", "failed_runs", "summarize", "variant_labels"]

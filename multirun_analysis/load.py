@@ -65,13 +65,18 @@ def _natural(name: str):
 
 
 # ------------------------------------------------------------------------------ one run
+def _oneline(e: Exception, n: int = 100) -> str:
+    """An error as one short line (problems are listed one per line, joined with '; ')."""
+    return " ".join(str(e).split()).replace("; ", ", ")[:n]
+
+
 def _read_json(path: Path, problems: list[str]) -> Any:
     if not path.is_file():
         return None
     try:
         return json.loads(path.read_text())
     except Exception as e:  # truncated, empty, binary, unreadable: a problem, never fatal
-        problems.append(f"{path.name} unreadable ({type(e).__name__}: {str(e)[:80]})")
+        problems.append(f"{path.name} unreadable ({type(e).__name__}: {_oneline(e)})")
         return None
 
 
@@ -88,7 +93,7 @@ def _read_hydra_config(d: Path, problems: list[str]) -> dict | None:
             out = OmegaConf.to_container(c, resolve=False)
         return out if isinstance(out, dict) else None
     except Exception as e:
-        problems.append(f".hydra/config.yaml unreadable ({type(e).__name__}: {str(e)[:80]})")
+        problems.append(f".hydra/config.yaml unreadable ({type(e).__name__}: {_oneline(e)})")
         return None
 
 
@@ -143,7 +148,7 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
     """One run folder -> (meta/metric row, flattened config).  Never raises on bad content."""
     d = Path(d)
     problems: list[str] = []
-    row: dict[str, Any] = {"run_dir": str(d), "overrides": _read_overrides(d)}
+    row: dict[str, Any] = {**dict.fromkeys(META_COLUMNS), "run_dir": str(d), "overrides": _read_overrides(d)}
     st = _read_json(d / "status.json", problems)
     row["status_json"] = st.get("status") if isinstance(st, dict) else None
     m = _read_json(d / "metrics.json", problems)
@@ -173,7 +178,8 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
             row["reason"] = f"no metrics.json; status.json says {row['status_json']!r} (in progress or killed)"
         else:
             row["reason"] = "no metrics.json and no status.json (killed before it started?)"
-        problems.append(row["reason"])
+        if not (d / "metrics.json").is_file():  # (an unreadable file is already a problem)
+            problems.append(row["reason"])
         m = {}
     else:
         ver = m.get("schema_version")
@@ -274,7 +280,7 @@ def load_runs(*paths: str | os.PathLike, warn: bool = True) -> pd.DataFrame:
     cfg_cols = front + [c for c in cfg_cols if c not in front]
     metric_cols = [c for c in df.columns if c not in cfg_cols and c not in META_COLUMNS]
     meta = [c for c in META_COLUMNS if c in df.columns]
-    first = ["run_dir", "status", "usable", "reason", "error_type", "error_message"]
+    first = [c for c in ("run_dir", "status", "usable", "reason", "error_type", "error_message") if c in meta]
     df = df[first + cfg_cols + [c for c in meta if c not in first] + metric_cols]
     df.attrs["config_columns"] = cfg_cols
     for sec in ("model", "strategy"):  # which columns came from which config section

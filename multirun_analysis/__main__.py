@@ -1,0 +1,46 @@
+"""``python -m multirun_analysis PATH [PATH ...] [--out DIR]``: analyse bench sweeps.
+
+Writes runs.csv/.parquet, summary.csv, failed_runs.csv, PNG plots and report.md, and prints
+a compact summary, the failed runs and the data problems.  Broken run folders are reported,
+never fatal; the exit status is 1 only when no run folder was found at all.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from multirun_analysis.analyze import analyze
+from multirun_analysis.report import compact_table
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m multirun_analysis", description=__doc__.split("\n")[0])
+    ap.add_argument("paths", nargs="+", help="multirun / run folders (searched at any depth)")
+    ap.add_argument("--out", default=None, help="output folder (default: <first PATH>/analysis)")
+    ap.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    a = ap.parse_args(argv)
+    res = analyze(*a.paths, out_dir=a.out, plots=not a.no_plots)
+    if res.runs.empty:
+        print(f"no run folders (with .hydra/config.yaml, metrics.json or status.json) under: {' '.join(a.paths)}",
+              file=sys.stderr)
+        for d, p in res.problems:
+            print(f"  problem: {d} {p}", file=sys.stderr)
+        return 1
+    print(compact_table(res.summary))
+    if len(res.failed):
+        print(f"\n{len(res.failed)} failed/incomplete run(s):")
+        for _, r in res.failed.iterrows():
+            print(f"  {r['status']:<11} {r['run_dir']}: {r['reason']}")
+    if res.problems:
+        print(f"\n{len(res.problems)} problem(s):")
+        for d, p in res.problems:
+            print(f"  {d or '(input)'}: {p}")
+    for name, (fig, note) in res.plots.items():
+        if fig is None:
+            print(f"plot {name}: {note}")
+    print(f"\nwrote {res.out_dir}/ (runs.csv, runs.parquet, summary.csv, failed_runs.csv, report.md, plots)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

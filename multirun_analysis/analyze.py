@@ -1,0 +1,65 @@
+"""The whole pipeline (what the CLI runs): load -> summarize -> tables, plots, report.
+
+Kept separate from the CLI so that a notebook or a test gets the same files from one call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from multirun_analysis.load import load_runs, problems_of
+from multirun_analysis.plots import make_plots
+from multirun_analysis.report import write_report
+from multirun_analysis.summarize import failed_runs, summarize
+
+
+@dataclass
+class Analysis:
+    out_dir: Path
+    runs: pd.DataFrame
+    summary: pd.DataFrame
+    failed: pd.DataFrame
+    problems: list = field(default_factory=list)
+    plots: dict = field(default_factory=dict)
+    report: Path | None = None
+
+
+def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """Arrow needs one type per column: a config key that is an int in one run and a string
+    in another (or bool/str) becomes text, nulls kept."""
+    df = df.copy()
+    for c in df.columns:
+        if df[c].dtype == object:
+            kinds = {type(v) for v in df[c] if v is not None and not (isinstance(v, float) and v != v)}
+            if len(kinds) > 1:
+                df[c] = df[c].map(lambda v: None if v is None or (isinstance(v, float) and v != v) else str(v))
+    return df
+
+
+def write_tables(out_dir: Path, runs: pd.DataFrame, summary: pd.DataFrame, failed: pd.DataFrame,
+                 problems: list) -> None:
+    runs.to_csv(out_dir / "runs.csv", index=False)
+    try:
+        _parquet_safe(runs).to_parquet(out_dir / "runs.parquet", index=False)
+    except Exception as e:  # a table is still in runs.csv: report, do not fail the analysis
+        problems.append(("", f"runs.parquet not written ({type(e).__name__}: {e})"))
+    summary.to_csv(out_dir / "summary.csv", index=False)
+    failed.to_csv(out_dir / "failed_runs.csv", index=False)
+
+
+def analyze(*paths, out_dir=None, plots: bool = True) -> Analysis:
+    """Analyse the runs under ``paths``; write everything into out_dir (default <paths[0]>/analysis)."""
+    out = Path(out_dir) if out_dir is not None else Path(paths[0]) / "analysis"
+    out.mkdir(parents=True, exist_ok=True)
+    runs = load_runs(*paths, warn=False)
+    problems = problems_of(runs)
+    summary = summarize(runs)
+    for _, r in summary[summary["baseline_note"].notna()].iterrows() if len(summary) else []:
+        problems.append(("", f"{r['model']}/{r['label']} ws={r['world_size']:g}: {r['baseline_note']}"))
+    failed = failed_runs(runs)
+    write_tables(out, runs, summary, failed, problems)
+    figs = make_plots(summary, out) if plots else {}
+    report = write_report(out, [str(p) for p in paths], runs, summary, failed, figs, problems)
+    return Analysis(out, runs, summary, failed, problems, figs, report)

@@ -1,0 +1,240 @@
+"""Plots of a summary table; each function returns a matplotlib Figure.
+
+Figures are built with ``matplotlib.figure.Figure`` on an Agg canvas, not pyplot: no global
+state, no display needed (headless CI), and a notebook shows the returned figure once.
+A plot whose data is absent raises :class:`NoDataError` with the reason; ``make_plots``
+turns that into a note, so a sweep without ZeRO runs simply has no ZeRO plot.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from multirun_analysis.summarize import variant_labels
+
+GPU_AXIS = "GPUs (world_size ranks)"
+
+
+class NoDataError(ValueError):
+    """The summary holds nothing this plot could show."""
+
+
+def _figure(n_panels: int, per_row: int = 3, w: float = 5.2, h: float = 3.8):
+    rows, cols = math.ceil(n_panels / per_row), min(n_panels, per_row)
+    fig = Figure(figsize=(w * cols, h * rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(rows, cols, i + 1) for i in range(n_panels)]
+    return fig, axes
+
+
+def _need(s: pd.DataFrame, col: str, what: str) -> pd.DataFrame:
+    if s is None or s.empty or col not in s.columns:
+        raise NoDataError(f"no {what}: the summary has no '{col}' column or no rows")
+    d = s[pd.to_numeric(s[col], errors="coerce").notna()]
+    if d.empty:
+        raise NoDataError(f"no {what}: '{col}' is empty for every experiment")
+    return d
+
+
+def _labels(s: pd.DataFrame) -> pd.Series:
+    return s["label"] if "label" in s.columns else variant_labels(s)
+
+
+def _colors(labels) -> dict:
+    """One colour per label across all panels of a figure (same strategy, same colour)."""
+    names = sorted({str(x) for x in labels})
+    cmap = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"]
+    return {n: cmap(i % cmap.N) for i, n in enumerate(names)}
+
+
+def _legend(fig, axes):
+    """Few entries: a legend in each panel; many: one legend under the figure (colours are
+    the same in every panel), so that no data point is hidden behind it."""
+    entries = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(lab, h)
+    if len(entries) <= 4:
+        for ax in axes:
+            ax.legend(fontsize="small")
+    else:
+        ncol = min(3, len(entries))
+        fig.set_figheight(fig.get_figheight() + 0.22 * math.ceil(len(entries) / ncol))
+        fig.legend(list(entries.values()), list(entries), loc="outside lower center", fontsize="small", ncol=ncol)
+
+
+def _gpu_axis(ax, ws):
+    """world_size ticks; log2 spacing when the sweep spans 8x or more (1..8 GPUs)."""
+    ws = sorted({float(w) for w in ws})
+    if ws and ws[0] > 0 and ws[-1] / ws[0] >= 8:
+        ax.set_xscale("log", base=2)
+        ax.minorticks_off()
+    ax.set_xticks(ws, [f"{w:g}" for w in ws])
+
+
+def _gpus(w) -> str:
+    return f"{float(w):g} GPU" + ("" if float(w) == 1 else "s")
+
+
+def _lines_vs_gpus(s: pd.DataFrame, col: str, ylabel: str, title: str, what: str, scale: float = 1.0,
+                   minmax: bool = True, ideal: float | None = None) -> Figure:
+    d = _need(s, col, what).copy()
+    d["_label"] = _labels(d)
+    models = list(dict.fromkeys(d["model"].map(str)))
+    colors = _colors(d["_label"])
+    fig, axes = _figure(len(models))
+    for ax, model in zip(axes, models):
+        m = d[d["model"].map(str) == model]
+        top = 0.0
+        for label, g in m.groupby("_label", sort=True):
+            g = g.sort_values("world_size")
+            x, y = g["world_size"].astype(float), g[col].astype(float) * scale
+            err = None
+            if minmax and f"{col}_min" in g.columns:
+                lo, hi = g[f"{col}_min"].astype(float) * scale, g[f"{col}_max"].astype(float) * scale
+                err = [(y - lo).clip(lower=0).fillna(0), (hi - y).clip(lower=0).fillna(0)]
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label, color=colors[str(label)])
+            top = max(top, (y + err[1] if err else y).max())
+        if ideal is not None:
+            ax.axhline(ideal, color="grey", ls="--", lw=1, label="ideal")
+        _gpu_axis(ax, m["world_size"])
+        if ideal is None:  # absolute quantities: from zero, so that differences are not exaggerated
+            ax.set_ylim(0, 1.08 * top if top > 0 else None)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.set(xlabel=GPU_AXIS, ylabel=ylabel, title=f"{title} — model {model}")
+        ax.grid(alpha=0.3)
+    _legend(fig, axes)
+    return fig
+
+
+def plot_throughput(summary: pd.DataFrame) -> Figure:
+    """Throughput vs GPUs, one line per strategy variant, one panel per model."""
+    return _lines_vs_gpus(summary, "tokens_per_s", "throughput [tokens/s]\n(median; bars: min–max of repeats)",
+                          "Throughput vs GPUs", "throughput")
+
+
+def plot_scaling_efficiency(summary: pd.DataFrame) -> Figure:
+    """Scaling efficiency (%) vs GPUs against the single-device baseline."""
+    return _lines_vs_gpus(summary, "scaling_efficiency_pct", "scaling efficiency [%]\n(vs single-device baseline)",
+                          "Scaling efficiency", "scaling efficiency (no single-device baseline?)",
+                          minmax=False, ideal=100.0)
+
+
+def plot_memory(summary: pd.DataFrame) -> Figure:
+    """Peak memory per device vs GPUs (CUDA allocator peak; host RSS on CPU runs)."""
+    d = _need(summary, "mem_peak_mb", "memory measurements")
+    src = ", ".join(sorted({str(x) for x in d.get("mem_source", pd.Series(dtype=object)).dropna()})) or "?"
+    return _lines_vs_gpus(d, "mem_peak_mb", f"peak memory per device [MiB]\n({src})",
+                          "Peak memory vs GPUs", "memory measurements")
+
+
+def _bars(ax, cats: list[str], series: dict[str, dict[str, float]], ylabel: str, title: str,
+          colors: dict | None = None):
+    """Grouped bars: one group per category, one bar per series key."""
+    n = max(len(series), 1)
+    width = 0.8 / n
+    for i, (name, vals) in enumerate(series.items()):
+        xs = [j + (i - (n - 1) / 2) * width for j in range(len(cats))]
+        ax.bar(xs, [vals.get(c, math.nan) for c in cats], width, label=name,
+               color=(colors or {}).get(str(name)))
+    ax.set_xticks(range(len(cats)), cats, rotation=20, ha="right")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.set(ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3, axis="y")
+
+
+def plot_zero_stages(summary: pd.DataFrame) -> Figure:
+    """ZeRO stage (and offload) comparison: throughput and peak memory, bars per GPU count."""
+    if summary is None or "strategy" not in summary or "zero_stage" not in summary:
+        raise NoDataError("no ZeRO runs (strategy=zero) in the summary")
+    z = summary[(summary["strategy"] == "zero") & summary["zero_stage"].notna()].copy()
+    if z.empty:
+        raise NoDataError("no ZeRO runs (strategy=zero) in the summary")
+
+    def cat(r):
+        off = [f"{c.replace('offload_', 'offload ')}→{r[c]}" for c in ("offload_optimizer", "offload_param")
+               if c in r and pd.notna(r[c]) and str(r[c]) not in ("none", "False")]
+        return f"stage {int(r['zero_stage'])}" + ("".join(" " + o for o in off))
+    z["_cat"] = z.apply(cat, axis=1)
+    models = list(dict.fromkeys(z["model"].map(str)))
+    fig, axes = _figure(2 * len(models), per_row=2)
+    for k, model in enumerate(models):
+        m = z[z["model"].map(str) == model]
+        cats = sorted(m["_cat"].unique())
+        for ax, col, ylabel in ((axes[2 * k], "tokens_per_s", "throughput [tokens/s]"),
+                                (axes[2 * k + 1], "mem_peak_mb", "peak memory per device [MiB]")):
+            series = {_gpus(w): dict(zip(g["_cat"], g[col].astype(float)))
+                      for w, g in m.groupby("world_size")}
+            _bars(ax, cats, series, ylabel, f"ZeRO stages: {ylabel.split(' [')[0]} — model {model}")
+    _legend(fig, axes)
+    return fig
+
+
+def plot_pp_microbatches(summary: pd.DataFrame) -> Figure:
+    """Pipeline parallelism: throughput vs number of microbatches, line per (variant, GPUs)."""
+    if summary is None or "pp" not in summary or "microbatches" not in summary:
+        raise NoDataError("no pipeline-parallel runs (pp > 1 with microbatches) in the summary")
+    p = summary[(pd.to_numeric(summary["pp"], errors="coerce") > 1) & summary["microbatches"].notna()].copy()
+    if p.empty:
+        raise NoDataError("no pipeline-parallel runs (pp > 1 with microbatches) in the summary")
+    p["_label"] = variant_labels(p, exclude=("microbatches",))
+    models = list(dict.fromkeys(p["model"].map(str)))
+    fig, axes = _figure(len(models))
+    for ax, model in zip(axes, models):
+        m = p[p["model"].map(str) == model]
+        for (label, ws, pp), g in m.groupby(["_label", "world_size", "pp"], sort=True):
+            g = g.sort_values("microbatches")
+            ax.plot(g["microbatches"].astype(float), g["tokens_per_s"].astype(float), marker="o",
+                    label=f"{label} pp={int(pp)}, {_gpus(ws)}")
+        mbs = sorted(m["microbatches"].astype(float).unique())
+        ax.set_xticks(mbs, [f"{x:g}" for x in mbs])
+        ax.set(xlabel="microbatches per step", ylabel="throughput [tokens/s]",
+               title=f"Pipeline microbatches — model {model}")
+        ax.grid(alpha=0.3)
+    _legend(fig, axes)
+    return fig
+
+
+def plot_mfu(summary: pd.DataFrame) -> Figure:
+    """MFU (%) by strategy variant, grouped by GPU count, one panel per model."""
+    d = _need(summary, "mfu", "MFU (no known peak FLOP/s: CPU runs or unknown GPU; set metrics.peak_tflops)").copy()
+    d["_label"] = _labels(d)
+    models = list(dict.fromkeys(d["model"].map(str)))
+    colors = _colors(d["_label"])
+    fig, axes = _figure(len(models))
+    for ax, model in zip(axes, models):
+        m = d[d["model"].map(str) == model]
+        cats = [_gpus(w) for w in sorted(m["world_size"].astype(float).unique())]
+        series = {lab: {_gpus(w): 100 * float(v) for w, v in zip(g["world_size"], g["mfu"])}
+                  for lab, g in m.groupby("_label", sort=True)}
+        _bars(ax, cats, series, "MFU [% of the device's peak FLOP/s]", f"MFU by strategy — model {model}", colors)
+    _legend(fig, axes)
+    return fig
+
+
+PLOTS = {"throughput": plot_throughput, "scaling_efficiency": plot_scaling_efficiency, "memory": plot_memory,
+         "zero_stages": plot_zero_stages, "pp_microbatches": plot_pp_microbatches, "mfu": plot_mfu}
+
+
+def make_plots(summary: pd.DataFrame, out_dir: str | Path | None = None, dpi: int = 120) -> dict:
+    """All plots: {name: (Figure or None, note)}; PNGs written to out_dir/<name>.png if given."""
+    out = {}
+    for name, fn in PLOTS.items():
+        try:
+            fig = fn(summary)
+        except NoDataError as e:
+            out[name] = (None, f"skipped: {e}")
+            continue
+        note = ""
+        if out_dir is not None:
+            path = Path(out_dir) / f"{name}.png"
+            fig.savefig(path, dpi=dpi)
+            note = str(path)
+        out[name] = (fig, note)
+    return out

@@ -1,0 +1,147 @@
+"""report.md and the terminal table: what a reader needs to pick a strategy.
+
+The report puts the ranked answer first (fastest completed strategy per model and GPU
+count, with its memory cost), then the tables, plots, failed runs, data problems, the
+environment the numbers were measured in, and the exact column definitions.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from multirun_analysis.summarize import DEFINITIONS, _fmt
+
+COMPACT = [("model", "model", str), ("label", "strategy", str), ("world_size", "GPUs", "{:g}"),
+           ("n_runs", "n", "{:g}"), ("tokens_per_s", "tokens/s", "{:,.0f}"), ("time_s", "time s", "{:.3f}"),
+           ("mem_peak_mb", "peak MiB", "{:,.0f}"), ("mfu", "MFU %", "pct"),
+           ("scaling_efficiency_pct", "eff %", "{:.1f}"), ("overhead_pct", "overhead %", "{:+.1f}"),
+           ("memory_ratio", "mem ×", "{:.2f}")]
+SUMMARY_MD = COMPACT[:7] + [("mem_mean_mb", "mean MiB", "{:,.0f}"), ("mem_total_mb", "total MiB", "{:,.0f}"),
+                            ("gpu_util_mean_pct", "util %", "{:.1f}"), ("mfu", "MFU %", "pct"),
+                            ("tokens_per_s_min", "tokens/s min", "{:,.0f}"),
+                            ("tokens_per_s_max", "tokens/s max", "{:,.0f}"), ("n_failed", "failed", "{:g}")]
+BASELINE_MD = [COMPACT[0], COMPACT[1], COMPACT[2], ("baseline_tokens_per_s", "baseline tokens/s", "{:,.0f}"),
+               ("scaling_factor", "scaling ×", "{:.2f}"), ("scaling_efficiency_pct", "efficiency %", "{:.1f}"),
+               ("overhead_pct", "overhead %", "{:+.1f}"), ("memory_ratio", "memory ×", "{:.2f}"),
+               ("baseline_note", "note", str)]
+FAILED_MD = [("status", "status", str), ("model", "model", str), ("strategy", "strategy", str),
+             ("world_size", "GPUs", "{:g}"), ("reason", "reason", str), ("run_dir", "run", str)]
+
+
+def _cell(v, fmt) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    try:
+        if fmt == "pct":
+            return f"{100 * float(v):.1f}"
+        return fmt(v) if callable(fmt) else fmt.format(float(v))
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _rows(df: pd.DataFrame, spec):
+    spec = [s for s in spec if s[0] in df.columns]
+    return [h for _, h, _ in spec], [[_cell(r[c], f) for c, _, f in spec] for _, r in df.iterrows()]
+
+
+def md_table(df: pd.DataFrame, spec) -> str:
+    heads, rows = _rows(df, spec)
+    if not rows:
+        return "_(none)_\n"
+    esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def compact_table(summary: pd.DataFrame) -> str:
+    """The summary as a fixed-width terminal table."""
+    heads, rows = _rows(summary, COMPACT)
+    if not rows:
+        return "(no completed runs)"
+    w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
+    line = lambda cells: "  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(cells))  # noqa
+    return "\n".join([line(heads), line(["-" * x for x in w])] + [line(r) for r in rows])
+
+
+def ranked_answer(summary: pd.DataFrame) -> list[str]:
+    """Per model and GPU count: completed variants ranked by throughput, memory vs the fastest."""
+    out = []
+    if summary.empty:
+        return ["No run completed: nothing to rank."]
+    for (model, ws), g in summary.groupby([summary["model"].map(str), "world_size"], sort=True):
+        g = g.sort_values("tokens_per_s", ascending=False)
+        best = g.iloc[0]
+        mem = best["mem_peak_mb"]
+        src = best.get("mem_source") or "memory"
+        line = (f"- **{model}, {ws:g} GPU{'s' if ws != 1 else ''}** — fastest: **{best['label']}**, "
+                f"{best['tokens_per_s']:,.0f} tokens/s (median of {best['n_runs']:g}), peak "
+                f"{_cell(mem, '{:,.0f}')} MiB per device ({src})")
+        if not math.isnan(best.get("memory_ratio", math.nan)):
+            line += f", {best['memory_ratio']:.2f}× the single-device baseline's memory"
+        if len(g) == 1:
+            line += "; the only variant that completed."
+        out.append(line)
+        for i, (_, r) in enumerate(g.iloc[1:].iterrows(), start=2):
+            speed = r["tokens_per_s"] / best["tokens_per_s"]
+            memr = mem / r["mem_peak_mb"] if r["mem_peak_mb"] and r["mem_peak_mb"] > 0 else math.nan
+            cost = f"the fastest uses {memr:.2f}× its peak memory" if not math.isnan(memr) else "memory n/a"
+            out.append(f"    - #{i} {r['label']}: {r['tokens_per_s']:,.0f} tokens/s ({100 * speed:.0f}% of the "
+                       f"fastest), peak {_cell(r['mem_peak_mb'], '{:,.0f}')} MiB — {cost}")
+    return out
+
+
+def environment(runs: pd.DataFrame) -> list[str]:
+    """Where and with what the runs were measured (unique values over runs)."""
+    def uniq(col):
+        if col not in runs.columns:
+            return []
+        return sorted({_fmt(x) for x in runs[col].dropna() if str(x) not in ("", "None")})
+    lines = []
+    for col, name in (("prov.hostname", "hosts"), ("device_type", "device type"), ("prov.devices", "devices"),
+                      ("prov.platform", "platform"), ("prov.cpu_count", "CPU count"),
+                      ("prov.git_commit", "git commit"), ("prov.git_dirty", "git dirty")):
+        lines.append(f"- {name}: {', '.join(uniq(col)) or 'n/a'}")
+    dates = uniq("prov.date_utc")
+    lines.append(f"- dates (UTC): {dates[0]} … {dates[-1]}" if dates else "- dates: n/a")
+    vers = [c for c in runs.columns if c.startswith("prov.versions.")]
+    lines.append("- versions: " + (", ".join(f"{c.split('.')[-1]} {'/'.join(uniq(c)) or 'n/a'}" for c in vers)
+                                   or "n/a"))
+    topos = uniq("prov.nvidia_smi_topo")
+    lines.append("- topology (`nvidia-smi topo -m`): " + ("n/a (no NVIDIA GPU)" if not topos else ""))
+    for t in topos:
+        lines += ["", "```", re.sub(r"\x1b\[[0-9;]*m", "", t).rstrip(), "```"]  # nvidia-smi's ANSI bold
+    return lines
+
+
+def write_report(out_dir: Path, inputs, runs: pd.DataFrame, summary: pd.DataFrame, failed: pd.DataFrame,
+                 plots: dict, problems: list[tuple[str, str]]) -> Path:
+    """Write report.md next to the tables and PNGs; returns its path."""
+    n_ok = int(runs["usable"].astype(bool).sum()) if len(runs) else 0
+    md = ["# Benchmark analysis", "",
+          f"Generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC} from "
+          + ", ".join(f"`{p}`" for p in inputs) + f": {len(runs)} run folder(s), {n_ok} usable, "
+          f"{len(failed)} failed or incomplete, {len(summary)} experiment(s).", "",
+          "## Answer: fastest completed strategy per model and GPU count", ""]
+    md += ranked_answer(summary)
+    if len(failed):
+        md += ["", f"Not ranked: {len(failed)} run(s) that did not complete "
+                   f"({', '.join(f'{k}: {v}' for k, v in failed['status'].value_counts().items())}); "
+                   "see [Failed runs](#failed-and-incomplete-runs)."]
+    md += ["", "## Summary (median over repeats)", "", md_table(summary, SUMMARY_MD),
+           "## Comparison with the single-device baseline", "", md_table(summary, BASELINE_MD), "## Plots", ""]
+    for name, (fig, note) in plots.items():
+        md += [f"![{name}]({name}.png)", ""] if fig is not None else [f"- {name}: {note}", ""]
+    md += ["## Failed and incomplete runs", "", md_table(failed, FAILED_MD), "## Problems", ""]
+    md += [f"- `{d or '(input)'}`: {p}" for d, p in problems] or ["None."]
+    md += ["", "## Environment", ""] + environment(runs)
+    md += ["", "## Definitions", "", "```text", (DEFINITIONS or "").strip(), "```", "",
+           "Files: `runs.csv`/`runs.parquet` (one row per run), `summary.csv` (one row per experiment), "
+           "`failed_runs.csv`, the PNG plots."]
+    path = Path(out_dir) / "report.md"
+    path.write_text("\n".join(md) + "\n")
+    return path

@@ -1,0 +1,249 @@
+"""multirun_analysis on a REAL CPU multirun (one sweep per module, reused by every test).
+
+The numbers in summary.csv are checked against values recomputed here, independently,
+from the run folders' metrics.json; broken copies of the sweep check that debris (corrupt,
+missing, in-progress, old-schema runs, no baseline) is reported and never fatal.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+try:
+    from tests.conftest import CPU_FAST, REPO, run_bench
+except ImportError:  # tests/ without __init__.py
+    from conftest import CPU_FAST, REPO, run_bench
+
+pytestmark = pytest.mark.slow
+SINGLE_WS2_REASON = "strategy=single runs on exactly 1 device"
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("analysis") / "sweep"
+    p = run_bench("strategy=single,ddp", "world_size=1,2", *CPU_FAST, run_dir=d, multirun=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return d
+
+
+def analyse(*args, cwd=REPO) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, "-m", "multirun_analysis", *map(str, args)], cwd=cwd,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return p
+
+
+@pytest.fixture(scope="module")
+def analysed(sweep):
+    p = analyse(sweep)
+    return p, sweep / "analysis"
+
+
+def job(sweep: Path, strategy: str, ws: int) -> Path:
+    """The run folder of one job of the sweep (from its own overrides, not from the analysis)."""
+    for d in sorted(sweep.iterdir()):
+        o = d / ".hydra" / "overrides.yaml"
+        if o.is_file() and f"strategy={strategy}" in o.read_text() and f"world_size={ws}\n" in o.read_text():
+            return d
+    raise AssertionError(f"no job {strategy} ws={ws} in {sweep}")
+
+
+def expected(run_dir: Path) -> dict:
+    """tokens, time, throughput and peak memory recomputed from the ranks' own records."""
+    m = json.loads((run_dir / "metrics.json").read_text())
+    ranks = m["ranks"]
+    tokens = sum(r["tokens_per_step"] for r in ranks) * m["throughput"]["applied_timed_steps"]
+    time_s = max(r["window_s"] for r in ranks)
+    mem = [r["max_allocated_mb"] if r["max_allocated_mb"] is not None else r["host_peak_rss_mb"] for r in ranks]
+    return {"tokens": tokens, "time_s": time_s, "tokens_per_s": tokens / time_s, "mem_peak_mb": max(mem),
+            "mem_mean_mb": sum(mem) / len(mem), "mem_total_mb": sum(mem), "ws": m["config"]["world_size"]}
+
+
+def row(df: pd.DataFrame, strategy: str, ws: int) -> pd.Series:
+    r = df[(df["strategy"] == strategy) & (df["world_size"] == ws)]
+    assert len(r) == 1, df[["strategy", "world_size"]]
+    return r.iloc[0]
+
+
+# ------------------------------------------------------------------------------ the real sweep
+def test_outputs_and_terminal_table(analysed):
+    p, out = analysed
+    for f in ("runs.csv", "runs.parquet", "summary.csv", "failed_runs.csv", "report.md",
+              "throughput.png", "scaling_efficiency.png", "memory.png"):
+        assert (out / f).is_file() and (out / f).stat().st_size > 0, f
+    for f in ("throughput.png", "scaling_efficiency.png", "memory.png"):
+        assert (out / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "tokens/s" in p.stdout and "eff %" in p.stdout and "invalid" in p.stdout
+    assert "plot zero_stages: skipped" in p.stdout and "plot mfu: skipped" in p.stdout  # CPU: no peak, no ZeRO
+
+
+def test_runs_table(analysed, sweep):
+    _, out = analysed
+    runs = pd.read_csv(out / "runs.csv")
+    assert len(runs) == 4 and len(pd.read_parquet(out / "runs.parquet")) == 4
+    for c in ("model", "strategy", "impl", "world_size", "precision", "compile", "global_batch", "seq_len",
+              "bucket_cap_mb", "status", "error_type", "error_message", "run_dir", "throughput.tokens_per_s",
+              "flops.mfu", "memory.host_peak_rss_mb"):
+        assert c in runs.columns, c
+    assert sorted(runs["status"]) == ["completed", "completed", "completed", "invalid"]
+    assert set(runs["run_dir"]) == {str(d.resolve()) for d in sweep.iterdir() if d.name.isdigit()}
+
+
+def test_summary_numbers_match_metrics(analysed, sweep):
+    _, out = analysed
+    s = pd.read_csv(out / "summary.csv")
+    assert len(s) == 3  # single/1, ddp/1, ddp/2; the invalid single/2 is not an experiment
+    base = expected(job(sweep, "single", 1))
+    for strategy, ws in (("single", 1), ("ddp", 1), ("ddp", 2)):
+        e, r = expected(job(sweep, strategy, ws)), row(s, strategy, ws)
+        assert r["n_runs"] == 1 and r["tokens"] == e["tokens"] == 4 * 8 * 128 - 8 * 128
+        assert r["time_s"] == pytest.approx(e["time_s"], rel=1e-12)
+        assert r["tokens_per_s"] == pytest.approx(e["tokens_per_s"], rel=1e-12)
+        assert r["tokens_per_s_min"] == r["tokens_per_s_max"] == pytest.approx(r["tokens_per_s"])
+        for k in ("mem_peak_mb", "mem_mean_mb", "mem_total_mb"):
+            assert r[k] == pytest.approx(e[k], rel=1e-12), k
+        sf = e["tokens_per_s"] / base["tokens_per_s"]
+        assert r["scaling_factor"] == pytest.approx(sf, rel=1e-9)
+        assert r["scaling_efficiency_pct"] == pytest.approx(100 * sf / ws, rel=1e-9)
+        tpt, tpt_base = e["time_s"] / e["tokens"], base["time_s"] / base["tokens"]
+        assert r["overhead_pct"] == pytest.approx(100 * (tpt * ws / tpt_base - 1), rel=1e-9, abs=1e-9)
+        assert r["memory_ratio"] == pytest.approx(e["mem_peak_mb"] / base["mem_peak_mb"], rel=1e-9)
+    assert row(s, "single", 1)["scaling_efficiency_pct"] == pytest.approx(100.0)
+
+
+def test_failed_runs_has_the_invalid_job(analysed):
+    _, out = analysed
+    f = pd.read_csv(out / "failed_runs.csv")
+    r = row(f, "single", 2)
+    assert r["status"] == "invalid" and r["error_type"] == "ConfigError"
+    assert SINGLE_WS2_REASON in r["reason"]
+
+
+def test_report(analysed):
+    _, out = analysed
+    md = (out / "report.md").read_text()
+    for s in ("## Answer", "fastest: **ddp", "tokens/s", "## Failed and incomplete runs", SINGLE_WS2_REASON,
+              "![throughput](throughput.png)", "zero_stages: skipped", "## Environment", "torch 2",
+              "scaling_efficiency_pct = 100 * scaling_factor / N"):
+        assert s in md, s
+
+
+def test_python_api(sweep, analysed):
+    from matplotlib.figure import Figure
+
+    import multirun_analysis as ma
+    runs = ma.load_runs(sweep)
+    assert len(runs) == 4  # the analysis/ folder written by the CLI is not a run
+    s = ma.summarize(runs)
+    csv = pd.read_csv(analysed[1] / "summary.csv")
+    for strategy, ws in (("single", 1), ("ddp", 2)):
+        assert row(s, strategy, ws)["tokens_per_s"] == pytest.approx(row(csv, strategy, ws)["tokens_per_s"])
+    for plot in (ma.plot_throughput, ma.plot_scaling_efficiency, ma.plot_memory):
+        assert isinstance(plot(s), Figure)
+    for plot in (ma.plot_zero_stages, ma.plot_pp_microbatches, ma.plot_mfu):
+        with pytest.raises(ma.NoDataError):
+            plot(s)
+    vs = ma.compare_to_baseline(s, baseline={"strategy": "ddp", "world_size": 1})
+    assert row(vs, "ddp", 1)["scaling_factor"] == pytest.approx(1.0)
+    none = ma.compare_to_baseline(s, baseline={"strategy": "zero", "world_size": 1})
+    assert none["scaling_factor"].isna().all() and none["baseline_note"].notna().all()
+    assert list(ma.failed_runs(runs)["status"]) == ["invalid"]
+
+
+# ------------------------------------------------------------------------------ broken sweeps
+def _truncate(d: Path):
+    p = job(d, "ddp", 2) / "metrics.json"
+    p.write_text(p.read_text()[: len(p.read_text()) // 2])
+    return job(d, "ddp", 2), "incomplete", "metrics.json unreadable"
+
+
+def _delete(d: Path):
+    (job(d, "ddp", 1) / "metrics.json").unlink()
+    return job(d, "ddp", 1), "incomplete", "no metrics.json; status.json says 'completed'"
+
+
+def _running(d: Path):
+    (d / "7").mkdir()
+    (d / "7" / "status.json").write_text(json.dumps({"status": "running", "time": 0}))
+    return d / "7", "incomplete", "status.json says 'running'"
+
+
+def _killed(d: Path):
+    shutil.copytree(job(d, "ddp", 2) / ".hydra", d / "8" / ".hydra")
+    return d / "8", "incomplete", "no metrics.json and no status.json"
+
+
+def _old_schema(d: Path):
+    p = job(d, "ddp", 2) / "metrics.json"
+    m = json.loads(p.read_text())
+    m["schema_version"] = 0
+    p.write_text(json.dumps(m))
+    return job(d, "ddp", 2), None, "schema_version 0"
+
+
+def _no_baseline(d: Path):
+    shutil.rmtree(job(d, "single", 1))
+    return None, None, "no completed strategy=single world_size=1 run"
+
+
+@pytest.mark.parametrize("corrupt", [_truncate, _delete, _running, _killed, _old_schema, _no_baseline],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_broken_sweep_is_reported_not_fatal(sweep, tmp_path, corrupt):
+    d = tmp_path / "sweep"
+    shutil.copytree(sweep, d, ignore=shutil.ignore_patterns("analysis"))
+    run_dir, status, text = corrupt(d)
+    out = tmp_path / "out"
+    p = analyse(d, "--out", out)
+    assert text in p.stdout and text in (out / "report.md").read_text()
+    s, f = pd.read_csv(out / "summary.csv"), pd.read_csv(out / "failed_runs.csv")
+    assert row(f, "single", 2)["status"] == "invalid"  # the rest of the sweep is still analysed
+    if status is not None:  # the broken run is a failed/incomplete row with its reason
+        r = f[f["run_dir"] == str(run_dir.resolve())]
+        assert len(r) == 1 and r.iloc[0]["status"] == status and text in r.iloc[0]["reason"]
+        assert len(s) == (3 if corrupt in (_running, _killed) else 2)
+    elif corrupt is _old_schema:  # loaded what is there: still in the summary
+        assert len(s) == 3 and row(s, "ddp", 2)["tokens_per_s"] > 0
+    else:  # no baseline: comparison columns empty, not an exception
+        assert len(s) == 2 and s["scaling_efficiency_pct"].isna().all() and s["memory_ratio"].isna().all()
+        assert s["tokens_per_s"].notna().all()
+
+
+def test_no_runs_found_exits_1(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "multirun_analysis", str(tmp_path)], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "no run folders" in p.stderr
+
+
+# ------------------------------------------------------------------------------ the notebook
+def test_example_notebook_executes(sweep, monkeypatch, tmp_path):
+    import nbformat
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("BENCH_MULTIRUN_DIR", str(sweep))  # the kernel inherits this environment
+    nb = nbformat.read(REPO / "multirun_analysis" / "example.ipynb", as_version=4)
+    # The kernel is this interpreter (the venv's), whatever kernelspecs the machine has installed:
+    # a private kernelspec in a private kernel dir, nothing installed (jupyter_client 8 ignores kernel_cmd).
+    spec = tmp_path / "kernels" / "bench-test"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "bench test kernel", "language": "python"}))
+    km = KernelManager(kernel_name="bench-test",
+                       kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec.parent)]))
+    assert km.kernel_spec.argv[0] == sys.executable
+    NotebookClient(nb, km=km, timeout=120, resources={"metadata": {"path": str(REPO)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3  # throughput, efficiency, memory
+    text = "".join(o.get("text", "") for o in outputs)
+    assert f"analysing {sweep.resolve()}" in text and "plot_zero_stages: skipped" in text
