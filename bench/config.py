@@ -17,6 +17,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cuda", "cpu")
 FAULT_KINDS = ("none", "raise", "oom", "hang")
+DDP_COMM_HOOKS = ("none", "bf16_compress", "fp16_compress")
 
 
 class ConfigError(ValueError):
@@ -65,6 +66,53 @@ class DDPConfig(StrategyConfig):
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
+    comm_hook: str = "none"  # none | bf16_compress | fp16_compress: all-reduce gradients in 16 bit
+
+
+MP_IMPLS = ("megatron", "torch")
+MP_SCHEDULES = ("auto", "gpipe", "1f1b", "interleaved_1f1b")
+MP_SPECS = ("auto", "sdpa", "local", "te")
+MP_INITS = ("bench", "megatron")
+
+
+@dataclass
+class ModelParallelConfig(StrategyConfig):
+    """One schema for the tp x pp x dp family (strategies ``tp``, ``pp``, ``megatron``; they
+    differ only in defaults).  dp = world_size / (tp * pp).  ``impl``: megatron (megatron-core,
+    GPU only) or torch (DTensor TP + torch.distributed.pipelining; runs on CPU too)."""
+
+    name: str = "megatron"
+    impl: str = "megatron"
+    tp: int = 1
+    pp: int = 1
+    # micro-batches per step on one data-parallel rank: "p", "4p" (k * pp), an int, or null
+    # (null: strategy.micro_batch_size decides, one micro-batch by default)
+    microbatches: Any = None
+    virtual_pipeline: int = 1  # model chunks per pipeline rank (> 1: interleaved 1F1B)
+    schedule: str = "auto"  # auto (1f1b, interleaved_1f1b when virtual_pipeline > 1) | gpipe (torch)
+    sequence_parallel: bool = False  # Megatron sequence parallelism (needs tp > 1)
+    # Megatron DistributedDataParallel / optimizer
+    overlap_grad_reduce: bool = True
+    use_distributed_optimizer: bool = False
+    overlap_param_gather: bool = False  # needs use_distributed_optimizer
+    bucket_size: Optional[int] = None  # parameters per gradient bucket; null = Megatron's default
+    grad_reduce_in_fp32: bool = True
+    # Megatron model
+    spec: str = "auto"  # auto (te if transformer_engine imports, else sdpa) | sdpa | local | te
+    init: str = "bench"  # bench: copy bench's GPT init (same weights as strategy=single) | megatron
+
+
+@dataclass
+class TPConfig(ModelParallelConfig):
+    name: str = "tp"
+    tp: int = 2
+
+
+@dataclass
+class PPConfig(ModelParallelConfig):
+    name: str = "pp"
+    pp: int = 2
+    microbatches: Any = "4p"
 
 
 ZERO_OFFLOAD = ("none", "cpu")
@@ -113,6 +161,7 @@ class FSDPConfig(StrategyConfig):
     reshard_after_forward: bool = True  # true ~ ZeRO-3, false ~ ZeRO-2
     reduce_dtype: str = "fp32"  # fp32 | param (gradient reduce-scatter dtype under bf16/fp16)
     cpu_offload: bool = False  # CPUOffloadPolicy: sharded params, grads, optimizer on the host
+    prefetch: int = 0  # 0: FSDP2's implicit prefetching; k >= 1: explicitly prefetch the next k blocks
 
 
 @dataclass
@@ -157,10 +206,16 @@ class BenchConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     dist_timeout_s: int = 600  # collective timeout of the process group
     run_timeout_s: Optional[int] = None  # wall-clock limit of a run; its processes are ended after it
+    # sweeps (bench/sweep.py): neither changes what a run measures, so neither is part of a run's key
+    resume: bool = False  # skip runs whose configuration already has a completed result in the sweep folder
+    rerun_failed: bool = False  # with resume: run again those whose result is failed/oom/timeout/interrupted
+    # free-form values presets interpolate (e.g. a per-world-size table); the runner never reads them
+    vars: dict[str, Any] = field(default_factory=dict)
 
 
 STRATEGY_SCHEMAS: dict[str, type] = {"single": SingleConfig, "ddp": DDPConfig}
 STRATEGY_SCHEMAS.update(zero=ZeroConfig, fsdp=FSDPConfig)
+STRATEGY_SCHEMAS.update(tp=TPConfig, pp=PPConfig, megatron=ModelParallelConfig)
 
 
 def register_configs() -> None:
@@ -296,6 +351,123 @@ def _rules_ddp(plan: Plan) -> None:
     s = plan.strategy
     if s["bucket_cap_mb"] <= 0:
         raise ConfigError("strategy.bucket_cap_mb", s["bucket_cap_mb"], "must be > 0")
+    _choice("strategy.comm_hook", s["comm_hook"], DDP_COMM_HOOKS)
+    if s["comm_hook"] == "bf16_compress" and plan.device != "cuda":
+        raise ConfigError("strategy.comm_hook", s["comm_hook"], "needs NCCL (a GPU); on CPU use none or fp16_compress")
+
+
+def _megatron_core_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("megatron.core") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _rules_model_parallel(plan: Plan) -> None:
+    """tp / pp / megatron (one schema): the tp x pp x dp layout beyond the generic checks.
+    Resolves ``strategy.microbatches`` into plan.micro_batch_size / plan.grad_accum."""
+    from bench.layout import resolve_microbatches
+
+    s, m, c = plan.strategy, plan.model, plan.cfg
+    name, impl, tp, pp, dp = s["name"], s["impl"], plan.tp, plan.pp, plan.dp_size
+    _choice("strategy.impl", impl, MP_IMPLS)
+    if name == "megatron" and impl != "megatron":
+        raise ConfigError("strategy.impl", impl, "strategy=megatron is megatron-core only; for torch-native "
+                          "parallelism use strategy=tp or strategy=pp with strategy.impl=torch, or strategy=ddp")
+    if impl == "megatron":
+        fix = ("use strategy=ddp (or strategy=tp/pp with strategy.impl=torch)" if name == "megatron"
+               else "use strategy.impl=torch (torch-native TP/PP, runs on CPU)")
+        if plan.device != "cuda":
+            raise ConfigError("strategy.impl", impl, f"megatron-core needs CUDA GPUs, and this run has none "
+                              f"(device={plan.device}); {fix}")
+        if not _megatron_core_installed():
+            raise ConfigError("strategy.impl", impl, f"megatron-core is not installed (pip install megatron-core); {fix}")
+
+    # shapes that tensor / pipeline parallelism must split evenly
+    if m["n_heads"] % tp:
+        raise ConfigError("strategy.tp", tp, f"must divide model.n_heads={m['n_heads']} (attention heads are split over tp)")
+    if m["d_ff"] % tp:
+        raise ConfigError("strategy.tp", tp, f"must divide model.d_ff={m['d_ff']} (the MLP is split over tp)")
+    if impl == "megatron" and m["vocab_size"] % tp:
+        raise ConfigError("strategy.tp", tp, f"must divide model.vocab_size={m['vocab_size']} "
+                          "(Megatron splits the embedding and output layer over tp)")
+    v = s["virtual_pipeline"]
+    _positive("strategy.virtual_pipeline", v)
+    if v > 1 and pp == 1:
+        raise ConfigError("strategy.virtual_pipeline", v, "interleaved stages need strategy.pp > 1; use virtual_pipeline=1")
+    if m["n_layers"] % (pp * v):
+        raise ConfigError("strategy.pp", pp, f"strategy.pp x strategy.virtual_pipeline = {pp} x {v} = {pp * v} "
+                          f"stages must divide model.n_layers={m['n_layers']}")
+
+    # schedule
+    _choice("strategy.schedule", s["schedule"], MP_SCHEDULES)
+    sched = s["schedule"]
+    if sched == "auto":
+        sched = "interleaved_1f1b" if v > 1 else "1f1b"
+    if sched == "interleaved_1f1b" and v < 2:
+        raise ConfigError("strategy.schedule", sched, "needs strategy.virtual_pipeline >= 2 (model chunks per "
+                          "pipeline rank); or use schedule=1f1b / gpipe")
+    if sched in ("gpipe", "1f1b") and v > 1:
+        raise ConfigError("strategy.schedule", sched, f"runs one stage per rank, but strategy.virtual_pipeline={v}; "
+                          "use schedule=interleaved_1f1b (or auto), or virtual_pipeline=1")
+    if sched == "gpipe" and impl == "megatron":
+        raise ConfigError("strategy.schedule", sched, "megatron-core has no GPipe schedule (it runs 1F1B); "
+                          "use strategy.impl=torch for GPipe, or schedule=1f1b")
+
+    # micro-batches: the per-data-parallel-rank batch split for the pipeline / accumulation
+    per_rank = m["global_batch"] // dp
+    if s["microbatches"] is not None:
+        try:
+            n_micro = resolve_microbatches(s["microbatches"], pp)
+        except ValueError:
+            raise ConfigError("strategy.microbatches", s["microbatches"],
+                              'must be "p", "<k>p" (k x strategy.pp), a positive integer, or null') from None
+        if per_rank % n_micro:
+            raise ConfigError("strategy.microbatches", s["microbatches"],
+                              f"= {n_micro} micro-batches must divide the per-data-parallel-rank batch {per_rank} "
+                              f"(= model.global_batch {m['global_batch']} / dp {dp}); use fewer micro-batches "
+                              "or a larger model.global_batch")
+        mbs = per_rank // n_micro
+        if s.get("micro_batch_size") not in (None, mbs):
+            raise ConfigError("strategy.micro_batch_size", s["micro_batch_size"],
+                              f"conflicts with strategy.microbatches={s['microbatches']} ({n_micro} micro-batches "
+                              f"of {mbs}); set only one of them")
+        plan.micro_batch_size, plan.grad_accum = mbs, n_micro
+    n_micro = plan.grad_accum
+    if sched == "interleaved_1f1b":
+        if impl == "megatron" and n_micro % pp:
+            raise ConfigError("strategy.microbatches", s["microbatches"],
+                              f"Megatron's interleaved schedule needs the number of micro-batches ({n_micro}) "
+                              f"to be a multiple of strategy.pp={pp}")
+        if impl == "torch" and n_micro % max(1, n_micro // pp):
+            raise ConfigError("strategy.microbatches", s["microbatches"],
+                              f"torch's interleaved 1F1B needs the number of micro-batches ({n_micro}) to be a "
+                              f"multiple of its rounds max(1, {n_micro} // pp)")
+
+    if s["sequence_parallel"]:
+        if tp == 1:
+            raise ConfigError("strategy.sequence_parallel", True, "needs strategy.tp > 1")
+        if impl == "torch":
+            raise ConfigError("strategy.sequence_parallel", True, "is implemented for strategy.impl=megatron only; "
+                              "use sequence_parallel=false with impl=torch")
+        if m["seq_len"] % tp:
+            raise ConfigError("strategy.sequence_parallel", True, f"needs model.seq_len={m['seq_len']} divisible "
+                              f"by strategy.tp={tp}")
+    if impl == "torch" and c["precision"] == "fp16":
+        raise ConfigError("precision", "fp16", "is not supported with strategy.impl=torch (no loss scaling across "
+                          "shards and stages); use precision=bf16, or strategy.impl=megatron")
+    if c["compile"]:
+        raise ConfigError("compile", True, f"is not implemented for strategy={name}; use compile=false")
+
+    # Megatron DDP / optimizer / model knobs (ignored by impl=torch)
+    _choice("strategy.spec", s["spec"], MP_SPECS)
+    _choice("strategy.init", s["init"], MP_INITS)
+    if s["bucket_size"] is not None and s["bucket_size"] <= 0:
+        raise ConfigError("strategy.bucket_size", s["bucket_size"], "must be a positive number of parameters, or null")
+    if s["overlap_param_gather"] and not s["use_distributed_optimizer"]:
+        raise ConfigError("strategy.overlap_param_gather", True, "needs strategy.use_distributed_optimizer=true")
 
 
 def _whole_positive(key: str, value: Any, allow_zero: bool = False) -> None:
@@ -344,9 +516,13 @@ def _rules_zero(plan: Plan) -> None:
 def _rules_fsdp(plan: Plan) -> None:
     s = plan.strategy
     _choice("strategy.reduce_dtype", s["reduce_dtype"], FSDP_REDUCE_DTYPES)
+    if s["prefetch"] < 0:
+        raise ConfigError("strategy.prefetch", s["prefetch"],
+                          "must be >= 0 (0: FSDP2's implicit prefetching, k: the next k blocks explicitly)")
 
 
 STRATEGY_RULES: dict[str, Callable[[Plan], None]] = {
     "ddp": _rules_ddp,
 }
 STRATEGY_RULES.update(zero=_rules_zero, fsdp=_rules_fsdp)
+STRATEGY_RULES.update(tp=_rules_model_parallel, pp=_rules_model_parallel, megatron=_rules_model_parallel)

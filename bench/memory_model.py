@@ -10,6 +10,8 @@ Per parameter, by where the master weights live:
   optimizer): params 2, grads 2, optimizer K = 12 bytes.
 * ``fp32`` (fp32 runs, and torch autocast over fp32 weights: single/DDP at bf16/fp16):
   params 4, grads 4, optimizer 8 (Adam m, v; the params are the master).
+* ``megatron_mixed`` (Megatron Float16Module, grad_reduce_in_fp32): params 2, grads 4 (fp32 main
+  grads), optimizer 12; the distributed optimizer is ZeRO-1 (optimizer / dp).
 * ``fsdp_mixed`` (FSDP2 MixedPrecisionPolicy: fp32 sharded params are the master, grads
   reduced into fp32 shards): params 4, grads 4, optimizer 8, plus the unsharded 16-bit
   parameters while they are gathered.
@@ -38,6 +40,7 @@ BYTES_PER_PARAM = {
     "mixed": (2, 2, 12),
     "fp32": (4, 4, 8),
     "fsdp_mixed": (4, 4, 8),
+    "megatron_mixed": (2, 4, 12),
 }
 
 
@@ -67,8 +70,18 @@ def layout_of(cfg: dict) -> dict:
                    offload_optimizer=s["cpu_offload"], offload_grads=s["cpu_offload"],
                    offload_param=s["cpu_offload"], unsharded_params_live=not reshard,
                    note="FSDP2 reshard_after_forward=%s (%s analogue)" % (reshard, "ZeRO-3" if reshard else "ZeRO-2"))
+    elif s.get("impl") == "megatron":
+        # Megatron (Float16Module + DDP with grad_reduce_in_fp32): 16-bit params, fp32 main grads,
+        # fp32 main params + Adam m, v; the distributed optimizer shards the latter over dp
+        # (Megatron's docs: 18 bytes/param, or 6 + 12/dp with the distributed optimizer).
+        fp32_grads = s.get("grad_reduce_in_fp32", True)
+        out.update(scheme="fp32" if prec == "fp32" else ("megatron_mixed" if fp32_grads else "mixed"),
+                   stage=1 if s.get("use_distributed_optimizer") else 0,
+                   note=f"megatron tp={s.get('tp', 1)} pp={s.get('pp', 1)}"
+                        + (" distributed optimizer" if s.get("use_distributed_optimizer") else ""))
     else:
-        out["note"] = (f"{name}: replicated model states, torch optimizer over fp32 weights"
+        out["note"] = (f"{name}: model states replicated over data-parallel ranks, torch optimizer over "
+                       "fp32 weights"
                        + (" (autocast)" if prec != "fp32" else ""))
     return out
 
@@ -109,7 +122,7 @@ def predicted_model_state_bytes(plan: Any) -> dict:
     device["total"] = sum(device[k] for k in _PARTS)
     host["total"] = sum(host[k] for k in _PARTS)
     return {
-        "psi": psi_all, "psi_per_rank_group": int(psi), "scheme": lay["scheme"], "stage": stage, "dp": dp,
+        "psi": psi_all, "psi_per_tp_pp_shard": int(psi), "scheme": lay["scheme"], "stage": stage, "dp": dp,
         "tp": tp, "pp": pp, "note": lay["note"],
         "formula": "bytes/param (params, grads, optimizer) = %s; stage>=1: optimizer/dp, >=2: grads/dp, "
                    "3: params/dp" % (BYTES_PER_PARAM[lay["scheme"]],),
@@ -121,5 +134,5 @@ def predicted_model_state_mb(plan: Any) -> dict:
     """The same prediction in MiB (2**20 bytes, like metrics' max_allocated_mb), rounded to 0.1."""
     b = predicted_model_state_bytes(plan)
     mb = lambda d: {k: round(v / MB, 1) for k, v in d.items()}  # noqa: E731
-    return {**{k: b[k] for k in ("psi", "scheme", "stage", "dp", "note", "formula")},
+    return {**{k: b[k] for k in ("psi", "scheme", "stage", "dp", "tp", "pp", "note", "formula")},
             "device": mb(b["device"]), "host": mb(b["host"]), "total": round(b["total"] / MB, 1)}

@@ -24,6 +24,7 @@ from bench import metrics
 from bench.config import Plan
 from bench.metrics import provenance
 from bench.metrics.io import write_json_atomic
+from bench.memory_model import predicted_model_state_mb
 from bench.metrics.nvml import NvmlSampler
 from bench.strategies.base import DistContext, get_strategy
 
@@ -89,12 +90,14 @@ def _device(plan: Plan, local_rank: int) -> torch.device:
 
 def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int) -> None:
     cfg = plan.cfg
+    strategy_cls = get_strategy(plan.strategy["name"])
+    os.environ.update(strategy_cls.process_env(plan))  # before CUDA starts (e.g. CUDA_DEVICE_MAX_CONNECTIONS)
     device = _device(plan, local_rank)
     dist.init_process_group(plan.backend, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=cfg["dist_timeout_s"]))
     ctx = DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device,
                       backend=plan.backend)
-    strategy = get_strategy(plan.strategy["name"])(plan, ctx)
+    strategy = strategy_cls(plan, ctx)
 
     matmul_peak = None
     if device.type == "cuda" and rank == 0 and cfg["metrics"]["measure_matmul_peak"]:
@@ -108,6 +111,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
     steps, warmup = cfg["steps"], cfg["warmup_steps"]
     losses: list = []
     skipped: list[bool] = []
+    t_first_step = time.time()  # bench/job.py: fixed overhead (launch -> first step)
     t_warm = time.perf_counter()
     for n in range(warmup):
         inject_fault(cfg["fault"], rank, n)
@@ -131,8 +135,10 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         losses.append(res.loss)
         skipped.append(res.skipped)
         if rank == 0 and (n + 1 - warmup) % max(1, (steps - warmup) // 4) == 0:
-            log.info("step %d/%d  %.1f ms", n + 1, steps, 1e3 * step_times[-1])
+            log.info("step %d/%d  %.1f ms  %.0f tokens/s so far", n + 1, steps, 1e3 * step_times[-1],
+                     (n + 1 - warmup) * cfg["model"]["global_batch"] * cfg["model"]["seq_len"] / (time.perf_counter() - t_window))
     window_s = time.perf_counter() - t_window
+    t_loop_end = time.time()  # bench/job.py: fixed overhead (last step -> done)
     sampler.stop()
 
     rec = {
@@ -145,6 +151,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         "window_s": window_s,
         "setup_s": setup_s,
         "warmup_s": warmup_s,
+        "t_first_step": t_first_step, "t_loop_end": t_loop_end,  # wall clock, for bench/job.py
         "max_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "max_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20 if device.type == "cuda" else None,
         "host_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -156,6 +163,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
     if rank == 0:
         prov = provenance.collect(cfg.get("_command", []), [r["device_name"] for r in gathered])
         m = metrics.assemble(cfg, device.type, gathered, strategy.describe(), prov, matmul_peak)
+        m["memory"]["predicted_model_state_mb"] = predicted_model_state_mb(plan)
         write_json_atomic(run_dir / "metrics.json", m)
         log.info(metrics.one_line(m))
     dist.barrier()

@@ -64,7 +64,8 @@ def _legend(fig, axes):
         for ax in axes:
             ax.legend(fontsize="small")
     else:
-        ncol = min(3, len(entries))
+        longest = max(len(k) for k in entries)  # long labels: fewer columns, so none is cut off
+        ncol = min(3 if longest <= 35 else 2 if longest <= 60 else 1, len(entries))
         fig.set_figheight(fig.get_figheight() + 0.22 * math.ceil(len(entries) / ncol))
         fig.legend(list(entries.values()), list(entries), loc="outside lower center", fontsize="small", ncol=ncol)
 
@@ -82,13 +83,18 @@ def _gpus(w) -> str:
     return f"{float(w):g} GPU" + ("" if float(w) == 1 else "s")
 
 
-def _lines_vs_gpus(s: pd.DataFrame, col: str, ylabel: str, title: str, what: str, scale: float = 1.0,
-                   minmax: bool = True, ideal: float | None = None) -> Figure:
+def _panels(s: pd.DataFrame, col: str, what: str):
+    """The rows that have `col`, labelled and coloured, and a figure with one panel per model."""
     d = _need(s, col, what).copy()
     d["_label"] = _labels(d)
     models = list(dict.fromkeys(d["model"].map(str)))
-    colors = _colors(d["_label"])
     fig, axes = _figure(len(models))
+    return d, models, _colors(d["_label"]), fig, axes
+
+
+def _lines_vs_gpus(s: pd.DataFrame, col: str, ylabel: str, title: str, what: str, scale: float = 1.0,
+                   minmax: bool = True, ideal: float | None = None) -> Figure:
+    d, models, colors, fig, axes = _panels(s, col, what)
     for ax, model in zip(axes, models):
         m = d[d["model"].map(str) == model]
         top = 0.0
@@ -203,11 +209,8 @@ def plot_pp_microbatches(summary: pd.DataFrame) -> Figure:
 
 def plot_mfu(summary: pd.DataFrame) -> Figure:
     """MFU (%) by strategy variant, grouped by GPU count, one panel per model."""
-    d = _need(summary, "mfu", "MFU (no known peak FLOP/s: CPU runs or unknown GPU; set metrics.peak_tflops)").copy()
-    d["_label"] = _labels(d)
-    models = list(dict.fromkeys(d["model"].map(str)))
-    colors = _colors(d["_label"])
-    fig, axes = _figure(len(models))
+    d, models, colors, fig, axes = _panels(
+        summary, "mfu", "MFU (no known peak FLOP/s: CPU runs or unknown GPU; set metrics.peak_tflops)")
     for ax, model in zip(axes, models):
         m = d[d["model"].map(str) == model]
         cats = [_gpus(w) for w in sorted(m["world_size"].astype(float).unique())]

@@ -62,8 +62,9 @@ import pandas as pd
 from multirun_analysis.load import config_columns
 
 DEFINITIONS = __doc__  # the exact column definitions, also printed into report.md
-EXCLUDED_FROM_KEY = ("seed", "dist_timeout_s", "run_timeout_s", "command", "_command")
-EXCLUDED_PREFIXES = ("metrics.", "hydra.", "cfg.metrics.")
+EXCLUDED_FROM_KEY = ("seed", "dist_timeout_s", "run_timeout_s", "command", "_command", "resume", "rerun_failed")
+# bookkeeping, not what ran: sweeps resume and re-run the same experiment
+EXCLUDED_PREFIXES = ("metrics.", "hydra.", "cfg.metrics.", "vars.", "fault.")
 BASELINE = {"strategy": "single", "world_size": 1}
 BASELINE_MATCH = ("model", "global_batch", "seq_len", "precision", "compile", "device_type")
 COMPARISON = ("baseline_tokens_per_s", "baseline_time_per_token_s", "baseline_mem_peak_mb",

@@ -36,6 +36,15 @@ def loss_curve(run_dir: Path) -> list[float]:
     return metrics_of(run_dir)["loss"]["per_step"]
 
 
+@pytest.fixture(scope="session")
+def single_cpu(tmp_path_factory):
+    """One `strategy=single` run (CPU_FAST) shared by every loss-equivalence test."""
+    d = tmp_path_factory.mktemp("single")
+    p = run_bench(*CPU_FAST, "strategy=single", run_dir=d)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return d
+
+
 @pytest.fixture
 def bench_run(tmp_path):
     """Run one benchmark into a fresh folder; returns (completed_process, run_dir)."""

@@ -7,8 +7,6 @@ missing, in-progress, old-schema runs, no baseline) is reported and never fatal.
 from __future__ import annotations
 
 import json
-import math
-import os
 import shutil
 import subprocess
 import sys

@@ -5,18 +5,9 @@ import json
 import math
 import time
 
-import pytest
 
 from bench.metrics import skeleton
 from tests.conftest import CPU_FAST, loss_curve, metrics_of, run_bench
-
-
-@pytest.fixture(scope="module")
-def single_baseline(tmp_path_factory):
-    d = tmp_path_factory.mktemp("single")
-    p = run_bench(*CPU_FAST, "strategy=single", run_dir=d)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return d
 
 
 def _keys(d: dict, prefix="") -> set[str]:
@@ -28,8 +19,8 @@ def _keys(d: dict, prefix="") -> set[str]:
     return out
 
 
-def test_single_writes_every_metrics_field(single_baseline):
-    m = metrics_of(single_baseline)
+def test_single_writes_every_metrics_field(single_cpu):
+    m = metrics_of(single_cpu)
     assert m["status"] == "completed" and m["schema_version"] == 1
     assert _keys(skeleton(m["config"], "completed")) <= _keys(m)
     t = m["throughput"]
@@ -44,27 +35,27 @@ def test_single_writes_every_metrics_field(single_baseline):
     assert m["memory"]["max_allocated_mb"] is None  # CPU: does not apply -> null, not missing
     prov = m["provenance"]
     assert prov["versions"]["torch"] and prov["hostname"] and prov["command"][1:3] == ["-m", "bench"]
-    assert (single_baseline / "rank0.json").exists() and (single_baseline / ".hydra" / "config.yaml").exists()
-    assert json.loads((single_baseline / "status.json").read_text())["status"] == "completed"
+    assert (single_cpu / "rank0.json").exists() and (single_cpu / ".hydra" / "config.yaml").exists()
+    assert json.loads((single_cpu / "status.json").read_text())["status"] == "completed"
 
 
-def test_ddp_two_ranks_loss_equals_single(single_baseline, bench_run):
+def test_ddp_two_ranks_loss_equals_single(single_cpu, bench_run):
     p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2")
     assert p.returncode == 0, p.stderr[-3000:]
     m = metrics_of(d)
     assert len(m["ranks"]) == 2
     assert m["throughput"]["tokens_per_step"] == 8 * 128  # sum over the two ranks' halves
-    ref, got = loss_curve(single_baseline), loss_curve(d)
+    ref, got = loss_curve(single_cpu), loss_curve(d)
     assert len(got) == len(ref) == 4
     assert max(abs(a - b) for a, b in zip(ref, got)) < 1e-5, (ref, got)
 
 
-def test_gradient_accumulation_is_the_same_optimizer_step(single_baseline, bench_run):
+def test_gradient_accumulation_is_the_same_optimizer_step(single_cpu, bench_run):
     p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2", "strategy.micro_batch_size=1")
     assert p.returncode == 0, p.stderr[-3000:]
     m = metrics_of(d)
     assert m["layout"]["grad_accum"] == 4 and m["throughput"]["tokens_per_step"] == 8 * 128
-    assert max(abs(a - b) for a, b in zip(loss_curve(single_baseline), loss_curve(d))) < 1e-5
+    assert max(abs(a - b) for a, b in zip(loss_curve(single_cpu), loss_curve(d))) < 1e-5
 
 
 def test_failing_rank_ends_run_quickly_with_traceback(bench_run):

@@ -47,7 +47,7 @@ def skeleton(cfg: dict, status: str, error: Optional[dict] = None) -> dict:
                   "achieved_tflops_per_device": None, "peak_tflops": None, "peak_source": None, "mfu": None,
                   "matmul_peak_tflops_measured": None, "mfu_vs_measured_peak": None},
         "memory": {"max_allocated_mb": None, "max_reserved_mb": None, "nvml_used_peak_mb": None,
-                   "nvml_used_mean_mb": None, "host_peak_rss_mb": None},
+                   "nvml_used_mean_mb": None, "host_peak_rss_mb": None, "predicted_model_state_mb": None},
         "utilization": {"gpu_util_mean_pct": None},
         "energy": {"joules": None, "joules_per_token": None},
         "ranks": None,

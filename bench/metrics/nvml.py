@@ -5,7 +5,6 @@ Everything degrades to None where NVML or a counter is unavailable (CPU runs, MI
 from __future__ import annotations
 
 import threading
-import time
 from typing import Optional
 
 

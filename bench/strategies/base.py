@@ -85,6 +85,11 @@ class Strategy(ABC):
     def __init__(self, plan: Plan, dist: DistContext):
         self.plan, self.dist = plan, dist
 
+    @classmethod
+    def process_env(cls, plan: Plan) -> dict[str, str]:
+        """Environment variables the rank process needs before CUDA starts."""
+        return {}
+
     @abstractmethod
     def setup(self) -> None:
         """Build and wrap the model and optimizer; prepare this rank's data."""

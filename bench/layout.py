@@ -1,0 +1,131 @@
+"""The parallel layout ``tp x pp x dp = world_size``: pure functions, no processes.
+
+Rank order is Megatron-core's default (``initialize_model_parallel(order="tp-cp-ep-dp-pp")``
+with cp = ep = 1): tensor-parallel rank varies fastest, then data-parallel, then pipeline::
+
+    rank = tp_rank + tp * dp_rank + tp * dp * pp_rank
+
+so the ranks of one tensor-parallel group are adjacent (same node, fastest links) and a
+pipeline stage is a contiguous block of tp * dp ranks.  The torch-native implementation
+builds its DeviceMesh with the same order (shape ``(pp, dp, tp)``), so a given rank has
+the same coordinates under both implementations.
+
+Token accounting (what ``Strategy.tokens_this_rank`` reports): every data-parallel replica
+processes its slice of the global batch once; within a replica the tensor-parallel ranks
+share the same tokens and only the last pipeline stage sees the loss, so exactly one rank
+per replica counts them: ``tp_rank == 0`` on the last pipeline stage.  The run's tokens
+(sum over ranks) are then the global batch, counted once.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+ORDER = "tp-dp-pp"  # fastest-varying first; Megatron's "tp-cp-ep-dp-pp" with cp = ep = 1
+
+
+@dataclass(frozen=True)
+class Coord:
+    dp: int
+    pp: int
+    tp: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+
+    def __post_init__(self):
+        for k in ("tp", "pp", "dp"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def mesh_shape(self) -> tuple[int, int, int]:
+        """DeviceMesh shape for dim names ("pp", "dp", "tp") (row-major = this rank order)."""
+        return (self.pp, self.dp, self.tp)
+
+    def coords(self, rank: int) -> Coord:
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside world of {self.world_size}")
+        return Coord(dp=(rank // self.tp) % self.dp, pp=rank // (self.tp * self.dp), tp=rank % self.tp)
+
+    def rank(self, c: Coord) -> int:
+        return c.tp + self.tp * c.dp + self.tp * self.dp * c.pp
+
+    def groups(self, kind: str) -> list[list[int]]:
+        """All process groups of one kind ("tp", "dp" or "pp"), each a sorted rank list."""
+        if kind not in ("tp", "dp", "pp"):
+            raise ValueError(kind)
+        out: dict[tuple, list[int]] = {}
+        for r in range(self.world_size):
+            c = self.coords(r)
+            key = tuple(getattr(c, k) for k in ("tp", "dp", "pp") if k != kind)
+            out.setdefault(key, []).append(r)
+        return sorted(out.values())
+
+    def counts_tokens(self, c: Coord) -> bool:
+        """The one rank per data-parallel replica that reports tokens and loss."""
+        return c.tp == 0 and c.pp == self.pp - 1
+
+    def tokens_this_rank(self, rank: int, global_batch: int, seq_len: int) -> int:
+        return global_batch // self.dp * seq_len if self.counts_tokens(self.coords(rank)) else 0
+
+
+# --------------------------------------------------------------------------- micro-batches
+_MICRO = re.compile(r"^\s*(\d*)\s*p\s*$")
+
+
+def resolve_microbatches(value: Any, pp: int) -> int:
+    """``"p"`` -> pp, ``"4p"`` -> 4 * pp, ``8`` or ``"8"`` -> 8.  Raises ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a micro-batch count: {value!r}")
+    if isinstance(value, int):
+        m = value
+    elif isinstance(value, str):
+        s = value.strip().lower()
+        mt = _MICRO.match(s)
+        if mt:
+            m = (int(mt.group(1)) if mt.group(1) else 1) * pp
+        elif s.isdigit():
+            m = int(s)
+        else:
+            raise ValueError(f"not a micro-batch count: {value!r}")
+    else:
+        raise ValueError(f"not a micro-batch count: {value!r}")
+    if m < 1:
+        raise ValueError(f"micro-batch count must be >= 1, got {m}")
+    return m
+
+
+# --------------------------------------------------------------------------- pipeline stages
+def local_stages(pp_rank: int, pp: int, virtual: int = 1) -> list[int]:
+    """Global stage ids held by a pipeline rank: r, r + pp, r + 2 pp, ... (Megatron's and
+    torch's interleaved placement; one stage per rank when virtual == 1)."""
+    return [pp_rank + i * pp for i in range(virtual)]
+
+
+def stage_layers(stage: int, n_layers: int, n_stages: int) -> range:
+    """Transformer layers (0-based) of a global pipeline stage; layers split evenly."""
+    if n_layers % n_stages:
+        raise ValueError(f"{n_layers} layers do not split evenly into {n_stages} stages")
+    k = n_layers // n_stages
+    return range(stage * k, (stage + 1) * k)
+
+
+def resolve_schedule(schedule: str, virtual: int) -> str:
+    """``auto`` -> ``interleaved_1f1b`` with virtual stages, else ``1f1b``."""
+    if schedule == "auto":
+        return "interleaved_1f1b" if virtual > 1 else "1f1b"
+    return schedule
+
+
+TOKEN_RULE = ("one rank per data-parallel replica counts its slice of the global batch: tensor-parallel "
+              "rank 0 on the last pipeline stage (other ranks count 0 and report no loss)")

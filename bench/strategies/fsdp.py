@@ -1,0 +1,127 @@
+"""PyTorch FSDP2 (``fully_shard``) on a 1-D DeviceMesh over all ranks.
+
+Every transformer block is its own FSDP unit, then the root (embeddings, final norm, head; it
+keeps its parameters gathered from forward to backward, FSDP2's default for the root).
+``reshard_after_forward`` true frees a block's gathered parameters after its forward and gathers
+them again in backward (the ZeRO-3 analogue); false keeps them until backward (ZeRO-2 analogue).
+precision=bf16|fp16 is FSDP's MixedPrecisionPolicy (sharded fp32 master parameters, gathered
+and computed in the 16-bit dtype, gradients reduce-scattered in ``reduce_dtype``), not
+autocast; fp16 adds a ShardedGradScaler (found-inf agreed over ranks).  Gradient accumulation
+turns the reduce-scatter off (``set_requires_gradient_sync(False)``) for all but the last
+micro-batch of a step.
+"""
+from __future__ import annotations
+
+import torch
+
+from bench.data import SyntheticStream
+from bench.memory_model import predicted_model_state_mb
+from bench.model import build_model, lm_loss
+from bench.strategies.base import StepResult, Strategy, register
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@register("fsdp")
+class FSDP(Strategy):
+    def setup(self) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        p, dev = self.plan, self.dist.device
+        cfg, s = p.cfg, p.strategy
+        prec = cfg["precision"]
+        if dev.type == "cuda" and prec == "fp32":
+            torch.backends.cuda.matmul.allow_tf32 = cfg["tf32"]
+            torch.backends.cudnn.allow_tf32 = cfg["tf32"]
+        self.mesh = init_device_mesh(dev.type, (self.dist.world_size,), mesh_dim_names=("dp",))
+        if prec == "fp32":
+            self.mp = MixedPrecisionPolicy()
+        else:
+            param_dtype = DTYPES[prec]
+            self.mp = MixedPrecisionPolicy(
+                param_dtype=param_dtype,
+                reduce_dtype=torch.float32 if s["reduce_dtype"] == "fp32" else param_dtype)
+        self.offload = s["cpu_offload"]
+        # CPU offload needs the parameters materialized on the host; pinned memory needs CUDA
+        offload = CPUOffloadPolicy(pin_memory=dev.type == "cuda") if self.offload else OffloadPolicy()
+        self.raw_model = build_model(p.model, cfg["seed"], "cpu" if self.offload else dev)
+        kw = dict(mesh=self.mesh, reshard_after_forward=s["reshard_after_forward"], mp_policy=self.mp,
+                  offload_policy=offload)
+        blocks = list(self.raw_model.blocks.values())
+        for i, block in enumerate(blocks):
+            if cfg["compile"]:
+                block.compile()  # per block, before sharding: FSDP's hooks stay outside the graphs
+            # the last block's backward starts right after its forward: resharding it would only
+            # add an all-gather (as torchtitan does)
+            fully_shard(block, **{**kw, "reshard_after_forward": kw["reshard_after_forward"] and i < len(blocks) - 1})
+        # The root (embeddings, final norm, head) is not resharded after forward: the head is the
+        # first thing backward needs (FSDP2's own heuristic for the root when left unset).
+        self.model = fully_shard(self.raw_model, **{**kw, "reshard_after_forward": False})
+        k = s["prefetch"]
+        if k > 0:  # issue the next k blocks' all-gathers from the CPU early (helps when CPU-bound)
+            for i, block in enumerate(blocks):
+                block.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + k])
+                block.set_modules_to_backward_prefetch(blocks[max(0, i - k):i][::-1])
+        o = cfg["optim"]
+        self.fused = dev.type == "cuda" and not self.offload
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=o["lr"], betas=(o["beta1"], o["beta2"]),
+            weight_decay=o["weight_decay"], fused=self.fused)
+        self.scaler = None
+        if prec == "fp16":
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self.scaler = ShardedGradScaler(device=dev.type)
+        self.stream = SyntheticStream(p.model, seed=cfg["seed"], steps=cfg["steps"],
+                                      dp_rank=self.dist.rank, dp_size=p.dp_size, device=dev)
+
+    def step(self, n: int) -> StepResult:
+        self.optimizer.zero_grad(set_to_none=True)
+        micro = self.stream.micro_batches(n, self.plan.micro_batch_size)
+        total = torch.zeros((), device=self.dist.device)
+        for i, (x, y) in enumerate(micro):
+            self.model.set_requires_gradient_sync(i == len(micro) - 1)
+            loss = lm_loss(self.model(x), y) / len(micro)
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += loss.detach()
+        clip = self.plan.cfg["optim"]["grad_clip"]
+        if self.scaler is None:
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            self.optimizer.step()
+            return StepResult(loss=total)
+        if clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        before = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return StepResult(loss=total, skipped=self.scaler.get_scale() < before)
+
+    def tokens_this_rank(self) -> int:
+        return self.plan.micro_batch_size * self.plan.grad_accum * self.plan.model["seq_len"]
+
+    def describe(self) -> dict:
+        p, s = self.plan, self.plan.strategy
+        prec = p.cfg["precision"]
+        rdt = "fp32" if s["reduce_dtype"] == "fp32" else prec
+        return {
+            "impl": "torch.distributed.fsdp.fully_shard (FSDP2)",
+            "dp": p.dp_size,
+            "mesh": f"1-D DeviceMesh ({p.device}, {p.world_size} ranks)",
+            "wrap": "each transformer block, then the root",
+            "reshard_after_forward": s["reshard_after_forward"],
+            "reshard_note": "root and last block never reshard after forward (backward needs them first)",
+            "prefetch": s["prefetch"] or "implicit (FSDP2 default)",
+            "cpu_offload": s["cpu_offload"],
+            "optimizer": f"torch.optim.AdamW(fused={getattr(self, 'fused', None)})",
+            "precision": "fp32" if prec == "fp32" else
+                         f"FSDP MixedPrecisionPolicy(param_dtype={prec}, reduce_dtype={rdt}) over fp32 sharded "
+                         f"master weights (not autocast)" + (" + ShardedGradScaler" if prec == "fp16" else ""),
+            "compile": bool(p.cfg["compile"]),
+            "micro_batch_size": p.micro_batch_size,
+            "grad_accum": p.grad_accum,
+            "init_device": "cpu" if s["cpu_offload"] else p.device,
+            "predicted_memory_mb": predicted_model_state_mb(p),
+        }

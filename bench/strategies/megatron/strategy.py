@@ -1,0 +1,209 @@
+"""megatron-core tp x pp x dp (GPU only): the Megatron-LM training step without Megatron-LM.
+
+setup, in Megatron-LM's order:
+  parallel_state.initialize_model_parallel(tp, pp, virtual, order tp-cp-ep-dp-pp)
+  -> GPTModel chunks with bench's dims (bench/strategies/megatron/model.py), .cuda()
+  -> bench's initial weights copied in (strategy.init=bench; = strategy=single's weights)
+  -> Float16Module (bf16/fp16) -> megatron DistributedDataParallel per chunk
+  -> get_megatron_optimizer (Adam(W) over fp32 master weights for bf16/fp16)
+  -> config hooks: finalize_model_grads, grad_scale_func, no_sync / grad_sync (overlap).
+step: zero_grad_buffer + zero_grad -> get_forward_backward_func()(no pipelining | 1F1B |
+interleaved 1F1B) over this data-parallel rank's micro-batches -> optimizer.step().
+
+The data: every rank holds its data-parallel slice of the same global batches as every other
+strategy (SyntheticStream with dp_rank from the layout); the first stage reads the tokens,
+the last the labels.  Loss: the mean over micro-batches of the per-token loss on the last
+stage (a clone: the schedule divides the loss in place); reported, with the tokens, only by
+tp_rank 0 of the last stage (bench/layout.py).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+import torch
+
+from bench.data import SyntheticStream
+from bench.layout import TOKEN_RULE, Layout, resolve_schedule
+from bench.model import build_model
+from bench.strategies.base import StepResult, Strategy
+
+log = logging.getLogger("bench.megatron")
+
+SPEC_TEXT = {
+    "sdpa": "Megatron local spec, core attention = torch scaled_dot_product_attention, torch LayerNorm",
+    "local": "Megatron local spec (DotProductAttention, unfused softmax), torch LayerNorm",
+    "te": "Megatron Transformer Engine spec",
+}
+
+
+class MegatronModelParallel(Strategy):
+    """Not registered itself: strategies megatron / tp / pp with impl=megatron."""
+
+    name = "megatron"
+
+    def __init__(self, plan, dist):
+        super().__init__(plan, dist)
+        # Megatron's TP (and SP) communication relies on CUDA_DEVICE_MAX_CONNECTIONS=1 (one
+        # hardware queue: kernels start in issue order).  The driver reads it when the CUDA
+        # context is created, so it must be in the environment before the first CUDA call of
+        # the process.  The worker calls torch.cuda.set_device() before building the strategy,
+        # so setting it here is best effort; the worker should set it (see strategy notes).
+        self.max_connections_source = None
+        if plan.tp > 1:
+            if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+                self.max_connections_source = "environment (set before CUDA init)"
+            else:
+                os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+                self.max_connections_source = ("set by the strategy after torch.cuda.set_device: may not "
+                                               "apply to this process's CUDA context; export it before launch")
+                log.warning("CUDA_DEVICE_MAX_CONNECTIONS=1 set after CUDA initialisation; export "
+                            "CUDA_DEVICE_MAX_CONNECTIONS=1 before launching for Megatron TP runs")
+
+    def setup(self) -> None:
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+        from megatron.core.transformer.module import Float16Module
+
+        from bench.strategies.megatron import model as mm
+
+        p, s, cfg, dev = self.plan, self.plan.strategy, self.plan.cfg, self.dist.device
+        if dev.type != "cuda":
+            raise RuntimeError("megatron-core needs CUDA; use strategy.impl=torch")
+        self.layout = Layout(tp=p.tp, pp=p.pp, dp=p.dp_size)
+        c = self.coord = self.layout.coords(self.dist.rank)
+        v = s["virtual_pipeline"]
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
+            virtual_pipeline_model_parallel_size=v if v > 1 else None,
+            distributed_timeout_minutes=max(1, math.ceil(cfg["dist_timeout_s"] / 60)))
+        got = (ps.get_data_parallel_rank(), ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank())
+        if got != (c.dp, c.pp, c.tp):
+            raise RuntimeError(f"rank {self.dist.rank}: Megatron's (dp, pp, tp) = {got} != bench.layout's {c}")
+        if cfg["precision"] == "fp32":
+            torch.backends.cuda.matmul.allow_tf32 = cfg["tf32"]
+            torch.backends.cudnn.allow_tf32 = cfg["tf32"]
+
+        self.init = s["init"]
+        bench = build_model(p.model, cfg["seed"], dev) if self.init == "bench" else None
+        # Megatron-LM's seeding: a different default seed per pipeline stage, TP-rank offsets
+        # inside the RNG tracker (used by TP-sharded init and dropout).
+        torch.manual_seed(cfg["seed"] + 100 * c.pp)
+        model_parallel_cuda_manual_seed(cfg["seed"] + 100 * c.pp)
+
+        self.spec = mm.resolve_spec(s["spec"])
+        self.tcfg = tcfg = mm.transformer_config(
+            p.model, tp=p.tp, pp=p.pp, virtual_pipeline=v, sequence_parallel=s["sequence_parallel"],
+            precision=cfg["precision"], perform_initialization=bench is None)
+        chunks = mm.build_chunks(tcfg, p.model, self.spec)
+        for ch in chunks:
+            ch.cuda(torch.cuda.current_device())  # torch LayerNorms / position embedding may be built on CPU
+        if bench is not None:
+            for ch in chunks:
+                mm.load_bench_weights(ch, bench, p.model["n_heads"], c.tp, p.tp)
+            del bench
+            torch.cuda.empty_cache()
+        if cfg["precision"] in ("bf16", "fp16"):
+            chunks = [Float16Module(tcfg, ch) for ch in chunks]
+
+        self.ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=s["grad_reduce_in_fp32"], overlap_grad_reduce=s["overlap_grad_reduce"],
+            use_distributed_optimizer=s["use_distributed_optimizer"],
+            overlap_param_gather=s["overlap_param_gather"], bucket_size=s["bucket_size"])
+        # buckets only on the first chunk (Megatron-LM: later chunks' reduction is off the critical path)
+        self.model = [DistributedDataParallel(config=tcfg, ddp_config=self.ddp_config, module=ch,
+                                              disable_bucketing=i > 0) for i, ch in enumerate(chunks)]
+
+        o = cfg["optim"]
+        self.optimizer = get_megatron_optimizer(OptimizerConfig(
+            optimizer="adam", lr=o["lr"], weight_decay=o["weight_decay"], adam_beta1=o["beta1"],
+            adam_beta2=o["beta2"], adam_eps=1e-8, clip_grad=o["grad_clip"],
+            bf16=cfg["precision"] == "bf16", fp16=cfg["precision"] == "fp16", params_dtype=mm.DTYPES[cfg["precision"]],
+            use_distributed_optimizer=s["use_distributed_optimizer"], overlap_param_gather=s["overlap_param_gather"],
+        ), self.model)
+
+        # the hooks Megatron-LM's train() installs
+        one = (lambda fs: fs[0] if len(fs) == 1 else fs)
+        tcfg.grad_scale_func = self.optimizer.scale_loss
+        tcfg.finalize_model_grads_func = finalize_model_grads
+        if s["overlap_grad_reduce"]:
+            tcfg.no_sync_func = one([m.no_sync for m in self.model])
+            tcfg.grad_sync_func = one([m.start_grad_sync for m in self.model])  # align_grad_reduce
+        self.forward_backward = get_forward_backward_func()
+
+        seq = p.model["seq_len"]
+        self.position_ids = torch.arange(seq, device=dev).unsqueeze(0).expand(p.micro_batch_size, seq)
+        self.stream = SyntheticStream(p.model, seed=cfg["seed"], steps=cfg["steps"], dp_rank=c.dp,
+                                      dp_size=p.dp_size, device=dev)
+
+    # ------------------------------------------------------------------ step
+    def _forward_step(self, data_iterator, model):
+        tokens, labels = next(data_iterator)
+        return model(tokens, self.position_ids, None, labels=labels), self._loss_func
+
+    @staticmethod
+    def _loss_func(per_token_loss: torch.Tensor):
+        loss = per_token_loss.float().mean()
+        # the schedule divides the first value in place by the number of micro-batches: log a clone
+        return loss, {"lm loss": loss.detach().clone()}
+
+    def step(self, n: int) -> StepResult:
+        for m in self.model:
+            m.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        micro = self.stream.micro_batches(n, self.plan.micro_batch_size)
+        data = [iter(micro) for _ in self.model] if len(self.model) > 1 else iter(micro)
+        out = self.forward_backward(
+            forward_step_func=self._forward_step, data_iterator=data, model=self.model,
+            num_microbatches=len(micro), seq_length=self.plan.model["seq_len"],
+            micro_batch_size=self.plan.micro_batch_size, forward_only=False)
+        ok, _grad_norm, _ = self.optimizer.step()
+        loss = None
+        if self.layout.counts_tokens(self.coord):
+            loss = torch.stack([d["lm loss"] for d in out]).mean()
+        return StepResult(loss=loss, skipped=not ok)
+
+    # ------------------------------------------------------------------ accounting
+    def tokens_this_rank(self) -> int:
+        m = self.plan.model
+        return self.layout.tokens_this_rank(self.dist.rank, m["global_batch"], m["seq_len"])
+
+    def describe(self) -> dict:
+        from megatron.core.package_info import __version__
+
+        p, s = self.plan, self.plan.strategy
+        v = s["virtual_pipeline"]
+        inner = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
+        return {
+            "impl": "megatron", "megatron_core": __version__,
+            "tp": p.tp, "pp": p.pp, "dp": p.dp_size,
+            "rank_order": "rank = tp_rank + tp*dp_rank + tp*dp*pp_rank (initialize_model_parallel order tp-cp-ep-dp-pp)",
+            "microbatches": p.grad_accum, "microbatches_setting": s["microbatches"],
+            "micro_batch_size": p.micro_batch_size,
+            "pipeline_schedule": self.forward_backward.__name__,
+            "schedule_setting": resolve_schedule(s["schedule"], v),
+            "virtual_pipeline": v, "layers_per_stage": p.model["n_layers"] // (p.pp * v),
+            "sequence_parallel": s["sequence_parallel"],
+            "p2p": {"overlap_p2p_comm": self.tcfg.overlap_p2p_comm, "batch_p2p_comm": self.tcfg.batch_p2p_comm},
+            "layer_spec": SPEC_TEXT[self.spec],
+            "init": {"bench": "bench's GPT init (same weights as strategy=single)",
+                     "megatron": "Megatron's init (seed + 100 * pp_rank)"}[self.init],
+            "ddp": {"overlap_grad_reduce": self.ddp_config.overlap_grad_reduce,
+                    "use_distributed_optimizer": self.ddp_config.use_distributed_optimizer,
+                    "overlap_param_gather": self.ddp_config.overlap_param_gather,
+                    "bucket_size": self.ddp_config.bucket_size,  # after Megatron's defaults; null = one bucket
+                    "grad_reduce_in_fp32": self.ddp_config.grad_reduce_in_fp32},
+            "optimizer": f"{type(self.optimizer).__name__}[{', '.join(type(o).__name__ for o in inner)}] "
+                         f"over {type(getattr(inner[0], 'optimizer', None)).__name__}",
+            "precision": {"fp32": "fp32 (FP32Optimizer)",
+                          "bf16": "Float16Module bf16 params, fp32 master weights in the optimizer",
+                          "fp16": "Float16Module fp16 params, fp32 master weights, dynamic loss scale"}[p.cfg["precision"]],
+            "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+            "cuda_device_max_connections_source": self.max_connections_source,
+            "token_rule": TOKEN_RULE,
+        }

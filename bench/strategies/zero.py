@@ -1,0 +1,212 @@
+"""DeepSpeed ZeRO stages 0-3 (optionally with optimizer / parameter offload) on bench's GPT.
+
+The DeepSpeed config is generated from the Hydra config (:func:`build_ds_config`), never read
+from a file, and recorded in ``describe()["ds_config"]``.  One ``step(n)`` is one optimizer
+step over global batch n: this rank's slice is cut into ``plan.grad_accum`` micro-batches, each
+goes through ``engine(x)`` / ``engine.backward`` / ``engine.step``; DeepSpeed scales each
+micro-batch loss by 1/grad_accum and only reduces and steps at the accumulation boundary
+(checked against ``engine.global_steps``).
+
+Precision is DeepSpeed's own: bf16/fp16 mean 16-bit parameters, gradients and compute with
+fp32 master weights and Adam states inside DeepSpeed's optimizer wrapper (not autocast);
+fp16 adds DeepSpeed's dynamic loss scaling, and a step skipped for overflow comes back as
+``StepResult(skipped=True)`` (``engine.was_step_applied()``).
+"""
+from __future__ import annotations
+
+import copy
+import os
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from bench.data import SyntheticStream
+from bench.memory_model import predicted_model_state_mb
+from bench.model import build_model, lm_loss
+from bench.strategies.base import StepResult, Strategy, register
+
+REPO = Path(__file__).resolve().parents[2]
+# One JIT-build cache for DeepSpeed's C++/CUDA ops (cpu_adam, fused_adam, ...) per checkout:
+# git-ignored, shared by runs and tests, so each op compiles once per machine.
+DEFAULT_TORCH_EXTENSIONS_DIR = REPO / ".torch_extensions"
+
+
+def ensure_torch_extensions_dir() -> str:
+    """TORCH_EXTENSIONS_DIR, defaulting to <repo>/.torch_extensions (an explicit setting wins)."""
+    return os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(DEFAULT_TORCH_EXTENSIONS_DIR))
+
+
+_ARCH_SUFFIX = re.compile(r"(\d+\.\d+)[a-z]+")  # 9.0a, 10.0f (arch-/family-specific targets)
+
+
+def fix_cuda_arch_list(environ: Optional[dict] = None) -> Optional[dict]:
+    """DeepSpeed 0.19.8's op builder parses TORCH_CUDA_ARCH_LIST entries as int.int(+PTX) and
+    fails on "9.0a" (ValueError: '0a'); rewrite such entries to the plain arch ("9.0a" -> "9.0").
+    Returns {"from", "to"} when the variable was rewritten, else None."""
+    env = os.environ if environ is None else environ
+    old = env.get("TORCH_CUDA_ARCH_LIST")
+    if not old:
+        return None
+    new = _ARCH_SUFFIX.sub(r"\1", old)
+    if new == old:
+        return None
+    env["TORCH_CUDA_ARCH_LIST"] = new
+    return {"from": old, "to": new}
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    """base with over merged in recursively (over wins; dicts merge, everything else replaces)."""
+    out = copy.deepcopy(base)
+    for k, v in (over or {}).items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def build_ds_config(plan) -> dict:
+    """The DeepSpeed config of a Plan: batch layout, precision, ZeRO knobs, then ds_config."""
+    c, s = plan.cfg, plan.strategy
+    stage = s["zero_stage"]
+    pin = plan.device == "cuda"  # pinned host buffers need CUDA
+    zo: dict[str, Any] = {
+        "stage": stage,
+        "contiguous_gradients": s["contiguous_gradients"],
+        # null -> DeepSpeed's own default, written out so the record says what ran
+        "overlap_comm": stage == 3 if s["overlap_comm"] is None else s["overlap_comm"],
+        "reduce_bucket_size": int(s["reduce_bucket_size"]),
+        "allgather_bucket_size": int(s["allgather_bucket_size"]),
+    }
+    if stage == 3:
+        zo.update(stage3_prefetch_bucket_size=int(s["prefetch_bucket_size"]),
+                  stage3_param_persistence_threshold=int(s["param_persistence_threshold"]),
+                  stage3_max_live_parameters=int(s["max_live_parameters"]))
+    if s["offload_optimizer"] != "none":
+        zo["offload_optimizer"] = {"device": s["offload_optimizer"], "pin_memory": pin}
+    if s["offload_param"] != "none":
+        zo["offload_param"] = {"device": s["offload_param"], "pin_memory": pin}
+    cfg: dict[str, Any] = {
+        "train_batch_size": plan.model["global_batch"],
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.grad_accum,
+        "gradient_clipping": float(c["optim"]["grad_clip"]),
+        "steps_per_print": 2**31 - 1,  # bench logs progress itself
+        "wall_clock_breakdown": False,
+        "zero_optimization": zo,
+    }
+    if c["precision"] == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    elif c["precision"] == "fp16":
+        f = s["fp16"]
+        cfg["fp16"] = {"enabled": True, "loss_scale": f["loss_scale"],
+                       "initial_scale_power": f["initial_scale_power"],
+                       "loss_scale_window": f["loss_scale_window"], "hysteresis": f["hysteresis"],
+                       "consecutive_hysteresis": f["consecutive_hysteresis"],
+                       "min_loss_scale": f["min_loss_scale"]}
+    return deep_merge(cfg, s["ds_config"] or {})
+
+
+@register("zero")
+class Zero(Strategy):
+    """DeepSpeed engine over this rank's micro-batches; the engine owns reduction and stepping."""
+
+    def setup(self) -> None:
+        p, dev = self.plan, self.dist.device
+        cfg = p.cfg
+        self.arch_fix = fix_cuda_arch_list()  # before any op build
+        self.extensions_dir = ensure_torch_extensions_dir()
+        import deepspeed
+
+        self.ds_version = deepspeed.__version__
+        if dev.type == "cuda" and cfg["precision"] == "fp32":
+            torch.backends.cuda.matmul.allow_tf32 = cfg["tf32"]
+            torch.backends.cudnn.allow_tf32 = cfg["tf32"]
+        model = build_model(p.model, cfg["seed"], dev)
+        self.ds_config = build_ds_config(p)
+        o = cfg["optim"]
+        kw = dict(lr=o["lr"], betas=(o["beta1"], o["beta2"]), weight_decay=o["weight_decay"])
+        if p.strategy["offload_optimizer"] != "none":
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            self.optimizer_name = "deepspeed.ops.adam.DeepSpeedCPUAdam(adamw_mode=True)"
+            make_opt = lambda params: DeepSpeedCPUAdam(params, adamw_mode=True, **kw)  # noqa: E731
+        elif dev.type == "cuda":
+            from deepspeed.ops.adam import FusedAdam
+
+            self.optimizer_name = "deepspeed.ops.adam.FusedAdam(adam_w_mode=True)"
+            make_opt = lambda params: FusedAdam(params, adam_w_mode=True, **kw)  # noqa: E731
+        else:  # CPU: a client torch optimizer avoids JIT-building fused_adam
+            self.optimizer_name = "torch.optim.AdamW(fused=False)"
+            make_opt = lambda params: torch.optim.AdamW(params, **kw)  # noqa: E731
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=make_opt, model_parameters=list(model.parameters()),
+            config=copy.deepcopy(self.ds_config))
+        if cfg["compile"]:
+            self.engine.compile()
+        self.stream = SyntheticStream(p.model, seed=cfg["seed"], steps=cfg["steps"],
+                                      dp_rank=self.dist.rank, dp_size=p.dp_size, device=dev)
+        self.steps_done = 0
+
+    def step(self, n: int) -> StepResult:
+        engine = self.engine
+        micro = self.stream.micro_batches(n, self.plan.micro_batch_size)
+        total = torch.zeros((), device=self.dist.device)
+        for x, y in micro:
+            loss = lm_loss(engine(x), y)
+            engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
+            engine.step()  # reduces and steps only at the accumulation boundary
+            total += loss.detach()
+        self.steps_done += 1
+        if engine.global_steps != self.steps_done:
+            raise RuntimeError(f"DeepSpeed took {engine.global_steps} optimizer steps for {self.steps_done} "
+                               f"global batches (gradient_accumulation_steps={engine.gradient_accumulation_steps()})")
+        return StepResult(loss=total / len(micro), skipped=not engine.was_step_applied())
+
+    def _loss_scale(self) -> Optional[float]:
+        """The current fp16 loss scale of DeepSpeed's optimizer wrapper (the attribute varies)."""
+        opt = getattr(getattr(self, "engine", None), "optimizer", None)
+        for attr in ("loss_scale", "cur_scale"):
+            v = getattr(opt, attr, None)
+            if isinstance(v, (int, float, torch.Tensor)):
+                return float(v)
+        return None
+
+    def tokens_this_rank(self) -> int:
+        return self.plan.micro_batch_size * self.plan.grad_accum * self.plan.model["seq_len"]
+
+    def describe(self) -> dict:
+        p = self.plan
+        prec = p.cfg["precision"]
+        engine = getattr(self, "engine", None)
+        return {
+            "impl": "deepspeed",
+            "deepspeed_version": getattr(self, "ds_version", None),
+            "zero_stage": p.strategy["zero_stage"],
+            "dp": p.dp_size,
+            "offload_optimizer": p.strategy["offload_optimizer"],
+            "offload_param": p.strategy["offload_param"],
+            "optimizer": getattr(self, "optimizer_name", None),
+            "optimizer_wrapper": type(engine.optimizer).__name__ if engine is not None else None,
+            "precision": {
+                "fp32": "fp32",
+                "bf16": "DeepSpeed bf16: bf16 params/grads/compute, fp32 master weights + Adam states "
+                        "in the optimizer (not autocast)",
+                "fp16": "DeepSpeed fp16: fp16 params/grads/compute, fp32 master weights + Adam states, "
+                        "dynamic loss scaling (skipped steps reported)",
+            }[prec],
+            "compile": bool(p.cfg["compile"]),
+            "compiled": bool(engine.is_compiled) if engine is not None else False,
+            "micro_batch_size": p.micro_batch_size,
+            "grad_accum": p.grad_accum,
+            "global_steps": engine.global_steps if engine is not None else None,
+            "global_samples": engine.global_samples if engine is not None else None,
+            "skipped_steps": engine.skipped_steps if engine is not None else None,
+            "loss_scale": self._loss_scale() if prec == "fp16" else None,
+            "ds_config": getattr(self, "ds_config", None) or build_ds_config(p),
+            "torch_cuda_arch_list_rewritten": getattr(self, "arch_fix", None),
+            "torch_extensions_dir": getattr(self, "extensions_dir", None),
+            "predicted_memory_mb": predicted_model_state_mb(p),
+        }

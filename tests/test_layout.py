@@ -1,0 +1,86 @@
+"""bench.layout: rank -> (dp, pp, tp) in Megatron's order, token accounting, micro-batches,
+pipeline stages.  Pure functions: no processes."""
+from __future__ import annotations
+
+import pytest
+
+from bench.layout import Coord, Layout, local_stages, resolve_microbatches, resolve_schedule, stage_layers
+
+# 8-rank 3D layouts, written tp x pp x dp
+LAYOUTS_8 = [(2, 2, 2), (2, 4, 1), (4, 2, 1), (1, 2, 4)]
+
+
+def test_2x2x2_coordinates_follow_megatron_order_tp_fastest_then_dp_then_pp():
+    lay = Layout(tp=2, pp=2, dp=2)
+    table = [(lay.coords(r).tp, lay.coords(r).dp, lay.coords(r).pp) for r in range(8)]
+    assert table == [(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0), (0, 0, 1), (1, 0, 1), (0, 1, 1), (1, 1, 1)]
+    assert lay.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert lay.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert lay.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+def test_specific_8_rank_layouts():
+    assert Layout(tp=2, pp=4, dp=1).groups("pp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert Layout(tp=2, pp=4, dp=1).coords(7) == Coord(dp=0, pp=3, tp=1)
+    assert Layout(tp=4, pp=2, dp=1).groups("tp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert Layout(tp=4, pp=2, dp=1).coords(6) == Coord(dp=0, pp=1, tp=2)
+    assert Layout(tp=1, pp=2, dp=4).groups("dp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert Layout(tp=1, pp=2, dp=4).coords(5) == Coord(dp=1, pp=1, tp=0)
+
+
+@pytest.mark.parametrize("tp,pp,dp", LAYOUTS_8)
+def test_rank_coordinates_round_trip_and_partition(tp, pp, dp):
+    lay = Layout(tp=tp, pp=pp, dp=dp)
+    assert lay.world_size == 8 and lay.mesh_shape == (pp, dp, tp)
+    coords = [lay.coords(r) for r in range(8)]
+    assert len(set(coords)) == 8
+    assert all(lay.rank(c) == r for r, c in enumerate(coords))
+    # row-major over the (pp, dp, tp) mesh = the rank order (what init_device_mesh uses)
+    assert [(c.pp, c.dp, c.tp) for c in coords] == sorted((c.pp, c.dp, c.tp) for c in coords)
+    for kind, size in (("tp", tp), ("pp", pp), ("dp", dp)):
+        groups = lay.groups(kind)
+        assert len(groups) == 8 // size and all(len(g) == size for g in groups)
+        assert sorted(r for g in groups for r in g) == list(range(8))
+
+
+@pytest.mark.parametrize("tp,pp,dp", LAYOUTS_8)
+def test_groups_equal_megatron_rank_generator(tp, pp, dp):
+    from megatron.core.parallel_state import RankGenerator
+
+    gen = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=1, order="tp-cp-ep-dp-pp")
+    lay = Layout(tp=tp, pp=pp, dp=dp)
+    for kind in ("tp", "dp", "pp"):
+        assert sorted(gen.get_ranks(kind)) == lay.groups(kind), kind
+
+
+@pytest.mark.parametrize("tp,pp,dp", LAYOUTS_8 + [(1, 1, 8), (8, 1, 1), (1, 8, 1)])
+def test_token_accounting_counts_each_replica_once(tp, pp, dp):
+    """TP counts one replica (tp_rank 0), PP the last stage, DP the sum: global batch once."""
+    lay, gb, seq = Layout(tp=tp, pp=pp, dp=dp), 16, 128
+    tokens = [lay.tokens_this_rank(r, gb, seq) for r in range(8)]
+    assert sum(tokens) == gb * seq
+    counting = [lay.coords(r) for r in range(8) if tokens[r]]
+    assert len(counting) == dp
+    assert all(c.tp == 0 and c.pp == pp - 1 for c in counting)
+    assert sorted(c.dp for c in counting) == list(range(dp))
+    assert set(t for t in tokens if t) == {gb // dp * seq}
+
+
+def test_microbatches_string_or_int():
+    assert resolve_microbatches("p", 4) == 4
+    assert resolve_microbatches("4p", 2) == 8
+    assert resolve_microbatches(" 2P ", 3) == 6
+    assert resolve_microbatches(8, 2) == 8
+    assert resolve_microbatches("8", 2) == 8
+    for bad in ("0p", 0, -1, "x", "p4", 1.5, True, None):
+        with pytest.raises(ValueError):
+            resolve_microbatches(bad, 2)
+
+
+def test_pipeline_stages_interleaved_placement():
+    assert local_stages(0, 2) == [0] and local_stages(1, 4, 2) == [1, 5]
+    assert [list(stage_layers(k, 8, 4)) for k in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    with pytest.raises(ValueError):
+        stage_layers(0, 6, 4)
+    assert resolve_schedule("auto", 1) == "1f1b" and resolve_schedule("auto", 2) == "interleaved_1f1b"
+    assert resolve_schedule("gpipe", 1) == "gpipe"

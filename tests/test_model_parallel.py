@@ -1,0 +1,305 @@
+"""Model parallelism: strategies tp / pp / megatron (one schema, layout tp x pp x dp).
+
+CPU (gloo, real processes): torch-native TP, PP (GPipe, 1F1B, interleaved 1F1B) and 2D
+layouts train bench's model with the per-step loss of strategy=single (fp32); megatron-core's
+GPTModel built by bench (spec, TP split, PP/virtual split, bench's weights) computes bench's
+loss and gradients on CPU (TP=2 and PP=2 x 2 virtual stages, forward by hand: Megatron's
+schedules, DDP and optimizer need CUDA); the validation rules.
+GPU (marked gpu / gpu2, skipped without GPUs): the full Megatron and torch-native runs against
+strategy=single (all 15 passed on 2 H200s, torch 2.11, megatron-core 0.16.1, 2026-11-22:
+`CUDA_DEVICE_MAX_CONNECTIONS=1 pytest -q tests/test_model_parallel.py -m "gpu or gpu2"`, ~5.5 min).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+import socket
+
+import pytest
+import torch
+
+from bench.config import ConfigError, register_configs, validate
+from tests.conftest import CPU_FAST, REPO, loss_curve, metrics_of, run_bench
+
+register_configs()
+
+TORCH = ["strategy.impl=torch"]
+
+
+def _max_diff(a, b):
+    assert len(a) == len(b) and None not in a and None not in b, (a, b)
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+# --------------------------------------------------------------------------- torch-native on CPU
+RUNS = {  # id -> (overrides, expected layout fields)
+    "tp2": (["strategy=tp", *TORCH, "world_size=2"],
+            dict(tp=2, pp=1, dp=1, pipeline_schedule=None, microbatches=1)),
+    "pp2_gpipe": (["strategy=pp", *TORCH, "world_size=2", "strategy.schedule=gpipe"],
+                  dict(tp=1, pp=2, dp=1, pipeline_schedule="ScheduleGPipe", microbatches=8)),
+    "pp2_1f1b": (["strategy=pp", *TORCH, "world_size=2", "strategy.schedule=1f1b", "strategy.microbatches=p"],
+                 dict(tp=1, pp=2, dp=1, pipeline_schedule="Schedule1F1B", microbatches=2, micro_batch_size=4)),
+    "pp2_interleaved": (["strategy=pp", *TORCH, "world_size=2", "strategy.virtual_pipeline=2",
+                         "strategy.microbatches=4"],
+                        dict(tp=1, pp=2, dp=1, pipeline_schedule="ScheduleInterleaved1F1B", pipeline_stages=4)),
+    "tp2_pp2": (["strategy=tp", *TORCH, "world_size=4", "strategy.pp=2", "strategy.microbatches=p"],
+                dict(tp=2, pp=2, dp=1, pipeline_schedule="Schedule1F1B", microbatches=2)),
+    "tp2_dp2": (["strategy=tp", *TORCH, "world_size=4"], dict(tp=2, pp=1, dp=2, micro_batch_size=4)),
+}
+
+
+@pytest.mark.parametrize("run_id", list(RUNS))
+def test_torch_native_matches_single(run_id, single_cpu, bench_run):
+    overrides, layout = RUNS[run_id]
+    p, d = bench_run(*CPU_FAST, *overrides)
+    assert p.returncode == 0, p.stderr[-4000:]
+    m = metrics_of(d)
+    assert m["status"] == "completed"
+    ref, got = loss_curve(single_cpu), loss_curve(d)
+    assert _max_diff(ref, got) < 1e-5, (ref, got)
+    t = m["throughput"]
+    assert t["tokens_per_step"] == t["tokens_per_step_expected"] == 8 * 128
+    lay = m["layout"]
+    assert lay["impl"] == "torch" and lay["token_rule"] == t["token_rule"]
+    for k, v in layout.items():
+        assert lay[k] == v, (k, lay[k], v)
+    # exactly one rank per data-parallel replica counts tokens and loss
+    counted = [r for r in m["ranks"] if r["tokens_per_step"]]
+    assert len(counted) == layout["dp"]
+
+
+# --------------------------------------------------------------------------- megatron-core on CPU
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+MC = dict(name="t", d_model=64, n_heads=4, n_layers=4, d_ff=256, vocab_size=128, seq_len=16, global_batch=2)
+
+
+def _grads_as_model(model):
+    """A copy of ``model`` whose parameters are its gradients (to map them like weights)."""
+    g = copy.deepcopy(model)
+    for q, p in zip(g.parameters(), model.parameters()):
+        q.data = p.grad.clone()
+    return g
+
+
+def _megatron_cpu_worker(rank: int, world: int, port: int) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    from bench.model import build_model, lm_loss
+    from bench.strategies.megatron import model as mm
+
+    assert mm.resolve_spec("auto") == "sdpa"  # no Transformer Engine here
+    spec = mm.layer_spec("sdpa")
+    assert isinstance(spec, ModuleSpec)
+    assert spec.submodules.self_attention.submodules.core_attention is mm.SDPACoreAttention
+
+    bench = build_model(MC, 0, "cpu")
+    g = torch.Generator().manual_seed(1)
+    batch = torch.randint(0, MC["vocab_size"], (2, MC["seq_len"] + 1), generator=g)
+    x, y = batch[:, :-1], batch[:, 1:]
+    ref = lm_loss(bench(x), y)
+    ref.backward()
+    bench_grads = _grads_as_model(bench)
+    pos = torch.arange(MC["seq_len"]).expand(2, -1)
+
+    # TP = 2: loss and every gradient equal bench's (sliced like the weights)
+    ps.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
+    cfg = mm.transformer_config(MC, tp=2, precision="fp32", use_cpu_initialization=True)
+    (chunk,) = mm.build_chunks(cfg, MC, "sdpa")
+    tp_rank = ps.get_tensor_model_parallel_rank()
+    assert mm.load_bench_weights(chunk, bench, MC["n_heads"], tp_rank, 2) == 5 + 12 * MC["n_layers"]
+    loss = chunk(x, pos, None, labels=y).mean()
+    assert abs(loss.item() - ref.item()) < 1e-5, (loss.item(), ref.item())
+    loss.backward()
+    for name, p in chunk.named_parameters():
+        want = mm.bench_tensor_for(name, chunk, bench_grads, MC["n_heads"], tp_rank, 2)
+        assert (p.grad - want).abs().max().item() < 1e-5, name
+    ps.destroy_model_parallel()
+
+    # PP = 2 x 2 virtual stages (4 chunks of one layer: rank 0 holds layers 0 and 2): run the
+    # chunks in pipeline order by hand; the last one's loss equals bench's
+    ps.initialize_model_parallel(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2,
+                                 create_gloo_process_groups=False)
+    cfg = mm.transformer_config(MC, pp=2, virtual_pipeline=2, precision="fp32", use_cpu_initialization=True)
+    chunks = mm.build_chunks(cfg, MC, "sdpa")
+    assert [[layer.layer_number for layer in c.decoder.layers] for c in chunks] == [[1 + rank], [3 + rank]]
+    assert (chunks[0].pre_process, chunks[1].post_process) == (rank == 0, rank == 1)
+    for c in chunks:
+        mm.load_bench_weights(c, bench, MC["n_heads"], 0, 1)
+    h = torch.empty(MC["seq_len"], 2, MC["d_model"])
+    with torch.no_grad():
+        for stage in range(4):
+            owner, c = stage % 2, chunks[stage // 2]
+            if owner != rank:
+                continue
+            if stage > 0:
+                dist.recv(h, src=1 - rank)
+                c.set_input_tensor(h)
+            if stage < 3:
+                dist.send(c(x, pos, None).contiguous(), dst=1 - rank)
+            else:
+                out = c(x, pos, None, labels=y).mean()
+                assert abs(out.item() - ref.item()) < 1e-5, (out.item(), ref.item())
+    ps.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def test_megatron_gptmodel_on_cpu_matches_bench():
+    """bench's Megatron model code (spec with SDPA core attention, TP split of bench's weights,
+    PP/virtual-pipeline layer placement) against bench's GPT, on CPU."""
+    torch.multiprocessing.spawn(_megatron_cpu_worker, args=(2, _free_port()), nprocs=2, join=True)
+
+
+# --------------------------------------------------------------------------- validation
+def cfg(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def _error(gpus: int, *overrides: str) -> ConfigError:
+    with pytest.raises(ConfigError) as e:
+        validate(cfg(*overrides), gpus=gpus)
+    return e.value
+
+
+def test_megatron_without_cuda_names_impl_torch():
+    e = _error(0, "strategy=tp", "world_size=2")
+    assert e.key == "strategy.impl" and "strategy.impl=torch" in str(e)
+    e = _error(0, "strategy=pp", "world_size=2")
+    assert "strategy.impl=torch" in str(e)
+    e = _error(0, "strategy=megatron", "world_size=2")
+    assert e.key == "strategy.impl" and "strategy=ddp" in str(e)
+    e = _error(2, "strategy=megatron", "strategy.impl=torch", "world_size=2")
+    assert "megatron-core only" in str(e)
+    # with GPUs the same configs are valid
+    plan = validate(cfg("strategy=tp", "world_size=2"), gpus=2)
+    assert (plan.tp, plan.pp, plan.dp_size, plan.device) == (2, 1, 1, "cuda")
+    plan = validate(cfg("strategy=megatron", "world_size=2"), gpus=2)
+    assert (plan.tp, plan.pp, plan.dp_size, plan.micro_batch_size) == (1, 1, 2, 4)
+
+
+@pytest.mark.parametrize("overrides,key,text", [
+    (["strategy=tp", "world_size=4", "strategy.tp=4", "model.n_heads=2"], "strategy.tp", "model.n_heads"),
+    (["strategy=tp", "world_size=2", "model.d_ff=1001"], "strategy.tp", "model.d_ff"),
+    (["strategy=tp", "world_size=2", "model.vocab_size=8001"], "strategy.tp", "model.vocab_size"),
+    (["strategy=pp", "world_size=2", "model.n_layers=3"], "strategy.pp", "model.n_layers"),
+    (["strategy=pp", "world_size=2", "strategy.virtual_pipeline=4"], "strategy.pp", "model.n_layers"),
+    (["strategy=pp", "world_size=2", "strategy.microbatches=3"], "strategy.microbatches", "per-data-parallel-rank batch"),
+    (["strategy=pp", "world_size=4", "strategy.microbatches=4p"], "strategy.microbatches", "= 8 micro-batches"),
+    (["strategy=pp", "world_size=2", "strategy.microbatches=lots"], "strategy.microbatches", '"<k>p"'),
+    (["strategy=pp", "world_size=2", "strategy.micro_batch_size=2"], "strategy.micro_batch_size", "conflicts"),
+    (["strategy=tp", "world_size=3"], "world_size", "multiple of strategy.tp x strategy.pp"),
+    (["strategy=pp", "world_size=2", "strategy.schedule=gpipe"], "strategy.schedule", "impl=torch"),
+    (["strategy=pp", "world_size=2", "strategy.schedule=interleaved_1f1b"], "strategy.schedule", "virtual_pipeline"),
+    (["strategy=pp", "world_size=2", "strategy.virtual_pipeline=2", "strategy.microbatches=3",
+      "model.global_batch=6"], "strategy.microbatches", "multiple of strategy.pp"),
+    (["strategy=tp", "world_size=2", "strategy.tp=1", "strategy.virtual_pipeline=2"], "strategy.virtual_pipeline", "pp > 1"),
+    (["strategy=pp", "world_size=2", "strategy.sequence_parallel=true"], "strategy.sequence_parallel", "tp > 1"),
+    (["strategy=tp", "world_size=2", "strategy.overlap_param_gather=true"], "strategy.overlap_param_gather",
+     "use_distributed_optimizer"),
+    (["strategy=tp", "world_size=2", "compile=true"], "compile", "compile=false"),
+])
+def test_layout_rules_on_a_gpu_machine(overrides, key, text):
+    e = _error(8, *overrides)
+    assert e.key == key and text in str(e), str(e)
+
+
+@pytest.mark.parametrize("overrides,key,text", [
+    (["strategy=tp", *TORCH, "world_size=2", "strategy.sequence_parallel=true"], "strategy.sequence_parallel", "megatron"),
+    (["strategy=tp", *TORCH, "world_size=2", "precision=fp16", "device=cuda"], "precision", "bf16"),
+    (["strategy=pp", *TORCH, "world_size=2", "strategy.virtual_pipeline=2", "strategy.microbatches=3",
+      "model.global_batch=6"], None, None),
+])
+def test_torch_impl_rules(overrides, key, text):
+    gpus = 2 if "device=cuda" in overrides else 0
+    if key is None:  # torch's interleaved schedule accepts 3 micro-batches on 2 ranks (one round)
+        assert validate(cfg(*overrides), gpus=gpus).grad_accum == 3
+        return
+    e = _error(gpus, *overrides)
+    assert e.key == key and text in str(e), str(e)
+
+
+@pytest.mark.parametrize("setting,expected", [("p", (2, 4)), ("4p", (8, 1)), ("2", (2, 4)), ("null", (1, 8))])
+def test_microbatches_resolve_into_the_plan(setting, expected):
+    plan = validate(cfg("strategy=pp", *TORCH, "world_size=2", f"strategy.microbatches={setting}"), gpus=0)
+    assert (plan.grad_accum, plan.micro_batch_size) == expected
+
+
+def test_tp_dp_layout_and_micro_batch_size_still_works():
+    plan = validate(cfg("strategy=tp", *TORCH, "world_size=4", "strategy.micro_batch_size=2"), gpus=0)
+    assert (plan.tp, plan.pp, plan.dp_size, plan.micro_batch_size, plan.grad_accum) == (2, 1, 2, 2, 2)
+
+
+# --------------------------------------------------------------------------- GPU (skipped here)
+GPU_FAST = ["device=cuda", "steps=6", "warmup_steps=1", "metrics.measure_matmul_peak=false",
+            "run_timeout_s=240", "dist_timeout_s=180"]
+FP32 = ["precision=fp32", "tf32=false"]
+
+
+@pytest.fixture(scope="module")
+def single_gpu(tmp_path_factory):
+    out = {}
+    for prec in ("fp32", "bf16"):
+        d = tmp_path_factory.mktemp(f"single_gpu_{prec}")
+        p = run_bench(*GPU_FAST, f"precision={prec}", "tf32=false", "strategy=single", run_dir=d)
+        assert p.returncode == 0, p.stderr[-3000:]
+        out[prec] = d
+    return out
+
+
+GPU2_RUNS = {
+    "megatron_tp2": ["strategy=tp", "world_size=2"],
+    "megatron_tp2_sp": ["strategy=tp", "world_size=2", "strategy.sequence_parallel=true"],
+    "megatron_pp2_m_p": ["strategy=pp", "world_size=2", "strategy.microbatches=p"],
+    "megatron_pp2_m_4p": ["strategy=pp", "world_size=2", "strategy.microbatches=4p"],
+    "megatron_pp2_interleaved": ["strategy=pp", "world_size=2", "strategy.virtual_pipeline=2", "strategy.microbatches=4"],
+    "megatron_dp2": ["strategy=megatron", "world_size=2"],
+    "megatron_dp2_distopt": ["strategy=megatron", "world_size=2", "strategy.use_distributed_optimizer=true",
+                             "strategy.overlap_param_gather=true"],
+    "torch_tp2": ["strategy=tp", *TORCH, "world_size=2"],
+    "torch_pp2": ["strategy=pp", *TORCH, "world_size=2"],
+}
+
+
+@pytest.mark.gpu2
+@pytest.mark.parametrize("run_id", list(GPU2_RUNS))
+def test_gpu2_fp32_matches_single(run_id, single_gpu, bench_run):
+    """fp32 without TF32: every layout starts from single's weights and sees the same batches."""
+    p, d = bench_run(*GPU_FAST, *FP32, *GPU2_RUNS[run_id], env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    assert p.returncode == 0, p.stderr[-4000:]
+    m = metrics_of(d)
+    assert m["throughput"]["tokens_per_step"] == m["throughput"]["tokens_per_step_expected"]
+    assert _max_diff(loss_curve(single_gpu["fp32"]), loss_curve(d)) < 2e-3
+
+
+@pytest.mark.gpu2
+@pytest.mark.parametrize("run_id", ["megatron_tp2", "megatron_pp2_m_4p", "megatron_dp2", "torch_tp2", "torch_pp2"])
+def test_gpu2_bf16_close_to_single(run_id, single_gpu, bench_run):
+    """bf16: Megatron's (bf16 weights, fp32 master) vs single's (autocast): close, not equal."""
+    p, d = bench_run(*GPU_FAST, "precision=bf16", *GPU2_RUNS[run_id], env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    assert p.returncode == 0, p.stderr[-4000:]
+    got = loss_curve(d)
+    assert _max_diff(loss_curve(single_gpu["bf16"]), got) < 3e-2
+    assert abs(got[-1] - math.log(8000)) < 0.3
+
+
+@pytest.mark.gpu
+def test_gpu_megatron_one_gpu_matches_single(single_gpu, bench_run):
+    p, d = bench_run(*GPU_FAST, *FP32, "strategy=megatron", "world_size=1")
+    assert p.returncode == 0, p.stderr[-4000:]
+    m = metrics_of(d)
+    assert m["layout"]["pipeline_schedule"] == "forward_backward_no_pipelining"
+    assert _max_diff(loss_curve(single_gpu["fp32"]), loss_curve(d)) < 2e-3

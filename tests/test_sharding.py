@@ -1,0 +1,256 @@
+"""Sharded data parallelism: DeepSpeed ZeRO 0-3 (+ offload) and PyTorch FSDP2.
+
+Real 2-rank gloo runs on CPU through `python -m bench` (no mocks): every layout must produce the
+same per-step loss as `strategy=single` on the same global batches (fp32, 1e-5), one optimizer
+step per global batch (also with gradient accumulation), and the expected tokens per step.
+The configuration rules are checked on composed configs with `validate(..., gpus=0)`.
+"""
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from bench.config import ConfigError, register_configs, validate
+from bench.memory_model import predicted_model_state_bytes
+from bench.metrics.flops import total_params
+from bench.strategies.zero import build_ds_config, deep_merge, fix_cuda_arch_list
+from tests.conftest import CPU_FAST, REPO, metrics_of, run_bench
+
+TOL = 1e-5
+STEPS = 4
+
+
+# --------------------------------------------------------------------------- helpers
+def composed(*overrides: str):
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def plan_of(*overrides: str, gpus: int = 0):
+    return validate(composed(*overrides), gpus=gpus)
+
+
+def sweep_runs(tmp_path_factory, name: str, *overrides: str) -> dict:
+    """One `--multirun` (one Hydra process, the jobs one after another); {job subdir: metrics}."""
+    d = tmp_path_factory.mktemp(name)
+    p = run_bench(*overrides, *CPU_FAST, run_dir=d, multirun=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return {sub.name: metrics_of(sub) for sub in sorted(d.iterdir()) if (sub / "metrics.json").exists()}
+
+
+def single_run(tmp_path_factory, name: str, *overrides: str) -> dict:
+    d = tmp_path_factory.mktemp(name)
+    p = run_bench(*overrides, *CPU_FAST, run_dir=d, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return metrics_of(d)
+
+
+def assert_same_loss(m: dict, baseline: dict) -> None:
+    assert m["status"] == "completed", m.get("error")
+    got, want = m["loss"]["per_step"], baseline["loss"]["per_step"]
+    assert len(got) == len(want) == STEPS
+    diffs = [abs(a - b) for a, b in zip(got, want)]
+    assert max(diffs) <= TOL, f"per-step loss {got} vs single {want} (max diff {max(diffs):.2e})"
+
+
+def assert_one_step_per_global_batch(m: dict) -> None:
+    cfg = m["config"]
+    t = m["throughput"]
+    assert t["tokens_per_step"] == t["tokens_per_step_expected"] == \
+        cfg["model"]["global_batch"] * cfg["model"]["seq_len"]
+    assert m["skipped_steps"] == {"warmup": 0, "timed": 0}
+    if cfg["strategy"]["name"] == "zero":
+        lay = m["layout"]
+        assert lay["global_steps"] == cfg["steps"] == STEPS
+        assert lay["global_samples"] == cfg["steps"] * cfg["model"]["global_batch"]
+
+
+# --------------------------------------------------------------------------- runs (module-scoped)
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    return single_run(tmp_path_factory, "single", "strategy=single")
+
+
+@pytest.fixture(scope="module")
+def zero_runs(tmp_path_factory):
+    runs = sweep_runs(tmp_path_factory, "zero", "strategy=zero", "world_size=2", "strategy.zero_stage=0,1,2,3")
+    return {m["config"]["strategy"]["zero_stage"]: m for m in runs.values()}
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory):
+    runs = sweep_runs(tmp_path_factory, "fsdp", "strategy=fsdp", "world_size=2",
+                      "strategy.reshard_after_forward=true,false")
+    return {m["config"]["strategy"]["reshard_after_forward"]: m for m in runs.values()}
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_zero_stage_matches_single(stage, zero_runs, baseline):
+    m = zero_runs[stage]
+    assert_same_loss(m, baseline)
+    assert_one_step_per_global_batch(m)
+    lay = m["layout"]
+    assert lay["zero_stage"] == stage and lay["dp"] == 2
+    assert lay["optimizer"] == "torch.optim.AdamW(fused=False)"  # CPU: client optimizer, no JIT build
+    ds = lay["ds_config"]
+    assert ds["zero_optimization"]["stage"] == stage
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 4, 1)
+    pred = lay["predicted_memory_mb"]
+    assert pred["stage"] == stage and pred["host"]["total"] == 0
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_fsdp2_matches_single(reshard, fsdp_runs, baseline):
+    m = fsdp_runs[reshard]
+    assert_same_loss(m, baseline)
+    assert_one_step_per_global_batch(m)
+    lay = m["layout"]
+    assert lay["reshard_after_forward"] is reshard and lay["dp"] == 2
+    assert lay["predicted_memory_mb"]["device"]["total"] > 0
+
+
+@pytest.mark.parametrize("strategy", [
+    ("strategy=zero", "strategy.zero_stage=2"),
+    ("strategy=fsdp", "strategy.reshard_after_forward=true", "strategy.prefetch=2"),
+], ids=["zero2", "fsdp2-prefetch2"])
+def test_gradient_accumulation_one_step_per_global_batch(strategy, tmp_path_factory, baseline):
+    """global batch 8 over 2 ranks = 4 per rank, in micro-batches of 1: 4 accumulation steps,
+    still one optimizer step (and the same loss) per global batch."""
+    m = single_run(tmp_path_factory, "ga", *strategy, "world_size=2", "strategy.micro_batch_size=1")
+    assert_same_loss(m, baseline)
+    assert_one_step_per_global_batch(m)
+    lay = m["layout"]
+    assert (lay["micro_batch_size"], lay["grad_accum"]) == (1, 4)
+    if "zero" in strategy[0]:
+        ds = lay["ds_config"]
+        assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 1, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("offload", [
+    ("strategy.zero_stage=1", "strategy.offload_optimizer=cpu"),
+    ("strategy.zero_stage=3", "strategy.offload_optimizer=cpu", "strategy.offload_param=cpu"),
+], ids=["stage1-optimizer", "stage3-optimizer+param"])
+def test_zero_offload_matches_single(offload, tmp_path_factory, baseline):
+    """DeepSpeedCPUAdam: the first use JIT-compiles cpu_adam (~95 s) into <repo>/.torch_extensions."""
+    m = single_run(tmp_path_factory, "offload", "strategy=zero", "world_size=2", *offload)
+    assert_same_loss(m, baseline)
+    assert_one_step_per_global_batch(m)
+    lay = m["layout"]
+    assert lay["optimizer"] == "deepspeed.ops.adam.DeepSpeedCPUAdam(adamw_mode=True)"
+    assert lay["ds_config"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert lay["predicted_memory_mb"]["host"]["optimizer"] > 0
+
+
+# --------------------------------------------------------------------------- config rules
+@pytest.mark.parametrize("overrides,key", [
+    (["strategy.zero_stage=4"], "strategy.zero_stage"),
+    (["strategy.zero_stage=-1"], "strategy.zero_stage"),
+    (["strategy.zero_stage=2", "strategy.offload_param=cpu"], "strategy.offload_param"),
+    (["strategy.zero_stage=0", "strategy.offload_optimizer=cpu"], "strategy.offload_optimizer"),
+    (["strategy.zero_stage=2", "strategy.offload_optimizer=nvme"], "strategy.offload_optimizer"),
+    (["strategy.reduce_bucket_size=0"], "strategy.reduce_bucket_size"),
+    (["strategy.allgather_bucket_size=-5e8"], "strategy.allgather_bucket_size"),
+    (["strategy.zero_stage=3", "strategy.prefetch_bucket_size=0"], "strategy.prefetch_bucket_size"),
+    (["strategy.reduce_bucket_size=1.5"], "strategy.reduce_bucket_size"),
+    (["strategy.max_live_parameters=0"], "strategy.max_live_parameters"),
+    (["strategy.param_persistence_threshold=-1"], "strategy.param_persistence_threshold"),
+    (["strategy.fp16.loss_scale_window=0"], "strategy.fp16.loss_scale_window"),
+    (["strategy.fp16.min_loss_scale=0"], "strategy.fp16.min_loss_scale"),
+    (["+strategy.ds_config.train_batch_size=64"], "strategy.ds_config.train_batch_size"),
+    (["precision=fp16"], "precision"),  # fp16 needs a GPU (global rule)
+    (["world_size=2", "strategy.micro_batch_size=3"], "strategy.micro_batch_size"),
+], ids=lambda v: v if isinstance(v, str) else " ".join(v))
+def test_zero_config_errors(overrides, key):
+    with pytest.raises(ConfigError) as e:
+        plan_of("strategy=zero", "device=cpu", *overrides)
+    assert e.value.key == key
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["strategy.reduce_dtype=fp8"], "strategy.reduce_dtype"),
+    (["strategy.prefetch=-1"], "strategy.prefetch"),
+    (["precision=fp16"], "precision"),
+    (["world_size=3"], "model.global_batch"),  # 8 sequences do not split over 3 ranks
+], ids=lambda v: v if isinstance(v, str) else " ".join(v))
+def test_fsdp_config_errors(overrides, key):
+    with pytest.raises(ConfigError) as e:
+        plan_of("strategy=fsdp", "device=cpu", *overrides)
+    assert e.value.key == key
+
+
+def test_valid_sharding_configs():
+    p = plan_of("strategy=zero", "strategy.zero_stage=3", "strategy.offload_optimizer=cpu",
+                "strategy.offload_param=cpu", "strategy.reduce_bucket_size=2e8", "world_size=2", "device=cpu")
+    assert (p.dp_size, p.micro_batch_size, p.grad_accum) == (2, 4, 1)
+    p = plan_of("strategy=zero", "strategy.zero_stage=1", "precision=fp16", "world_size=2", "device=cuda",
+                "strategy.micro_batch_size=2", gpus=2)
+    assert (p.device, p.grad_accum) == ("cuda", 2)
+    p = plan_of("strategy=fsdp", "strategy.cpu_offload=true", "strategy.reduce_dtype=param",
+                "precision=bf16", "world_size=2", "device=cpu")
+    assert p.strategy["cpu_offload"] is True
+
+
+def test_ds_config_generated_from_hydra():
+    p = plan_of("strategy=zero", "strategy.zero_stage=3", "precision=fp16", "world_size=2", "device=cuda",
+                "model.global_batch=16", "strategy.micro_batch_size=2", "strategy.fp16.initial_scale_power=12",
+                "optim.grad_clip=1.0", "+strategy.ds_config.zero_optimization.round_robin_gradients=true",
+                "+strategy.ds_config.fp16.hysteresis=4", gpus=2)
+    ds = build_ds_config(p)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (16, 2, 4)
+    assert ds["gradient_clipping"] == 1.0
+    assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0 and ds["fp16"]["initial_scale_power"] == 12
+    assert ds["fp16"]["hysteresis"] == 4  # ds_config merged last
+    zo = ds["zero_optimization"]
+    assert zo["overlap_comm"] is True  # DeepSpeed's default for stage 3, written out
+    assert zo["reduce_bucket_size"] == 500_000_000 and isinstance(zo["reduce_bucket_size"], int)
+    assert zo["stage3_prefetch_bucket_size"] == 50_000_000
+    assert zo["stage3_param_persistence_threshold"] == 100_000
+    assert zo["stage3_max_live_parameters"] == 1_000_000_000
+    assert zo["round_robin_gradients"] is True and zo["contiguous_gradients"] is True
+    assert "bf16" not in ds
+    ds2 = build_ds_config(plan_of("strategy=zero", "strategy.zero_stage=2", "precision=bf16", "device=cpu"))
+    assert ds2["zero_optimization"]["overlap_comm"] is False and "stage3_prefetch_bucket_size" not in ds2["zero_optimization"]
+    assert ds2["bf16"] == {"enabled": True} and "fp16" not in ds2
+    assert deep_merge({"a": {"b": 1, "c": 2}}, {"a": {"c": 3}, "d": 4}) == {"a": {"b": 1, "c": 3}, "d": 4}
+
+
+def test_cuda_arch_list_rewrite():
+    env = {"TORCH_CUDA_ARCH_LIST": "9.0a"}
+    assert fix_cuda_arch_list(env) == {"from": "9.0a", "to": "9.0"} and env["TORCH_CUDA_ARCH_LIST"] == "9.0"
+    env = {"TORCH_CUDA_ARCH_LIST": "8.0;9.0a;10.0f+PTX"}
+    fix_cuda_arch_list(env)
+    assert env["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0;10.0+PTX"
+    env = {"TORCH_CUDA_ARCH_LIST": "8.0 9.0+PTX"}
+    assert fix_cuda_arch_list(env) is None and env["TORCH_CUDA_ARCH_LIST"] == "8.0 9.0+PTX"
+    assert fix_cuda_arch_list({}) is None
+
+
+def test_memory_model_follows_zero_paper():
+    """Psi params, dp=4, mixed precision: 16 Psi replicated; stage 1: 4 Psi + 12 Psi/dp;
+    stage 2: 2 Psi + 14 Psi/dp; stage 3: 16 Psi/dp; fp32: 4+4+8."""
+    def pred(*o, gpus=4):
+        return predicted_model_state_bytes(plan_of(*o, "world_size=4", "device=cuda", "model.global_batch=8", gpus=gpus))
+
+    psi = total_params(composed("model=tiny").model)
+    dp = 4
+    totals = {s: pred("strategy=zero", f"strategy.zero_stage={s}", "precision=bf16")["device"]["total"] for s in range(4)}
+    want = {0: 16 * psi, 1: 4 * psi + 12 * psi / dp, 2: 2 * psi + 14 * psi / dp, 3: 16 * psi / dp}
+    for s in range(4):
+        assert totals[s] == pytest.approx(want[s], abs=3)
+    fp32 = pred("strategy=zero", "strategy.zero_stage=0", "precision=fp32")["device"]
+    assert (fp32["params"], fp32["grads"], fp32["optimizer"]) == (4 * psi, 4 * psi, 8 * psi)
+    off = pred("strategy=zero", "strategy.zero_stage=3", "precision=bf16", "strategy.offload_optimizer=cpu",
+               "strategy.offload_param=cpu")
+    assert off["device"]["params"] == 0 and off["device"]["optimizer"] == 0
+    assert off["host"]["optimizer"] == pytest.approx(12 * psi / dp, abs=1)
+    assert off["host"]["params"] == pytest.approx(2 * psi / dp, abs=1)
+    ddp = pred("strategy=ddp", "precision=bf16")  # autocast over fp32 weights: replicated 16 Psi
+    assert ddp["device"]["total"] == 16 * psi and ddp["stage"] == 0
+    f3 = pred("strategy=fsdp", "precision=bf16")["device"]
+    f2 = pred("strategy=fsdp", "precision=bf16", "strategy.reshard_after_forward=false")["device"]
+    assert f3["total"] == pytest.approx(16 * psi / dp, abs=3)
+    assert f2["total"] == pytest.approx(16 * psi / dp + 2 * psi, abs=3)  # + gathered bf16 params
+    single = predicted_model_state_bytes(plan_of("strategy=single", "device=cpu"))
+    assert single["device"]["total"] == 16 * psi

@@ -1,0 +1,186 @@
+"""Sweeps end to end on CPU (real processes, bench/sweep.py): failure isolation, statuses, summary,
+exit code, resume, rerun_failed, Ctrl-C.  The test's own sweep arms come from a config folder
+added to Hydra's search path, so one sweep holds exactly the runs we want."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+FAST = ["device=cpu", "precision=fp32", "steps=3", "warmup_steps=1"]
+
+# one sweep = these five runs (+case=<name>)
+CASES = {
+    "ok_single": "defaults:\n  - override /strategy: single\n",
+    "oom": "defaults:\n  - override /strategy: single\nfault: {kind: oom, rank: 0, step: 1}\n",
+    "hang": "defaults:\n  - override /strategy: ddp\nworld_size: 2\nfault: {kind: hang, rank: 0, step: 1}\n"
+            "run_timeout_s: 20\n",
+    "invalid": "defaults:\n  - override /strategy: single\nworld_size: 2\n",
+    "ok_ddp": "defaults:\n  - override /strategy: ddp\nworld_size: 2\n",
+}
+EXPECTED = {"ok_single": "completed", "oom": "oom", "hang": "timeout", "invalid": "invalid", "ok_ddp": "completed"}
+
+
+def _conf(tmp: Path) -> Path:
+    d = tmp / "conf"
+    (d / "case").mkdir(parents=True)
+    for name, body in CASES.items():
+        (d / "case" / f"{name}.yaml").write_text("# @package _global_\n" + body)
+    return d
+
+
+def _sweep(conf: Path, sweep: Path, *extra: str, cases=tuple(CASES), timeout=300, **kw):
+    args = [sys.executable, "-m", "bench", "--multirun", f"hydra.searchpath=[file://{conf}]",
+            f"+case={','.join(cases)}", *FAST, f"hydra.sweep.dir={sweep}", *extra]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env, **kw)
+
+
+def _jobs(sweep: Path) -> dict[str, dict]:
+    """case name -> {dir, status.json, metrics.json} from the sweep manifest."""
+    man = json.loads((sweep / "sweep.json").read_text())
+    out = {}
+    for j in man["jobs"]:
+        case = next(o.split("=", 1)[1] for o in j["overrides"] if o.startswith("+case="))
+        d = sweep / j["dir"]
+        out[case] = {"dir": d, "job": j, "status": json.loads((d / "status.json").read_text()),
+                     "metrics": json.loads((d / "metrics.json").read_text())}
+    return out
+
+
+def _stamps(d: Path) -> dict[str, int]:
+    """mtime of every file of a run folder (rank files, results, Hydra's files, logs)."""
+    return {str(p.relative_to(d)): p.stat().st_mtime_ns for p in d.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def conf_dir(tmp_path_factory):
+    return _conf(tmp_path_factory.mktemp("conf"))
+
+
+@pytest.fixture(scope="module")
+def first_sweep(tmp_path_factory, conf_dir):
+    conf, sweep = conf_dir, tmp_path_factory.mktemp("sweep") / "multirun"
+    t0 = time.time()
+    p = _sweep(conf, sweep)
+    return conf, sweep, p, time.time() - t0
+
+
+def test_sweep_isolates_failures_and_reports_them(first_sweep):
+    conf, sweep, p, elapsed = first_sweep
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out[-4000:]  # an oom and a timeout fail the sweep; the invalid one does not
+    jobs = _jobs(sweep)
+    assert {c: j["status"]["status"] for c, j in jobs.items()} == EXPECTED, out[-4000:]
+    for c, j in jobs.items():
+        assert j["metrics"]["status"] == EXPECTED[c]
+        # the run key is the same in status.json and metrics.json, and differs between configurations
+        assert j["status"]["key"] == j["metrics"]["job"]["key"] == j["job"]["key"]
+    assert len({j["status"]["key"] for j in jobs.values()}) == len(jobs)
+    # invalid: recorded with its reason, no process started
+    inv = jobs["invalid"]
+    assert inv["metrics"]["error"]["type"] == "ConfigError" and inv["metrics"]["error"]["key"] == "world_size"
+    assert "strategy=single" in inv["status"]["reason"] and not list(inv["dir"].glob("rank*"))
+    # the timeout reaped both ranks quickly; the oom is classified from rank 0's own record
+    assert "run_timeout_s=20" in jobs["hang"]["metrics"]["error"]["message"]
+    assert jobs["hang"]["status"]["wall_s"] < 60
+    assert jobs["oom"]["metrics"]["error"]["rank"] == 0
+    # completed runs record wall time and fixed overhead (launch -> first step, last step -> done)
+    for c in ("ok_single", "ok_ddp"):
+        st = jobs[c]["status"]
+        assert 0 < st["startup_s"] < st["wall_s"] and 0 <= st["teardown_s"] < st["wall_s"]
+        assert st["overhead_s"] == pytest.approx(st["startup_s"] + st["teardown_s"])
+        assert jobs[c]["metrics"]["job"]["overhead_s"] == pytest.approx(st["overhead_s"])
+    assert len(jobs["ok_ddp"]["metrics"]["ranks"]) == 2
+    # summary: printed and in summary.json
+    summary = json.loads((sweep / "summary.json").read_text())
+    assert summary["counts"] == {"completed": 2, "invalid": 1, "failed": 0, "oom": 1, "timeout": 1,
+                                 "interrupted": 0, "pending": 0, "unknown": 0}
+    assert summary["exit_code"] == 1
+    assert "SUMMARY 5 runs: completed=2 invalid=1 failed=0 oom=1 timeout=1 interrupted=0" in out
+    # progress: the plan, one line per run, the live step line with tokens/s; no carriage returns
+    assert "[sweep] 5 runs in" in out and "4 to run, 1 invalid" in out
+    assert "[sweep] run 4/4" in out and "tokens/s so far" in out and "\r" not in out
+    print(f"first sweep: {elapsed:.1f} s")
+
+
+def test_resume_runs_nothing_new_and_rerun_failed_only_the_failed(first_sweep):
+    conf, sweep, _, _ = first_sweep
+    jobs = _jobs(sweep)
+    before = {c: _stamps(j["dir"]) for c, j in jobs.items()}
+
+    p = _sweep(conf, sweep, "resume=true")
+    out = p.stdout + p.stderr
+    assert "0 to run, 0 invalid (recorded without running), 5 skipped" in out, out[-3000:]
+    assert {c: _stamps(j["dir"]) for c, j in jobs.items()} == before  # not a file touched
+    assert p.returncode == 1  # the sweep still holds an oom and a timeout
+    assert json.loads((sweep / "summary.json").read_text())["resumed"] == 5
+    # the cost guard estimates from the earlier results of the same model/strategy/world size
+    p = _sweep(conf, sweep, "resume=true", "rerun_failed=true", "hydra.sweeper.dry_run=true")
+    assert p.returncode == 0 and "2 to run" in p.stdout + p.stderr
+    assert "estimate from earlier results" in p.stdout + p.stderr
+
+    p = _sweep(conf, sweep, "resume=true", "rerun_failed=true")
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out[-3000:]
+    assert "2 to run, 0 invalid (recorded without running), 3 skipped" in out
+    after = {c: _stamps(j["dir"]) for c, j in jobs.items()}
+    for c in ("ok_single", "ok_ddp", "invalid"):
+        assert after[c] == before[c], c  # completed and invalid results untouched
+    jobs2 = _jobs(sweep)
+    for c in ("oom", "hang"):
+        d = jobs[c]["dir"]
+        assert jobs2[c]["dir"] == d  # re-run in place ...
+        assert (d / ".attempts" / "1" / "status.json").exists()  # ... the earlier attempt kept aside
+        assert jobs2[c]["status"]["status"] == EXPECTED[c]
+        assert jobs2[c]["status"]["t_start"] > jobs[c]["status"]["t_start"]
+
+
+def test_completed_result_is_never_overwritten_and_ctrl_c_stops_the_sweep(tmp_path, conf_dir):
+    conf = conf_dir
+    sweep = tmp_path / "multirun"
+    # a completed run in folder 0 ...
+    p = _sweep(conf, sweep, cases=("ok_single",))
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    done = _stamps(sweep / "0")
+    # ... then another sweep into the same folder, whose job 0 is another configuration (a hang)
+    # interrupted by Ctrl-C (SIGINT to the process group, as a terminal sends it)
+    args = [sys.executable, "-m", "bench", "--multirun", f"hydra.searchpath=[file://{conf}]",
+            "+case=hang,ok_single", *FAST, "run_timeout_s=600", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    hang_dir = None
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        cands = [d for d in sweep.iterdir() if d.name.startswith("0_") and (d / "rank0.log").exists()]
+        if cands and "step" not in (cands[0] / "rank0.log").read_text() and \
+                "setup done" in (cands[0] / "rank0.log").read_text():
+            hang_dir = cands[0]
+            break
+        time.sleep(0.5)
+    assert hang_dir is not None
+    time.sleep(2)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out[-3000:]
+    assert _stamps(sweep / "0") == done  # the completed result of another configuration: untouched
+    st = json.loads((hang_dir / "status.json").read_text())
+    assert st["status"] == "interrupted" and json.loads((hang_dir / "metrics.json").read_text())["status"] == \
+        "interrupted"
+    man = json.loads((sweep / "sweep.json").read_text())
+    second = sweep / man["jobs"][1]["dir"]
+    assert json.loads((second / "status.json").read_text())["status"] == "pending"  # never started
+    assert "interrupted=1 not_run=1" in out
+    # no process of the run is left behind
+    ps = subprocess.run(["ps", "-eo", "pid,pgid,stat,args"], capture_output=True, text=True).stdout
+    alive = [line for line in ps.splitlines()
+             if line.split()[1:2] == [str(proc.pid)] and not line.split()[2].startswith("Z")]
+    assert not alive, ps
