@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU session 2 (2 x H200): DDP scaling investigation (issue 2) + ZeRO/FSDP2 (issue 3).
+# The full GPU list for issues 2-3 (DDP scaling investigation, ZeRO/FSDP2 incl. defaults, offload, gpt2 ZeRO 0-3).
+# Its first attempt (2026-11-22) failed at start-up (a missing wheel on the GPU host): not yet run.
 #   bash benchmarks/gpu_call2.sh OUTDIR
 set -u
 OUT=${1:-/tmp/out}; R=/tmp/runs2; mkdir -p $OUT $R
