@@ -16,8 +16,6 @@ everything (gather, metrics, process group teardown, process exit); ``overhead_s
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -125,30 +123,3 @@ def run(cfg: DictConfig, run_dir: Path, command: list[str], t0: Optional[float] 
 
 def exit_code(status: str) -> int:
     return {"completed": 0, "invalid": 2, "interrupted": 130}.get(status, 1)
-
-
-def main_task(cfg: DictConfig) -> str:
-    """The Hydra task function (single run and each multirun job, local or under submitit/SLURM)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    t0 = time.time()
-    hc = HydraConfig.get()
-    run_dir = Path(hc.runtime.output_dir)
-    # the command that repeats this one run (a sweep's argv would repeat the whole sweep)
-    command = [sys.executable, "-m", "bench", *list(hc.overrides.task)]
-    try:
-        if os.environ.get("SUBMITIT_EXECUTOR"):  # this process is one rank of a submitit/SLURM task
-            from bench import slurm  # imports submitit: only needed here
-
-            status = slurm.run_task(cfg, run_dir, command, t0)
-        else:
-            status = run(cfg, run_dir, command, t0)
-    except KeyboardInterrupt:
-        if hc.mode == RunMode.RUN:
-            raise SystemExit(130)
-        raise  # the sweeper stops the sweep
-    if hc.mode == RunMode.RUN and status != "completed":
-        # a single run reports failure through its exit code; a sweep goes on
-        raise SystemExit(exit_code(status))
-    return status

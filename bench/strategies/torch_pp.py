@@ -30,8 +30,8 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from bench.data import SyntheticStream
 from bench.layout import TOKEN_RULE, Layout, local_stages, resolve_schedule, stage_layers
 from bench.model import GPT, build_model, lm_loss
-from bench.strategies.base import Precision, StepResult, Strategy, register
-from bench.strategies.torch_tp import TP_PLAN_TEXT, ModelParallel, is_sharded, local_tensor, parallelize_blocks
+from bench.strategies.base import Precision, StepResult, Strategy
+from bench.strategies.torch_tp import TP_PLAN_TEXT, is_sharded, local_tensor, parallelize_blocks
 
 DP_BUCKET_ELEMENTS = 25_000_000  # gradient elements per all-reduce (100 MB in fp32)
 
@@ -224,8 +224,3 @@ class TorchModelParallel(Strategy):
             "grad_clip": "global norm over tp shards and pp stages" if p.cfg["optim"]["grad_clip"] > 0 else None,
             "token_rule": TOKEN_RULE,
         }
-
-
-@register("pp")
-class PipelineParallel(ModelParallel):
-    """Pipeline parallelism (strategy.pp > 1 by default); combines with tp and dp."""

@@ -1,10 +1,5 @@
-"""Tensor parallelism, and the ``tp`` strategy.
-
-``strategy=tp`` (and ``pp``, ``megatron``) is one family: the layout ``tp x pp x dp`` with
-an implementation chosen by ``strategy.impl``: ``megatron`` (megatron-core, GPU only; see
-bench/strategies/megatron) or ``torch`` (DTensor tensor parallelism from this module,
-``torch.distributed.pipelining`` from torch_pp.py).  The registered classes only choose the
-implementation; both implementations share the layout of bench/layout.py.
+"""torch-native tensor parallelism (DTensor), used by the torch implementation of the
+tp x pp x dp family (torch_pp.py; the registered strategies are in model_parallel.py).
 
 torch-native TP (Megatron-style 1D TP over bench's own GPT, per block): q/k/v_proj and
 mlp.fc_in are split column-wise (heads / hidden units over ranks), o_proj and mlp.fc_out
@@ -17,7 +12,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from bench.strategies.base import StepResult, Strategy, register
 
 TP_PLAN_TEXT = ("ColwiseParallel: attn.q_proj/k_proj/v_proj, mlp.fc_in; RowwiseParallel: attn.o_proj, "
                 "mlp.fc_out; tok_emb, pos_emb, LayerNorms, head replicated")
@@ -48,41 +42,3 @@ def is_sharded(t: torch.Tensor) -> bool:
     from torch.distributed.tensor import DTensor, Shard
 
     return isinstance(t, DTensor) and any(isinstance(pl, Shard) for pl in t.placements)
-
-
-# --------------------------------------------------------------------------- the registered family
-class ModelParallel(Strategy):
-    """The tp x pp x dp family: delegates to the implementation named by strategy.impl."""
-
-    def __init__(self, plan, dist):
-        super().__init__(plan, dist)
-        if plan.strategy["impl"] == "megatron":
-            from bench.strategies.megatron.strategy import MegatronModelParallel as impl
-        else:
-            from bench.strategies.torch_pp import TorchModelParallel as impl
-        self.impl = impl(plan, dist)
-
-    @classmethod
-    def process_env(cls, plan) -> dict:
-        """Environment this run's worker processes need before CUDA is initialised (for the
-        worker to apply before torch.cuda.set_device): Megatron TP needs one CUDA connection."""
-        if plan.strategy["impl"] == "megatron" and plan.tp > 1:
-            return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-        return {}
-
-    def setup(self) -> None:
-        self.impl.setup()
-
-    def step(self, n: int) -> StepResult:
-        return self.impl.step(n)
-
-    def tokens_this_rank(self) -> int:
-        return self.impl.tokens_this_rank()
-
-    def describe(self) -> dict:
-        return {"strategy": self.name, **self.impl.describe()}
-
-
-@register("tp")
-class TensorParallel(ModelParallel):
-    """Tensor parallelism (strategy.tp > 1 by default); combines with pp and dp."""

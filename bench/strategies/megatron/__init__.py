@@ -1,17 +1,5 @@
-"""megatron-core implementation of the tp x pp x dp family, and the ``megatron`` strategy.
+"""megatron-core implementation of the tp x pp x dp family (registered in model_parallel.py).
 
-``strategy=megatron`` is Megatron's data parallelism (DistributedDataParallel with
-overlapped bucketed all-reduce, optional distributed optimizer) by default (tp = pp = 1);
-with strategy.tp / strategy.pp it is any 3D layout.  ``strategy=tp`` / ``strategy=pp`` with
-``impl=megatron`` (their default) run the same code.
-
-Importing megatron.core takes ~5 s and needs nothing from this package at registration:
-this module imports no megatron code; strategy.py / model.py do, inside setup().
+Importing megatron.core takes ~5 s: this package's __init__ imports nothing; strategy.py and
+model.py import megatron.core, and are imported only when a run uses impl=megatron.
 """
-from bench.strategies.base import register
-from bench.strategies.torch_tp import ModelParallel
-
-
-@register("megatron")
-class Megatron(ModelParallel):
-    """megatron-core: DDP by default (tp = pp = 1), any tp x pp x dp layout."""
