@@ -213,9 +213,10 @@ class BenchConfig:
     vars: dict[str, Any] = field(default_factory=dict)
 
 
-STRATEGY_SCHEMAS: dict[str, type] = {"single": SingleConfig, "ddp": DDPConfig}
-STRATEGY_SCHEMAS.update(zero=ZeroConfig, fsdp=FSDPConfig)
-STRATEGY_SCHEMAS.update(tp=TPConfig, pp=PPConfig, megatron=ModelParallelConfig)
+STRATEGY_SCHEMAS: dict[str, type] = {
+    "single": SingleConfig, "ddp": DDPConfig, "zero": ZeroConfig, "fsdp": FSDPConfig,
+    "tp": TPConfig, "pp": PPConfig, "megatron": ModelParallelConfig,
+}
 
 
 def register_configs() -> None:
@@ -311,8 +312,6 @@ def validate(cfg: DictConfig | dict, gpus: Optional[int] = None) -> Plan:
                           "(or hydra/launcher=slurm for several nodes)")
     if device == "cpu" and c["precision"] == "fp16":
         raise ConfigError("precision", "fp16", "fp16 needs a GPU; on CPU use fp32 or bf16")
-    if device == "cpu" and c["compile"]:
-        pass  # torch.compile works on CPU (inductor C++); slow to start but valid
 
     ws = c["world_size"]
     if s["name"] == "single" and ws != 1:
@@ -522,7 +521,6 @@ def _rules_fsdp(plan: Plan) -> None:
 
 
 STRATEGY_RULES: dict[str, Callable[[Plan], None]] = {
-    "ddp": _rules_ddp,
+    "ddp": _rules_ddp, "zero": _rules_zero, "fsdp": _rules_fsdp,
+    "tp": _rules_model_parallel, "pp": _rules_model_parallel, "megatron": _rules_model_parallel,
 }
-STRATEGY_RULES.update(zero=_rules_zero, fsdp=_rules_fsdp)
-STRATEGY_RULES.update(tp=_rules_model_parallel, pp=_rules_model_parallel, megatron=_rules_model_parallel)
