@@ -22,9 +22,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from bench import metrics
 from bench.config import Plan
+from bench.memory_model import predicted_model_state_mb
 from bench.metrics import provenance
 from bench.metrics.io import write_json_atomic
-from bench.memory_model import predicted_model_state_mb
 from bench.metrics.nvml import NvmlSampler
 from bench.strategies.base import DistContext, get_strategy
 
