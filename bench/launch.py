@@ -87,6 +87,12 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
                 return Outcome("oom" if root["oom"] else "failed",
                                {k: root[k] for k in ("rank", "type", "message", "traceback")}, failures)
             rank, pf = e.get_first_failure()
+            if _completed_before_exit(run_dir):
+                # every rank finished and rank 0 wrote the results after the final barrier; a
+                # process died on its way out (DeepSpeed's rare "terminate called without an
+                # active exception"): keep the measurement, record the exit.
+                _add_exit_warning(run_dir, f"rank {rank} exited with code {pf.exitcode} after the run completed")
+                return Outcome("completed")
             return Outcome("failed", {"rank": rank, "type": "ChildFailedError",
                                       "message": f"rank {rank} exited with code {pf.exitcode}",
                                       "traceback": str(e)}, failures)
@@ -101,6 +107,22 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
                 timer.cancel()
             for s, h in saved.items():
                 signal.signal(s, h)
+
+
+def _completed_before_exit(run_dir: Path) -> bool:
+    try:
+        return read_json(run_dir / "metrics.json").get("status") == "completed"
+    except Exception:
+        return False
+
+
+def _add_exit_warning(run_dir: Path, message: str) -> None:
+    from bench.metrics.io import write_json_atomic
+
+    m = read_json(run_dir / "metrics.json")
+    m["exit_warning"] = message
+    write_json_atomic(run_dir / "metrics.json", m)
+    log.warning("%s; the results were already written and are kept", message)
 
 
 def _timeout_error(timeout_s) -> dict:

@@ -178,6 +178,9 @@ def worker_main(plan_dict: dict, run_dir: str) -> None:
     _setup_logging(run_path, rank)
     try:
         train(plan, run_path, rank, int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
+        fault = plan.cfg["fault"]
+        if fault["kind"] == "crash_at_exit" and fault["rank"] == rank:
+            os._exit(134)  # like a C++ abort during interpreter shutdown: no Python exception
     except BaseException as exc:
         write_json_atomic(run_path / f"failure_rank{rank}.json", {
             "rank": rank, "type": type(exc).__name__, "message": str(exc), "oom": is_oom(exc),

@@ -72,6 +72,13 @@ def test_failing_rank_ends_run_quickly_with_traceback(bench_run):
     assert elapsed < 120  # 50 steps never ran: the agent tore the run down
 
 
+def test_crash_after_completed_run_keeps_the_results(bench_run):
+    p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2", "fault.kind=crash_at_exit", "fault.rank=1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = metrics_of(d)
+    assert m["status"] == "completed" and "rank 1 exited with code" in m["exit_warning"]
+
+
 def test_oom_is_classified(bench_run):
     p, d = bench_run(*CPU_FAST, "fault.kind=oom", "fault.step=1")
     assert p.returncode == 1 and metrics_of(d)["status"] == "oom"
