@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench import metrics
 from bench.config import ConfigError, validate
-from bench.metrics.io import read_json, write_json_atomic
+from bench.metrics.io import read_json_dict, write_json_atomic
 from bench.sweep import holds_completed, identity, run_key
 
 log = logging.getLogger("bench")
@@ -34,16 +34,9 @@ def write_status(run_dir: Path, status: str, **extra) -> None:
     write_json_atomic(run_dir / "status.json", {"status": status, "time": time.time(), **extra})
 
 
-def _read(path: Path) -> Optional[dict]:
-    try:
-        return read_json(path)
-    except Exception:
-        return None
-
-
 def job_timing(run_dir: Path, t0: float, t_end: float) -> dict:
     """Wall time and fixed overhead of a run (from rank 0's step timestamps, when it got that far)."""
-    r0 = _read(run_dir / "rank0.json") or {}
+    r0 = read_json_dict(run_dir / "rank0.json") or {}
     start = r0.get("t_first_step")
     end = r0.get("t_loop_end")
     startup = start - t0 if start else None
@@ -56,7 +49,7 @@ def finish(run_dir: Path, raw: dict, status: str, error: Optional[dict], failure
            t0: float) -> str:
     """Write the final metrics.json (the workers' one when completed) and status.json."""
     mpath = run_dir / "metrics.json"
-    m = _read(mpath) if status == "completed" else None
+    m = read_json_dict(mpath) if status == "completed" else None
     if m is None or m.get("status") != "completed":
         if status == "completed":  # the ranks ended well but rank 0's metrics.json is missing
             status, error = "failed", {"rank": 0, "type": "MissingMetrics",

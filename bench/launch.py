@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.config import Plan
-from bench.metrics.io import read_json
+from bench.metrics.io import read_json_dict, write_json_atomic
 
 log = logging.getLogger("bench.launch")
 
@@ -36,13 +36,8 @@ class Outcome:
 
 def read_failures(run_dir: Path) -> list[dict]:
     """The ranks' own failure records, earliest first (the first is the root cause)."""
-    out = []
-    for p in sorted(run_dir.glob("failure_rank*.json")):
-        try:
-            out.append(read_json(p))
-        except Exception:
-            pass
-    return sorted(out, key=lambda f: f.get("time", 0))
+    found = (read_json_dict(p) for p in run_dir.glob("failure_rank*.json"))
+    return sorted((f for f in found if f is not None), key=lambda f: f.get("time", 0))
 
 
 def launch_local(plan: Plan, run_dir: Path) -> Outcome:
@@ -110,16 +105,11 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
 
 
 def _completed_before_exit(run_dir: Path) -> bool:
-    try:
-        return read_json(run_dir / "metrics.json").get("status") == "completed"
-    except Exception:
-        return False
+    return (read_json_dict(run_dir / "metrics.json") or {}).get("status") == "completed"
 
 
 def _add_exit_warning(run_dir: Path, message: str) -> None:
-    from bench.metrics.io import write_json_atomic
-
-    m = read_json(run_dir / "metrics.json")
+    m = read_json_dict(run_dir / "metrics.json")
     m["exit_warning"] = message
     write_json_atomic(run_dir / "metrics.json", m)
     log.warning("%s; the results were already written and are kept", message)

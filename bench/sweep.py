@@ -50,7 +50,7 @@ from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from bench.metrics.io import read_json, write_json_atomic
+from bench.metrics.io import read_json_dict, write_json_atomic
 
 log = logging.getLogger("bench.sweep")
 
@@ -78,14 +78,6 @@ def identity(cfg: dict) -> dict:
             "precision": cfg.get("precision"), "steps": cfg.get("steps")}
 
 
-def _read(path: Path) -> Optional[dict]:
-    try:
-        d = read_json(path)
-        return d if isinstance(d, dict) else None
-    except Exception:
-        return None
-
-
 @dataclass
 class Result:
     dir: Path
@@ -96,7 +88,7 @@ class Result:
 
 def read_result(d: Path) -> Optional[Result]:
     """What a run folder holds (None: no status.json and no metrics.json)."""
-    st, m = _read(d / "status.json"), _read(d / "metrics.json")
+    st, m = read_json_dict(d / "status.json"), read_json_dict(d / "metrics.json")
     if st is None and m is None:
         return None
     status = (st or {}).get("status")
@@ -155,7 +147,7 @@ def _history_records(dirs: Sequence[Path]) -> list[dict]:
                 if p in seen:
                     continue
                 seen.add(p)
-                st = _read(p / "status.json")
+                st = read_json_dict(p / "status.json")
                 if st and st.get("status") == "completed" and st.get("wall_s"):
                     recs.append(st)
     return recs
@@ -474,7 +466,7 @@ def mark_unfinished(d: Path, cfg: Optional[dict], status: str, err_type: str, me
 # ------------------------------------------------------------------------------ summary + exit code
 def summarize(sweep_dir: Path) -> dict:
     """Counts and per-run lines of a sweep folder (the manifest's jobs; else every run folder)."""
-    man = _read(sweep_dir / MANIFEST)
+    man = read_json_dict(sweep_dir / MANIFEST)
     rows = []
     if man:
         for j in man["jobs"]:

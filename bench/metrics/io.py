@@ -6,7 +6,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 
 def _clean(x: Any) -> Any:
@@ -39,3 +39,13 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
 def read_json(path: str | os.PathLike) -> Any:
     with open(path) as f:
         return json.load(f)
+
+
+def read_json_dict(path: str | os.PathLike) -> Optional[dict]:
+    """A JSON object from path, or None when it is missing, unreadable, partial or not an object
+    (a run folder can be left in any state by a killed run)."""
+    try:
+        d = read_json(path)
+    except Exception:
+        return None
+    return d if isinstance(d, dict) else None
