@@ -3,21 +3,18 @@
 # Its first attempt (2026-11-22) failed at start-up (a missing wheel on the GPU host): not yet run.
 #   bash benchmarks/gpu_call2.sh OUTDIR
 set -u
-OUT=${1:-/tmp/out}; R=/tmp/runs2; mkdir -p $OUT $R
+OUT=${1:-/tmp/out}; R=/tmp/runs2; RESULTS=call2_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
-# DeepSpeed's JIT ops build in the background while the DDP runs go (a few of 32 cores)
-( python -c "from deepspeed.ops.op_builder import FusedAdamBuilder as F; F().load(); print('ops built')" > $R/ops.txt 2>&1 ) &
-BUILD=$!
+. benchmarks/gpu_lib.sh
+build_ds_ops  # DeepSpeed's JIT op builds in the background while the DDP runs go (a few of 32 cores)
 S="steps=30 warmup_steps=10 run_timeout_s=300"
 M="model=300m model.global_batch=16"
-run() { local t0=$SECONDS; python -m bench "$@" > $R/log_$RANDOM.txt 2>&1; echo "[$((SECONDS-t0)) s] $*" | tee -a $OUT/progress.txt
-        python benchmarks/collect.py $R --out $OUT/call2_runs.json > $OUT/table.txt 2>&1; }  # results survive a cut
 phase1() {
   # most important first: the timeout cuts the tail
   run --multirun $M strategy=single $S hydra.sweep.dir=$R/single_300m
   torchrun --nproc-per-node 2 benchmarks/bare_loop.py --model 300m --batch 16 --steps 30 --warmup 10 | tee -a $OUT/bare.jsonl
   run $M strategy=ddp world_size=2 strategy.bucket_cap_mb=100 $S hydra.run.dir=$R/ddp_bucket100
-  while kill -0 $BUILD 2>/dev/null; do sleep 2; done; tail -2 $R/ops.txt
+  wait_ds_ops
   run $M strategy=zero strategy.zero_stage=0 $S hydra.run.dir=$R/zero0_1gpu
   run --multirun $M world_size=2 strategy=zero strategy.zero_stage=1,2 strategy.overlap_comm=true strategy.reduce_bucket_size=5e7 strategy.allgather_bucket_size=2e8 $S hydra.sweep.dir=$R/zero12_tuned
   run $M world_size=2 strategy=zero strategy.zero_stage=3 strategy.reduce_bucket_size=5e7 strategy.prefetch_bucket_size=1e8 strategy.param_persistence_threshold=2e6 $S hydra.run.dir=$R/zero3_tuned
@@ -27,7 +24,6 @@ phase1() {
   run --multirun $M world_size=2 strategy=zero strategy.zero_stage=1,2,3 $S hydra.sweep.dir=$R/zero_defaults
   run --multirun $M strategy=ddp world_size=2 compile=true $S hydra.sweep.dir=$R/ddp_compile
 }
-export -f phase1 run; export R OUT S M BUILD
+export -f phase1; export R OUT RESULTS S M BUILD
 timeout ${2:-520} bash -c phase1
-python benchmarks/collect.py $R --out $OUT/call2_runs.json | tee $OUT/table.txt
-grep -l "Traceback" $R/log_*.txt | head -3 | xargs -r tail -n 25 > $OUT/errors.txt
+finish
