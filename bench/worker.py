@@ -81,6 +81,9 @@ def inject_fault(fault: dict, rank: int, step: int) -> None:
 def _device(plan: Plan, local_rank: int) -> torch.device:
     if plan.device == "cuda":
         torch.cuda.set_device(local_rank)
+        if plan.cfg["precision"] == "fp32":  # TF32 for fp32 matmuls only when asked (config tf32)
+            torch.backends.cuda.matmul.allow_tf32 = plan.cfg["tf32"]
+            torch.backends.cudnn.allow_tf32 = plan.cfg["tf32"]
         return torch.device("cuda", local_rank)
     # CPU: share the cores between the ranks of this node instead of oversubscribing them
     local_ws = int(os.environ.get("LOCAL_WORLD_SIZE", plan.world_size))

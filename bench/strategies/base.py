@@ -98,9 +98,11 @@ class Strategy(ABC):
     def step(self, n: int) -> StepResult:
         """One optimizer step over global batch n (micro-batching included)."""
 
-    @abstractmethod
     def tokens_this_rank(self) -> int:
-        """Tokens this rank counts per optimizer step; the run's tokens are the sum over ranks."""
+        """Tokens this rank counts per optimizer step; the run's tokens are the sum over ranks.
+        Default, the data-parallel rule: this rank's share of the global batch (model-parallel
+        strategies override it: one replica for TP, the last stage for PP)."""
+        return self.plan.micro_batch_size * self.plan.grad_accum * self.plan.model["seq_len"]
 
     def describe(self) -> dict:
         """The layout and library settings that actually ran (goes into metrics.json)."""

@@ -31,9 +31,6 @@ class FSDP(Strategy):
         p, dev = self.plan, self.dist.device
         cfg, s = p.cfg, p.strategy
         prec = cfg["precision"]
-        if dev.type == "cuda" and prec == "fp32":
-            torch.backends.cuda.matmul.allow_tf32 = cfg["tf32"]
-            torch.backends.cudnn.allow_tf32 = cfg["tf32"]
         self.mesh = init_device_mesh(dev.type, (self.dist.world_size,), mesh_dim_names=("dp",))
         if prec == "fp32":
             self.mp = MixedPrecisionPolicy()
@@ -98,9 +95,6 @@ class FSDP(Strategy):
         self.scaler.step(self.optimizer)
         self.scaler.update()
         return StepResult(loss=total, skipped=self.scaler.get_scale() < before)
-
-    def tokens_this_rank(self) -> int:
-        return self.plan.micro_batch_size * self.plan.grad_accum * self.plan.model["seq_len"]
 
     def describe(self) -> dict:
         p, s = self.plan, self.plan.strategy

@@ -26,9 +26,6 @@ class Single(Strategy):
         p, dev = self.plan, self.dist.device
         cfg = p.cfg
         self.precision = Precision(cfg["precision"], dev)
-        if dev.type == "cuda" and cfg["precision"] == "fp32":
-            torch.backends.cuda.matmul.allow_tf32 = cfg["tf32"]
-            torch.backends.cudnn.allow_tf32 = cfg["tf32"]
         self.raw_model = build_model(p.model, cfg["seed"], dev)
         self.model = self.wrap(self.raw_model)
         if cfg["compile"]:
@@ -54,9 +51,6 @@ class Single(Strategy):
         skipped = self.precision.step(self.optimizer, self.raw_model.parameters(),
                                       self.plan.cfg["optim"]["grad_clip"])
         return StepResult(loss=total, skipped=skipped)
-
-    def tokens_this_rank(self) -> int:
-        return self.plan.micro_batch_size * self.plan.grad_accum * self.plan.model["seq_len"]
 
     def describe(self) -> dict:
         return {

@@ -82,9 +82,6 @@ class TorchModelParallel(Strategy):
         self.layout = Layout(tp=p.tp, pp=p.pp, dp=p.dp_size)
         self.coord = self.layout.coords(self.dist.rank)
         self.precision = Precision(cfg["precision"], dev)
-        if dev.type == "cuda" and cfg["precision"] == "fp32":
-            torch.backends.cuda.matmul.allow_tf32 = cfg["tf32"]
-            torch.backends.cudnn.allow_tf32 = cfg["tf32"]
         self.mesh = init_device_mesh(dev.type, self.layout.mesh_shape, mesh_dim_names=("pp", "dp", "tp"))
         c = self.coord
         if list(self.mesh.get_coordinate()) != [c.pp, c.dp, c.tp]:

@@ -121,9 +121,6 @@ class Zero(Strategy):
         import deepspeed
 
         self.ds_version = deepspeed.__version__
-        if dev.type == "cuda" and cfg["precision"] == "fp32":
-            torch.backends.cuda.matmul.allow_tf32 = cfg["tf32"]
-            torch.backends.cudnn.allow_tf32 = cfg["tf32"]
         model = build_model(p.model, cfg["seed"], dev)
         self.ds_config = build_ds_config(p)
         o = cfg["optim"]
@@ -173,9 +170,6 @@ class Zero(Strategy):
             if isinstance(v, (int, float, torch.Tensor)):
                 return float(v)
         return None
-
-    def tokens_this_rank(self) -> int:
-        return self.plan.micro_batch_size * self.plan.grad_accum * self.plan.model["seq_len"]
 
     def describe(self) -> dict:
         p = self.plan

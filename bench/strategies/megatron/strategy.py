@@ -85,9 +85,6 @@ class MegatronModelParallel(Strategy):
         got = (ps.get_data_parallel_rank(), ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank())
         if got != (c.dp, c.pp, c.tp):
             raise RuntimeError(f"rank {self.dist.rank}: Megatron's (dp, pp, tp) = {got} != bench.layout's {c}")
-        if cfg["precision"] == "fp32":
-            torch.backends.cuda.matmul.allow_tf32 = cfg["tf32"]
-            torch.backends.cudnn.allow_tf32 = cfg["tf32"]
 
         self.init = s["init"]
         bench = build_model(p.model, cfg["seed"], dev) if self.init == "bench" else None
