@@ -97,6 +97,9 @@ class ModelParallelConfig(StrategyConfig):
     overlap_param_gather: bool = False  # needs use_distributed_optimizer
     bucket_size: Optional[int] = None  # parameters per gradient bucket; null = Megatron's default
     grad_reduce_in_fp32: bool = True
+    # megatron-core without Transformer Engine / Apex falls back to torch AdamW in foreach mode;
+    # true runs that AdamW with its fused CUDA kernel instead (what TE/Apex FusedAdam would give)
+    fused_adam: bool = True
     # Megatron model
     spec: str = "auto"  # auto (te if transformer_engine imports, else sdpa) | sdpa | local | te
     init: str = "bench"  # bench: copy bench's GPT init (same weights as strategy=single) | megatron
@@ -178,6 +181,7 @@ class MetricsConfig:
     nvml_interval_ms: int = 100  # NVML sampling period of the background thread
     peak_tflops: Optional[float] = None  # overrides the device table for MFU
     measure_matmul_peak: bool = True  # time a bf16 8192^3 matmul on GPU for a measured MFU
+    profile_steps: int = 0  # >0: re-run the last k steps under torch.profiler after timing (bench/metrics/profile.py)
 
 
 @dataclass
@@ -295,6 +299,9 @@ def validate(cfg: DictConfig | dict, gpus: Optional[int] = None) -> Plan:
     if c["warmup_steps"] < 0 or c["warmup_steps"] >= c["steps"]:
         raise ConfigError("warmup_steps", c["warmup_steps"],
                           f"must be >= 0 and < steps={c['steps']} (at least one timed step)")
+    if not 0 <= c["metrics"]["profile_steps"] <= c["steps"]:
+        raise ConfigError("metrics.profile_steps", c["metrics"]["profile_steps"],
+                          f"must be 0 (off) .. steps={c['steps']} (the last k steps are re-run under the profiler)")
     _choice("precision", c["precision"], PRECISIONS)
     _choice("device", c["device"], DEVICES)
     _choice("fault.kind", c["fault"]["kind"], FAULT_KINDS)

@@ -26,6 +26,7 @@ from bench.memory_model import predicted_model_state_mb
 from bench.metrics import provenance
 from bench.metrics.io import write_json_atomic
 from bench.metrics.nvml import NvmlSampler
+from bench.metrics.profile import profile_steps
 from bench.strategies.base import DistContext, get_strategy
 
 log = logging.getLogger("bench.worker")
@@ -143,6 +144,10 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
     window_s = time.perf_counter() - t_window
     t_loop_end = time.time()  # bench/job.py: fixed overhead (last step -> done)
     sampler.stop()
+    profile = None
+    k = cfg["metrics"]["profile_steps"]
+    if k:  # after the timed window: profiling never slows a timed step
+        profile = profile_steps(strategy.step, range(steps - k, steps), device)
 
     rec = {
         "rank": rank,
@@ -158,6 +163,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         "max_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "max_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20 if device.type == "cuda" else None,
         "host_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "profile": profile,
         **sampler.summary(),
     }
     write_json_atomic(run_dir / f"rank{rank}.json", rec)

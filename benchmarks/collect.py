@@ -9,6 +9,20 @@ import json
 from pathlib import Path
 
 
+def _overhead(m: dict) -> str:
+    """Fixed overhead of the run (launch -> first step + last step -> recorded), from job / status.json."""
+    o = (m.get("job") or {}).get("overhead_s")
+    return f"{o:5.1f}" if o is not None else f"{'-':>5}"
+
+
+def _profile(m: dict) -> str:
+    """Rank 0's profiled step (metrics.profile_steps): GPU busy fraction, communication kernel ms."""
+    p = (m.get("profile") or [None])[0]
+    if not p or "gpu_busy_fraction" not in p:
+        return f"{'-':>5} {'-':>5}"
+    return f"{100 * p['gpu_busy_fraction']:5.1f} {p['kernel_ms_per_step'].get('communication', 0.0):5.1f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("dirs", nargs="+")
@@ -24,15 +38,17 @@ def main() -> None:
                 continue
             m["run_dir"] = str(p.parent)
             rows.append(m)
-    hdr = f"{'run':44} {'status':9} {'tok/s':>10} {'step ms':>8} {'MFU':>6} {'MFUmeas':>7} {'alloc GiB':>9} {'loss':>7}"
+    hdr = (f"{'run':44} {'status':9} {'tok/s':>10} {'step ms':>8} {'MFU':>6} {'MFUmeas':>7} {'alloc GiB':>9} "
+           f"{'loss':>7} {'ovh s':>5} {'busy%':>5} {'comm':>5}")
     print(hdr)
     for m in rows:
         r, t, f = m["run"], m["throughput"], m["flops"]
         lay = m.get("layout") or {}
         name = f"{r['model']}/{r['strategy']} ws{r['world_size']} {r['precision']}{' c' if r['compile'] else ''}" \
                f" b{r['global_batch']}"
-        extra = "".join(f" {k}={lay[k]}" for k in ("zero_stage", "reshard_after_forward", "tp", "pp", "microbatches")
-                        if k in lay)
+        extra = (f" {lay['impl']}" if lay.get("impl") in ("torch", "megatron") and r["strategy"] != "fsdp" else "") + \
+            "".join(f" {k}={lay[k]}" for k in ("zero_stage", "reshard_after_forward", "tp", "pp", "microbatches")
+                    if k in lay)
         name = (name + extra)[:44]
         if m["status"] != "completed":
             print(f"{name:44} {m['status']:9} {(m.get('error') or {}).get('message', '')[:80]}")
@@ -41,7 +57,7 @@ def main() -> None:
         alloc = m["memory"]["max_allocated_mb"]
         print(f"{name:44} {m['status']:9} {t['tokens_per_s']:10,.0f} {1e3 * m['step_time_s']['median']:8.1f} "
               f"{pct(f['mfu']):>6} {pct(f['mfu_vs_measured_peak']):>7} "
-              f"{(alloc / 1024 if alloc else 0):9.2f} {m['loss']['last']:7.4f}")
+              f"{(alloc / 1024 if alloc else 0):9.2f} {m['loss']['last']:7.4f} {_overhead(m)} {_profile(m)}")
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=1))
 

@@ -50,6 +50,7 @@ def skeleton(cfg: dict, status: str, error: Optional[dict] = None) -> dict:
                    "nvml_used_mean_mb": None, "host_peak_rss_mb": None, "predicted_model_state_mb": None},
         "utilization": {"gpu_util_mean_pct": None},
         "energy": {"joules": None, "joules_per_token": None},
+        "profile": None,  # metrics.profile_steps > 0: per rank, bench/metrics/profile.py
         "ranks": None,
         "config": cfg,
         "provenance": None,
@@ -136,7 +137,9 @@ def assemble(cfg: dict, device_type: str, ranks: list[dict], describe: dict, pro
     out["utilization"] = {"gpu_util_mean_pct": _mean(r["gpu_util_mean_pct"] for r in ranks)}
     total_j = sum(energy) if energy and all(e is not None for e in energy) else None
     out["energy"] = {"joules": total_j, "joules_per_token": total_j / tokens_timed if total_j else None}
-    out["ranks"] = [{k: v for k, v in r.items() if k not in ("losses",)} for r in ranks]
+    profiles = [r.get("profile") for r in ranks]
+    out["profile"] = profiles if any(profiles) else None
+    out["ranks"] = [{k: v for k, v in r.items() if k not in ("losses", "profile")} for r in ranks]
     out["provenance"] = provenance
     return out
 

@@ -38,6 +38,20 @@ SPEC_TEXT = {
 }
 
 
+def _use_fused_torch_adam(optimizer) -> bool:
+    """Switch megatron-core's fallback torch Adam(W) (no TE/Apex: foreach mode) to torch's fused
+    kernel: the same update in a few launches instead of a chain of foreach ops (on 300m, one H200:
+    about 17 ms vs 3 ms per step with megatron-core 0.16.1).  torch reads group["fused"] at every step."""
+    fused = False
+    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(o, "optimizer", None)
+        if isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
+            for g in inner.param_groups:
+                g["fused"], g["foreach"] = True, False
+            fused = True
+    return fused
+
+
 class MegatronModelParallel(Strategy):
     """Not registered itself: strategies megatron / tp / pp with impl=megatron."""
 
@@ -123,6 +137,7 @@ class MegatronModelParallel(Strategy):
             bf16=cfg["precision"] == "bf16", fp16=cfg["precision"] == "fp16", params_dtype=mm.DTYPES[cfg["precision"]],
             use_distributed_optimizer=s["use_distributed_optimizer"], overlap_param_gather=s["overlap_param_gather"],
         ), self.model)
+        self.fused_adam = s["fused_adam"] and _use_fused_torch_adam(self.optimizer)
 
         # the hooks Megatron-LM's train() installs
         one = (lambda fs: fs[0] if len(fs) == 1 else fs)
@@ -196,7 +211,8 @@ class MegatronModelParallel(Strategy):
                     "bucket_size": self.ddp_config.bucket_size,  # after Megatron's defaults; null = one bucket
                     "grad_reduce_in_fp32": self.ddp_config.grad_reduce_in_fp32},
             "optimizer": f"{type(self.optimizer).__name__}[{', '.join(type(o).__name__ for o in inner)}] "
-                         f"over {type(getattr(inner[0], 'optimizer', None)).__name__}",
+                         f"over {type(getattr(inner[0], 'optimizer', None)).__name__}"
+                         + (" (torch fused kernel)" if self.fused_adam else ""),
             "precision": {"fp32": "fp32 (FP32Optimizer)",
                           "bf16": "Float16Module bf16 params, fp32 master weights in the optimizer",
                           "fp16": "Float16Module fp16 params, fp32 master weights, dynamic loss scale"}[p.cfg["precision"]],

@@ -1,0 +1,93 @@
+"""Where a step's time goes: an optional torch.profiler pass after the timed window.
+
+``metrics.profile_steps=k`` re-runs the last k steps (same batches) under torch.profiler once
+the timed window is closed, so profiling never slows a timed step.  Per rank it reports, per
+step: wall time, the time the GPU ran any kernel (the union of kernel intervals, so overlapped
+streams are not double-counted), kernel time by kind (matmul, attention, communication,
+optimizer, other) and the top kernels.  That answers the usual question behind a slow
+strategy: is the step bound by compute, by communication that is not overlapped, or by the
+CPU (GPU idle between kernels)?  On CPU only the top operators by self CPU time are reported.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+import torch
+
+# First match wins; names are lower-cased kernel names.
+KINDS = (
+    ("communication", ("nccl", "allreduce", "all_reduce", "allgather", "reducescatter", "sendrecv")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("attention", ("flash", "fmha", "attention", "softmax", "sdpa", "cudnn")),
+    ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "matmul", "wgmma")),
+)
+
+
+def kind_of(kernel: str) -> str:
+    k = kernel.lower()
+    for kind, keys in KINDS:
+        if any(s in k for s in keys):
+            return kind
+    return "other"
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def summarize(events, n_steps: int, wall_s: float, top: int = 10) -> dict:
+    """Per-step summary of profiler FunctionEvents (``prof.events()``)."""
+    per = 1e-3 / n_steps  # us in all -> ms per step
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    out: dict = {"steps": n_steps, "wall_ms_per_step": round(1e3 * wall_s / n_steps, 3)}
+    if kernels:
+        spans = [(e.time_range.start, e.time_range.end) for e in kernels]
+        by_kind: dict[str, float] = {}
+        by_name: dict[str, float] = {}
+        for e in kernels:
+            d = e.time_range.end - e.time_range.start
+            by_kind[kind_of(e.name)] = by_kind.get(kind_of(e.name), 0.0) + d
+            by_name[e.name] = by_name.get(e.name, 0.0) + d
+        compute = [s for s, e in zip(spans, kernels) if kind_of(e.name) != "communication"]
+        first, last = min(a for a, _ in spans), max(b for _, b in spans)
+        out.update({
+            "gpu_span_ms_per_step": round((last - first) * per, 3),
+            "gpu_busy_ms_per_step": round(_union_us(spans) * per, 3),
+            "gpu_compute_busy_ms_per_step": round(_union_us(compute) * per, 3),
+            "gpu_busy_fraction": round(_union_us(spans) / max(last - first, 1e-9), 4),
+            "kernels_per_step": round(len(kernels) / n_steps, 1),
+            "kernel_ms_per_step": {k: round(v * per, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+            "top_kernels_ms_per_step": {n[:120]: round(v * per, 3) for n, v in
+                                        sorted(by_name.items(), key=lambda kv: -kv[1])[:top]},
+        })
+    else:
+        by_op: dict[str, float] = {}
+        for e in events:
+            if e.device_type == torch.autograd.DeviceType.CPU:
+                by_op[e.name] = by_op.get(e.name, 0.0) + e.self_cpu_time_total
+        out["top_cpu_ops_ms_per_step"] = {n[:120]: round(v * per, 3) for n, v in
+                                          sorted(by_op.items(), key=lambda kv: -kv[1])[:top]}
+    return out
+
+
+def profile_steps(step: Callable[[int], object], indices: Iterable[int], device: torch.device) -> dict:
+    """Run ``step(n)`` for each index under torch.profiler and summarize it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    indices = list(indices)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for n in indices:
+            step(n)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        wall_s = time.perf_counter() - t0
+    return summarize(prof.events(), len(indices), wall_s)
