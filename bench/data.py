@@ -26,16 +26,16 @@ class SyntheticStream:
                  device: str | torch.device):
         b = model_cfg["global_batch"]
         lo, hi = dp_rank * b // dp_size, (dp_rank + 1) * b // dp_size
-        self._batches = [
-            global_batch(n, seed=seed, vocab_size=model_cfg["vocab_size"],
-                         seq_len=model_cfg["seq_len"], batch=b)[lo:hi].to(device)
-            for n in range(steps)
-        ]
+        self._batches = []
+        for n in range(steps):
+            t = global_batch(n, seed=seed, vocab_size=model_cfg["vocab_size"],
+                             seq_len=model_cfg["seq_len"], batch=b)[lo:hi]
+            # contiguous inputs and targets (torch.distributed.pipelining checks input strides)
+            self._batches.append((t[:, :-1].contiguous().to(device), t[:, 1:].contiguous().to(device)))
 
     def __getitem__(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of this rank's slice of global batch n."""
-        t = self._batches[n]
-        return t[:, :-1], t[:, 1:]
+        return self._batches[n]
 
     def micro_batches(self, n: int, micro_batch_size: int):
         x, y = self[n]

@@ -185,12 +185,14 @@ def worker_main(plan_dict: dict, run_dir: str) -> None:
     rank = int(os.environ["RANK"])
     run_path = Path(run_dir)
     _setup_logging(run_path, rank)
+    failed = False
     try:
         train(plan, run_path, rank, int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
         fault = plan.cfg["fault"]
         if fault["kind"] == "crash_at_exit" and fault["rank"] == rank:
             os._exit(134)  # like a C++ abort during interpreter shutdown: no Python exception
     except BaseException as exc:
+        failed = True
         write_json_atomic(run_path / f"failure_rank{rank}.json", {
             "rank": rank, "type": type(exc).__name__, "message": str(exc), "oom": is_oom(exc),
             "traceback": traceback.format_exc(), "time": time.time()})
@@ -198,4 +200,15 @@ def worker_main(plan_dict: dict, run_dir: str) -> None:
         raise
     finally:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            _close_process_group(failed)
+
+
+def _close_process_group(failed: bool) -> None:
+    """Destroy the group; after a failure on NCCL, abort it instead: a peer may be blocked in a
+    collective this rank will never join, and destroy would wait for it (seen on 2 H200s: the
+    failing rank hung until run_timeout_s instead of exiting, so the launcher never saw it fail)."""
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if failed and abort is not None and dist.get_backend() == "nccl":
+        abort()
+    else:
+        dist.destroy_process_group()

@@ -6,7 +6,7 @@ step: wall time, the time the GPU ran any kernel (the union of kernel intervals,
 streams are not double-counted), kernel time by kind (matmul, attention, communication,
 optimizer, other) and the top kernels.  That answers the usual question behind a slow
 strategy: is the step bound by compute, by communication that is not overlapped, or by the
-CPU (GPU idle between kernels)?  On CPU only the top operators by self CPU time are reported.
+CPU (GPU idle between kernels)?  The top host-side operators by self CPU time are reported too.
 """
 from __future__ import annotations
 
@@ -45,7 +45,10 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
 def summarize(events, n_steps: int, wall_s: float, top: int = 10) -> dict:
     """Per-step summary of profiler FunctionEvents (``prof.events()``)."""
     per = 1e-3 / n_steps  # us in all -> ms per step
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    # device-side events, without the profiler's GPU user annotations (e.g. "nccl:all_reduce"),
+    # which span the kernels they annotate
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+               and not getattr(e, "is_user_annotation", False)]
     out: dict = {"steps": n_steps, "wall_ms_per_step": round(1e3 * wall_s / n_steps, 3)}
     if kernels:
         spans = [(e.time_range.start, e.time_range.end) for e in kernels]
@@ -67,13 +70,15 @@ def summarize(events, n_steps: int, wall_s: float, top: int = 10) -> dict:
             "top_kernels_ms_per_step": {n[:120]: round(v * per, 3) for n, v in
                                         sorted(by_name.items(), key=lambda kv: -kv[1])[:top]},
         })
-    else:
-        by_op: dict[str, float] = {}
-        for e in events:
-            if e.device_type == torch.autograd.DeviceType.CPU:
-                by_op[e.name] = by_op.get(e.name, 0.0) + e.self_cpu_time_total
-        out["top_cpu_ops_ms_per_step"] = {n[:120]: round(v * per, 3) for n, v in
-                                          sorted(by_op.items(), key=lambda kv: -kv[1])[:top]}
+    # host side: operators and CUDA runtime calls by self CPU time (a step whose GPU sits idle is
+    # bound here: Python / dispatch overhead per op, or synchronizations)
+    by_op: dict[str, float] = {}
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CPU and not getattr(e, "is_user_annotation", False):
+            by_op[e.name] = by_op.get(e.name, 0.0) + e.self_cpu_time_total
+    out["cpu_self_ms_per_step"] = round(sum(by_op.values()) * per, 3)
+    out["top_cpu_ops_ms_per_step"] = {n[:120]: round(v * per, 3) for n, v in
+                                      sorted(by_op.items(), key=lambda kv: -kv[1])[:top]}
     return out
 
 
