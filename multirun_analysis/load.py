@@ -52,9 +52,9 @@ def find_runs(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[str]
             continue
         for root, dirs, _ in os.walk(p):
             dirs[:] = sorted((d for d in dirs if not d.startswith(".")), key=_natural)
-            d = Path(root).resolve()
-            if is_run_dir(d) and d not in seen:
-                seen.add(d)
+            d = Path(root)  # as given (relative paths stay relative in the tables and report)
+            if is_run_dir(d) and d.resolve() not in seen:
+                seen.add(d.resolve())
                 runs.append(d)
     return runs, problems
 

@@ -184,9 +184,10 @@ def plot_zero_stages(summary: pd.DataFrame) -> Figure:
 
 def plot_pp_microbatches(summary: pd.DataFrame) -> Figure:
     """Pipeline parallelism: throughput vs number of microbatches, line per (variant, GPUs)."""
-    if summary is None or "pp" not in summary or "microbatches" not in summary:
+    if summary is None or "pp" not in summary or "n_microbatches" not in summary:
         raise NoDataError("no pipeline-parallel runs (pp > 1 with microbatches) in the summary")
-    p = summary[(pd.to_numeric(summary["pp"], errors="coerce") > 1) & summary["microbatches"].notna()].copy()
+    # n_microbatches: the resolved count (the microbatches key column holds settings like "4p")
+    p = summary[(pd.to_numeric(summary["pp"], errors="coerce") > 1) & summary["n_microbatches"].notna()].copy()
     if p.empty:
         raise NoDataError("no pipeline-parallel runs (pp > 1 with microbatches) in the summary")
     p["_label"] = variant_labels(p, exclude=("microbatches",))
@@ -195,10 +196,10 @@ def plot_pp_microbatches(summary: pd.DataFrame) -> Figure:
     for ax, model in zip(axes, models):
         m = p[p["model"].map(str) == model]
         for (label, ws, pp), g in m.groupby(["_label", "world_size", "pp"], sort=True):
-            g = g.sort_values("microbatches")
-            ax.plot(g["microbatches"].astype(float), g["tokens_per_s"].astype(float), marker="o",
+            g = g.sort_values("n_microbatches")
+            ax.plot(g["n_microbatches"].astype(float), g["tokens_per_s"].astype(float), marker="o",
                     label=f"{label} pp={int(pp)}, {_gpus(ws)}")
-        mbs = sorted(m["microbatches"].astype(float).unique())
+        mbs = sorted(m["n_microbatches"].astype(float).unique())
         ax.set_xticks(mbs, [f"{x:g}" for x in mbs])
         ax.set(xlabel="microbatches per step", ylabel="throughput [tokens/s]",
                title=f"Pipeline microbatches — model {model}")

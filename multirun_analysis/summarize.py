@@ -31,7 +31,8 @@ Per experiment (summary.csv; one row per experiment with >= 1 usable run), over 
   tokens, time_s, tokens_per_s, step_time_median_s (step_time_s.median), mem_mean_mb,
   mem_peak_mb, mem_total_mb, gpu_util_mean_pct (utilization.gpu_util_mean_pct: mean over
   ranks), mfu (flops.mfu), mfu_vs_measured_peak, achieved_tflops_per_device, loss_last,
-  joules_per_token
+  joules_per_token, n_microbatches (layout.microbatches: the resolved micro-batch count of
+  tp/pp/megatron runs, where the ``microbatches`` key column holds the setting: p, 4p, 8, ...)
                     = median over repeats of the per-run value; ``*_min``/``*_max`` = min/max
                       over repeats (time_s, tokens_per_s, mem_peak_mb, mfu)
   tokens_per_s_per_device = tokens_per_s / world_size
@@ -78,6 +79,7 @@ MEASURES = {
     "mfu_vs_measured_peak": ("flops.mfu_vs_measured_peak", False),
     "achieved_tflops_per_device": ("flops.achieved_tflops_per_device", False),
     "loss_last": ("loss.last", False), "joules_per_token": ("energy.joules_per_token", False),
+    "n_microbatches": ("layout.microbatches", False),
 }
 
 

@@ -245,3 +245,20 @@ def test_example_notebook_executes(sweep, monkeypatch, tmp_path):
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3  # throughput, efficiency, memory
     text = "".join(o.get("text", "") for o in outputs)
     assert f"analysing {sweep.resolve()}" in text and "plot_zero_stages: skipped" in text
+
+
+def test_pipeline_microbatch_settings_p_and_4p_are_plotted_by_their_counts(tmp_path):
+    """strategy.microbatches holds settings ("p", "4p"); the plot uses the resolved count
+    (a real GPU sweep of +experiment=paper_megatron crashed the report on "p" once)."""
+    import multirun_analysis as ma
+    from matplotlib.figure import Figure
+
+    d = tmp_path / "pp"
+    p = run_bench("strategy=pp", "strategy.impl=torch", "world_size=2", "strategy.microbatches=p,4p",
+                  *CPU_FAST, run_dir=d, multirun=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    analyse(d)  # the CLI, plots included
+    s = ma.summarize(ma.load_runs(d))
+    assert sorted(s["microbatches"]) == ["4p", "p"]
+    assert dict(zip(s["microbatches"], s["n_microbatches"])) == {"p": 2, "4p": 8}
+    assert isinstance(ma.plot_pp_microbatches(s), Figure)
