@@ -27,3 +27,25 @@ def test_nccl_ddp_loss_matches_single(bench_run):
     assert metrics_of(d2)["provenance"]["versions"]["nccl"]
     # TF32 is off in fp32; the all-reduce changes the summation order only
     assert max(abs(a - b) for a, b in zip(loss_curve(d1), loss_curve(d2))) < 1e-4
+
+
+@pytest.mark.gpu2
+def test_failing_nccl_rank_ends_the_run_as_failed_not_timeout(bench_run):
+    """Rank 1 raises while rank 0 waits in an all-reduce: the failing rank aborts its NCCL group
+    (destroy would wait for the peer), so the run is recorded failed, long before run_timeout_s."""
+    p, d = bench_run(*GPU_FAST, "strategy=ddp", "world_size=2", "fault.kind=raise", "fault.rank=1",
+                     "fault.step=3", "run_timeout_s=240")
+    assert p.returncode != 0
+    m = metrics_of(d)
+    assert m["status"] == "failed", m["error"]
+    assert m["error"]["rank"] == 1 and "injected fault" in m["error"]["message"]
+
+
+@pytest.mark.gpu
+def test_profile_on_gpu_reports_kernels_by_kind(bench_run):
+    p, d = bench_run("device=cuda", "precision=bf16", "steps=6", "warmup_steps=2", "metrics.profile_steps=2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    prof = metrics_of(d)["profile"][0]
+    assert 0 < prof["gpu_busy_fraction"] <= 1 and prof["kernels_per_step"] > 0
+    assert prof["kernel_ms_per_step"].get("matmul", 0) > 0
+    assert not any(k.startswith("nccl:") for k in prof["top_kernels_ms_per_step"])  # no GPU annotations
