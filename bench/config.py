@@ -464,8 +464,9 @@ def _rules_model_parallel(plan: Plan) -> None:
     if impl == "torch" and c["precision"] == "fp16":
         raise ConfigError("precision", "fp16", "is not supported with strategy.impl=torch (no loss scaling across "
                           "shards and stages); use precision=bf16, or strategy.impl=megatron")
-    if c["compile"]:
-        raise ConfigError("compile", True, f"is not implemented for strategy={name}; use compile=false")
+    if c["compile"] and impl == "megatron":
+        raise ConfigError("compile", True, f"is not implemented for strategy={name} with strategy.impl=megatron; "
+                          "use compile=false, or strategy.impl=torch (compiles each transformer block)")
 
     # Megatron DDP / optimizer / model knobs (ignored by impl=torch)
     _choice("strategy.spec", s["spec"], MP_SPECS)

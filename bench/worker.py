@@ -142,12 +142,12 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
             log.info("step %d/%d  %.1f ms  %.0f tokens/s so far", n + 1, steps, 1e3 * step_times[-1],
                      (n + 1 - warmup) * cfg["model"]["global_batch"] * cfg["model"]["seq_len"] / (time.perf_counter() - t_window))
     window_s = time.perf_counter() - t_window
-    t_loop_end = time.time()  # bench/job.py: fixed overhead (last step -> done)
     sampler.stop()
     profile = None
     k = cfg["metrics"]["profile_steps"]
     if k:  # after the timed window: profiling never slows a timed step
         profile = profile_steps(strategy.step, range(steps - k, steps), device)
+    t_loop_end = time.time()  # bench/job.py: fixed overhead (last step, profiled ones included -> done)
 
     rec = {
         "rank": rank,

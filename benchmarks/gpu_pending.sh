@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU runs still to make (2 x H200), most important first:
-#   gpt2 fp16 ZeRO-0 with compile (issue 3's 200k target), torch-native TP/PP on 1b (issue 4),
+#   gpt2 fp16 ZeRO-0 with compile (issue 3's 200k target), torch-native TP/PP compiled (300m) and on 1b (issue 4),
 #   DDP with larger buckets / compile (issue 2's scaling gap), the rest of the paper_zero sweep (issue 6).
 #   bash benchmarks/gpu_pending.sh OUTDIR [seconds]
 set -u
@@ -13,6 +13,7 @@ M3="model=300m model.global_batch=16"
 phase() {
   wait_ds_ops
   run --multirun model=gpt2 precision=fp16 strategy=zero strategy.zero_stage=0 compile=false,true $S hydra.sweep.dir=$R/gpt2_zero0
+  run --multirun $M3 world_size=2 strategy=tp,pp strategy.impl=torch compile=true $S hydra.sweep.dir=$R/300m_torch_compiled
   run --multirun model=1b model.global_batch=16 world_size=2 strategy=tp,pp strategy.impl=torch $S hydra.sweep.dir=$R/1b_torch
   run --multirun $M3 strategy=ddp world_size=2 strategy.bucket_cap_mb=25,100 compile=false,true $S hydra.sweep.dir=$R/ddp
   # resume the committed sweep: runs only its 3 unfinished jobs

@@ -46,6 +46,9 @@ RUNS = {  # id -> (overrides, expected layout fields)
     "tp2_pp2": (["strategy=tp", *TORCH, "world_size=4", "strategy.pp=2", "strategy.microbatches=p"],
                 dict(tp=2, pp=2, dp=1, pipeline_schedule="Schedule1F1B", microbatches=2)),
     "tp2_dp2": (["strategy=tp", *TORCH, "world_size=4"], dict(tp=2, pp=1, dp=2, micro_batch_size=4)),
+    # torch.compile per block after DTensor TP (the cure for DTensor's eager dispatch cost)
+    "tp2_compiled": (["strategy=tp", *TORCH, "world_size=2", "compile=true"],
+                     dict(tp=2, pp=1, dp=1, compile="each transformer block (torch.compile, after TP)")),
 }
 
 

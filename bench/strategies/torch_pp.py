@@ -97,6 +97,10 @@ class TorchModelParallel(Strategy):
         if p.tp > 1:
             for chunk in self.chunks:
                 parallelize_blocks(chunk, self.mesh["tp"])
+        if cfg["compile"]:  # per block, after TP (torchtitan's order): DTensor dispatch is traced away
+            for chunk in self.chunks:
+                for block in chunk.blocks.values():
+                    block.compile()
         self.params = [q for chunk in self.chunks for q in chunk.parameters()]
 
         self.schedule_name = resolve_schedule(s["schedule"], self.virtual) if p.pp > 1 else None
@@ -219,5 +223,6 @@ class TorchModelParallel(Strategy):
             "optimizer": f"torch.optim.AdamW(fused={self.fused})",
             "precision": {"fp32": "fp32", "bf16": "autocast bf16 over fp32 weights"}[p.cfg["precision"]],
             "grad_clip": "global norm over tp shards and pp stages" if p.cfg["optim"]["grad_clip"] > 0 else None,
+            "compile": "each transformer block (torch.compile, after TP)" if p.cfg["compile"] else None,
             "token_rule": TOKEN_RULE,
         }
