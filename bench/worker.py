@@ -208,7 +208,7 @@ def _close_process_group(failed: bool) -> None:
     collective this rank will never join, and destroy would wait for it (seen on 2 H200s: the
     failing rank hung until run_timeout_s instead of exiting, so the launcher never saw it fail)."""
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if failed and abort is not None and dist.get_backend() == "nccl":
+    if failed and abort is not None and "nccl" in str(dist.get_backend()):
         abort()
     else:
         dist.destroy_process_group()
