@@ -52,13 +52,13 @@ def summarize(events, n_steps: int, wall_s: float, top: int = 10) -> dict:
     out: dict = {"steps": n_steps, "wall_ms_per_step": round(1e3 * wall_s / n_steps, 3)}
     if kernels:
         spans = [(e.time_range.start, e.time_range.end) for e in kernels]
+        kinds = [kind_of(e.name) for e in kernels]
         by_kind: dict[str, float] = {}
         by_name: dict[str, float] = {}
-        for e in kernels:
-            d = e.time_range.end - e.time_range.start
-            by_kind[kind_of(e.name)] = by_kind.get(kind_of(e.name), 0.0) + d
-            by_name[e.name] = by_name.get(e.name, 0.0) + d
-        compute = [s for s, e in zip(spans, kernels) if kind_of(e.name) != "communication"]
+        for e, (a, b), kind in zip(kernels, spans, kinds):
+            by_kind[kind] = by_kind.get(kind, 0.0) + b - a
+            by_name[e.name] = by_name.get(e.name, 0.0) + b - a
+        compute = [span for span, kind in zip(spans, kinds) if kind != "communication"]
         first, last = min(a for a, _ in spans), max(b for _, b in spans)
         out.update({
             "gpu_span_ms_per_step": round((last - first) * per, 3),
