@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU runs still to make (2 x H200), most important first:
+# Follow-up GPU runs (made on 2026-11-22, 4 x H200 host, GPUs 0-1; results/2026-11-22-h200x4-followups):
 #   gpt2 fp16 ZeRO-0 with compile (issue 3's 200k target), torch-native TP/PP compiled (300m) and on 1b (issue 4),
 #   DDP with larger buckets / compile (issue 2's scaling gap), the rest of the paper_zero sweep (issue 6).
 #   bash benchmarks/gpu_pending.sh OUTDIR [seconds]

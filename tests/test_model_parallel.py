@@ -164,6 +164,57 @@ def test_megatron_gptmodel_on_cpu_matches_bench():
     torch.multiprocessing.spawn(_megatron_cpu_worker, args=(2, _free_port()), nprocs=2, join=True)
 
 
+def _torch_tp_comms_worker(rank: int, world: int, port: int) -> None:
+    """Record every all-reduce of one forward + backward of bench's GPT under torch-native TP=2."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from bench.model import build_model, lm_loss
+    from bench.strategies.torch_tp import parallelize_blocks
+
+    class AllReduces(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.dtypes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "all_reduce" in func.__name__:
+                self.dtypes.append(args[0].dtype)
+            return func(*args, **(kwargs or {}))
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (2,))
+    ref = build_model(MC, 0, "cpu")
+    model = copy.deepcopy(ref)
+    parallelize_blocks(model, mesh)
+    g = torch.Generator().manual_seed(1)
+    batch = torch.randint(0, MC["vocab_size"], (2, MC["seq_len"] + 1), generator=g)
+    x, y = batch[:, :-1], batch[:, 1:]
+    counted = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        mode = AllReduces()
+        with mode, torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            loss = lm_loss(model(x), y)
+            loss.backward()
+        counted[dtype] = mode.dtypes
+        if dtype == torch.float32:  # the plan computes the unsharded model's loss
+            assert abs(loss.item() - lm_loss(ref(x), y).item()) < 1e-5
+    # per block: forward after o_proj and fc_out, backward into the attention and MLP inputs
+    for dtype, seen in counted.items():
+        assert len(seen) == 4 * MC["n_layers"], (dtype, len(seen))
+        assert set(seen) == {dtype}, (dtype, set(seen))
+    dist.destroy_process_group()
+
+
+def test_torch_tp_all_reduces_like_megatron():
+    """Torch-native TP=2: two all-reduces per block forward and two backward (q/k/v's shared input
+    gradient summed before one all-reduce), in bf16 under bf16 autocast (not the LayerNorm's fp32)."""
+    torch.multiprocessing.spawn(_torch_tp_comms_worker, args=(2, _free_port()), nprocs=2, join=True)
+
+
 # --------------------------------------------------------------------------- validation
 def cfg(*overrides: str):
     from hydra import compose, initialize_config_dir
@@ -306,3 +357,7 @@ def test_gpu_megatron_one_gpu_matches_single(single_gpu, bench_run):
     m = metrics_of(d)
     assert m["layout"]["pipeline_schedule"] == "forward_backward_no_pipelining"
     assert _max_diff(loss_curve(single_gpu["fp32"]), loss_curve(d)) < 2e-3
+    assert list(m["ranks"][0]["setup_phases_s"]) == [  # where Megatron's start-up time goes
+        "import megatron.core", "parallel groups", "bench model (initial weights)", "GPTModel build",
+        "copy bench weights", "DistributedDataParallel", "optimizer"]
+    assert "matmul_peak" in m["ranks"][0]["startup_phases_s"]

@@ -98,6 +98,11 @@ def test_zero_stage_matches_single(stage, zero_runs, baseline):
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 4, 1)
     pred = lay["predicted_memory_mb"]
     assert pred["stage"] == stage and pred["host"]["total"] == 0
+    for r in m["ranks"]:  # start-up cost attributed to its parts (issue 6)
+        assert set(r["setup_phases_s"]) == {"import deepspeed", "bench model",
+                                            "deepspeed.initialize (optimizer op load included)"}
+        assert sum(r["setup_phases_s"].values()) <= r["setup_s"] + 0.01  # phases are rounded to ms
+        assert set(r["startup_phases_s"]) == {"device_and_process_group"}  # no matmul peak on CPU
 
 
 @pytest.mark.parametrize("reshard", [True, False])

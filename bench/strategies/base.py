@@ -1,11 +1,13 @@
 """The strategy interface and its registry.
 
 A strategy owns how the model is built, wrapped, fed and stepped, and nothing more: the
-worker owns timing, synchronization, metrics and writing.  A strategy never times itself.
+worker owns timing, synchronization, metrics and writing.  A strategy never times its steps; it
+only names the phases of its setup (``setup_phase``), so start-up cost can be attributed.
 """
 from __future__ import annotations
 
 import contextlib
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Optional
@@ -84,6 +86,16 @@ class Strategy(ABC):
 
     def __init__(self, plan: Plan, dist: DistContext):
         self.plan, self.dist = plan, dist
+        self.setup_phases_s: dict[str, float] = {}  # metrics.json ranks[].setup_phases_s
+
+    @contextlib.contextmanager
+    def setup_phase(self, name: str):
+        """Time one named part of setup() (wall seconds on this rank, no device sync)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.setup_phases_s[name] = round(time.perf_counter() - t0, 3)
 
     @classmethod
     def process_env(cls, plan: Plan) -> dict[str, str]:

@@ -118,10 +118,12 @@ class Zero(Strategy):
         cfg = p.cfg
         self.arch_fix = fix_cuda_arch_list()  # before any op build
         self.extensions_dir = ensure_torch_extensions_dir()
-        import deepspeed
+        with self.setup_phase("import deepspeed"):
+            import deepspeed
 
         self.ds_version = deepspeed.__version__
-        model = build_model(p.model, cfg["seed"], dev)
+        with self.setup_phase("bench model"):
+            model = build_model(p.model, cfg["seed"], dev)
         self.ds_config = build_ds_config(p)
         o = cfg["optim"]
         kw = dict(lr=o["lr"], betas=(o["beta1"], o["beta2"]), weight_decay=o["weight_decay"])
@@ -138,9 +140,10 @@ class Zero(Strategy):
         else:  # CPU: a client torch optimizer avoids JIT-building fused_adam
             self.optimizer_name = "torch.optim.AdamW(fused=False)"
             make_opt = lambda params: torch.optim.AdamW(params, **kw)  # noqa: E731
-        self.engine, _, _, _ = deepspeed.initialize(
-            model=model, optimizer=make_opt, model_parameters=list(model.parameters()),
-            config=copy.deepcopy(self.ds_config))
+        with self.setup_phase("deepspeed.initialize (optimizer op load included)"):
+            self.engine, _, _, _ = deepspeed.initialize(
+                model=model, optimizer=make_opt, model_parameters=list(model.parameters()),
+                config=copy.deepcopy(self.ds_config))
         if cfg["compile"]:
             self.engine.compile()
         self.stream = SyntheticStream(p.model, seed=cfg["seed"], steps=cfg["steps"],

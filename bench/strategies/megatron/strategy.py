@@ -76,32 +76,34 @@ class MegatronModelParallel(Strategy):
                             "CUDA_DEVICE_MAX_CONNECTIONS=1 before launching for Megatron TP runs")
 
     def setup(self) -> None:
-        from megatron.core import parallel_state as ps
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.distributed import finalize_model_grads
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-        from megatron.core.transformer.module import Float16Module
-
-        from bench.strategies.megatron import model as mm
-
         p, s, cfg, dev = self.plan, self.plan.strategy, self.plan.cfg, self.dist.device
         if dev.type != "cuda":
             raise RuntimeError("megatron-core needs CUDA; use strategy.impl=torch")
+        with self.setup_phase("import megatron.core"):
+            from megatron.core import parallel_state as ps
+            from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+            from megatron.core.distributed import finalize_model_grads
+            from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+            from megatron.core.pipeline_parallel import get_forward_backward_func
+            from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+            from megatron.core.transformer.module import Float16Module
+
+            from bench.strategies.megatron import model as mm
         self.layout = Layout(tp=p.tp, pp=p.pp, dp=p.dp_size)
         c = self.coord = self.layout.coords(self.dist.rank)
         v = s["virtual_pipeline"]
-        ps.initialize_model_parallel(
-            tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
-            virtual_pipeline_model_parallel_size=v if v > 1 else None,
-            distributed_timeout_minutes=max(1, math.ceil(cfg["dist_timeout_s"] / 60)))
+        with self.setup_phase("parallel groups"):
+            ps.initialize_model_parallel(
+                tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
+                virtual_pipeline_model_parallel_size=v if v > 1 else None,
+                distributed_timeout_minutes=max(1, math.ceil(cfg["dist_timeout_s"] / 60)))
         got = (ps.get_data_parallel_rank(), ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank())
         if got != (c.dp, c.pp, c.tp):
             raise RuntimeError(f"rank {self.dist.rank}: Megatron's (dp, pp, tp) = {got} != bench.layout's {c}")
 
         self.init = s["init"]
-        bench = build_model(p.model, cfg["seed"], dev) if self.init == "bench" else None
+        with self.setup_phase("bench model (initial weights)"):
+            bench = build_model(p.model, cfg["seed"], dev) if self.init == "bench" else None
         # Megatron-LM's seeding: a different default seed per pipeline stage, TP-rank offsets
         # inside the RNG tracker (used by TP-sharded init and dropout).
         torch.manual_seed(cfg["seed"] + 100 * c.pp)
@@ -111,14 +113,16 @@ class MegatronModelParallel(Strategy):
         self.tcfg = tcfg = mm.transformer_config(
             p.model, tp=p.tp, pp=p.pp, virtual_pipeline=v, sequence_parallel=s["sequence_parallel"],
             precision=cfg["precision"], perform_initialization=bench is None)
-        chunks = mm.build_chunks(tcfg, p.model, self.spec)
-        for ch in chunks:
-            ch.cuda(torch.cuda.current_device())  # torch LayerNorms / position embedding may be built on CPU
-        if bench is not None:
+        with self.setup_phase("GPTModel build"):
+            chunks = mm.build_chunks(tcfg, p.model, self.spec)
             for ch in chunks:
-                mm.load_bench_weights(ch, bench, p.model["n_heads"], c.tp, p.tp)
-            del bench
-            torch.cuda.empty_cache()
+                ch.cuda(torch.cuda.current_device())  # torch LayerNorms / position embedding may be built on CPU
+        if bench is not None:
+            with self.setup_phase("copy bench weights"):
+                for ch in chunks:
+                    mm.load_bench_weights(ch, bench, p.model["n_heads"], c.tp, p.tp)
+                del bench
+                torch.cuda.empty_cache()
         if cfg["precision"] in ("bf16", "fp16"):
             chunks = [Float16Module(tcfg, ch) for ch in chunks]
 
@@ -127,16 +131,19 @@ class MegatronModelParallel(Strategy):
             use_distributed_optimizer=s["use_distributed_optimizer"],
             overlap_param_gather=s["overlap_param_gather"], bucket_size=s["bucket_size"])
         # buckets only on the first chunk (Megatron-LM: later chunks' reduction is off the critical path)
-        self.model = [DistributedDataParallel(config=tcfg, ddp_config=self.ddp_config, module=ch,
-                                              disable_bucketing=i > 0) for i, ch in enumerate(chunks)]
+        with self.setup_phase("DistributedDataParallel"):
+            self.model = [DistributedDataParallel(config=tcfg, ddp_config=self.ddp_config, module=ch,
+                                                  disable_bucketing=i > 0) for i, ch in enumerate(chunks)]
 
         o = cfg["optim"]
-        self.optimizer = get_megatron_optimizer(OptimizerConfig(
-            optimizer="adam", lr=o["lr"], weight_decay=o["weight_decay"], adam_beta1=o["beta1"],
-            adam_beta2=o["beta2"], adam_eps=1e-8, clip_grad=o["grad_clip"],
-            bf16=cfg["precision"] == "bf16", fp16=cfg["precision"] == "fp16", params_dtype=mm.DTYPES[cfg["precision"]],
-            use_distributed_optimizer=s["use_distributed_optimizer"], overlap_param_gather=s["overlap_param_gather"],
-        ), self.model)
+        with self.setup_phase("optimizer"):
+            self.optimizer = get_megatron_optimizer(OptimizerConfig(
+                optimizer="adam", lr=o["lr"], weight_decay=o["weight_decay"], adam_beta1=o["beta1"],
+                adam_beta2=o["beta2"], adam_eps=1e-8, clip_grad=o["grad_clip"],
+                bf16=cfg["precision"] == "bf16", fp16=cfg["precision"] == "fp16",
+                params_dtype=mm.DTYPES[cfg["precision"]], use_distributed_optimizer=s["use_distributed_optimizer"],
+                overlap_param_gather=s["overlap_param_gather"],
+            ), self.model)
         self.fused_adam = s["fused_adam"] and _use_fused_torch_adam(self.optimizer)
 
         # the hooks Megatron-LM's train() installs
