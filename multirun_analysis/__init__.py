@@ -16,9 +16,10 @@ from multirun_analysis.plots import (NoDataError, make_plots, plot_memory, plot_
                                      plot_scaling_efficiency, plot_throughput, plot_zero_stages)
 from multirun_analysis.report import compact_table, ranked_answer
 from multirun_analysis.summarize import (DEFINITIONS, compare_to_baseline, experiment_key, failed_runs,
-                                         summarize, variant_labels)
+                                         fixed_overhead, summarize, variant_labels)
 
 __all__ = ["Analysis", "analyze", "config_columns", "find_runs", "load_runs", "problems_of", "read_run",
            "NoDataError", "make_plots", "plot_memory", "plot_mfu", "plot_pp_microbatches",
            "plot_scaling_efficiency", "plot_throughput", "plot_zero_stages", "compact_table", "ranked_answer",
-           "DEFINITIONS", "compare_to_baseline", "experiment_key", "failed_runs", "summarize", "variant_labels"]
+           "DEFINITIONS", "compare_to_baseline", "experiment_key", "failed_runs", "fixed_overhead", "summarize",
+           "variant_labels"]

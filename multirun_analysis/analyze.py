@@ -12,7 +12,7 @@ import pandas as pd
 from multirun_analysis.load import load_runs, problems_of
 from multirun_analysis.plots import make_plots
 from multirun_analysis.report import write_report
-from multirun_analysis.summarize import failed_runs, summarize
+from multirun_analysis.summarize import failed_runs, fixed_overhead, summarize
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Analysis:
     runs: pd.DataFrame
     summary: pd.DataFrame
     failed: pd.DataFrame
+    overhead: pd.DataFrame | None = None
     problems: list = field(default_factory=list)
     plots: dict = field(default_factory=dict)
     report: Path | None = None
@@ -39,7 +40,7 @@ def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_tables(out_dir: Path, runs: pd.DataFrame, summary: pd.DataFrame, failed: pd.DataFrame,
-                 problems: list) -> None:
+                 problems: list, overhead: pd.DataFrame | None = None) -> None:
     runs.to_csv(out_dir / "runs.csv", index=False)
     try:
         _parquet_safe(runs).to_parquet(out_dir / "runs.parquet", index=False)
@@ -47,6 +48,8 @@ def write_tables(out_dir: Path, runs: pd.DataFrame, summary: pd.DataFrame, faile
         problems.append(("", f"runs.parquet not written ({type(e).__name__}: {e})"))
     summary.to_csv(out_dir / "summary.csv", index=False)
     failed.to_csv(out_dir / "failed_runs.csv", index=False)
+    if overhead is not None:
+        overhead.to_csv(out_dir / "fixed_overhead.csv", index=False)
 
 
 def analyze(*paths, out_dir=None, plots: bool = True) -> Analysis:
@@ -59,7 +62,8 @@ def analyze(*paths, out_dir=None, plots: bool = True) -> Analysis:
     for _, r in summary[summary["baseline_note"].notna()].iterrows() if len(summary) else []:
         problems.append(("", f"{r['model']}/{r['label']} ws={r['world_size']:g}: {r['baseline_note']}"))
     failed = failed_runs(runs)
-    write_tables(out, runs, summary, failed, problems)
+    overhead = fixed_overhead(runs)
+    write_tables(out, runs, summary, failed, problems, overhead)
     figs = make_plots(summary, out) if plots else {}
-    report = write_report(out, [str(p) for p in paths], runs, summary, failed, figs, problems)
-    return Analysis(out, runs, summary, failed, problems, figs, report)
+    report = write_report(out, [str(p) for p in paths], runs, summary, failed, figs, problems, overhead)
+    return Analysis(out, runs, summary, failed, overhead, problems, figs, report)

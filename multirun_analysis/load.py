@@ -28,13 +28,14 @@ STATUSES = ("completed", "failed", "oom", "invalid", "timeout", "interrupted")
 RUN_MARKERS = (".hydra/config.yaml", "metrics.json", "status.json")
 # metrics.json sections whose scalars become "<section>.<key>" columns
 METRIC_SECTIONS = ("throughput", "step_time_s", "loss", "skipped_steps", "flops", "memory",
-                   "utilization", "energy", "layout")
+                   "utilization", "energy", "layout", "job")
 NOT_SCALAR = {"step_time_s.all", "loss.per_step"}  # long lists: in metrics.json, not in the table
 META_COLUMNS = ("run_dir", "status", "usable", "reason", "error_type", "error_message", "status_json",
                 "schema_version", "overrides", "device_type", "timed_steps", "n_ranks", "tokens",
                 "time_s", "tokens_per_s", "time_per_token_s", "mem_mean_mb", "mem_peak_mb",
                 "mem_total_mb", "mem_source", "problems")
-NON_CONFIG_PREFIXES = tuple(s + "." for s in METRIC_SECTIONS) + ("prov.",)
+NON_CONFIG_PREFIXES = tuple(s + "." for s in METRIC_SECTIONS) + ("prov.", "rank0.")
+RANK0_TIMES = ("setup_s", "startup_phases_s", "setup_phases_s")  # rank 0's start-up, as rank0.* columns
 FRONT = ("model", "strategy", "impl", "world_size", "precision", "compile", "global_batch", "seq_len")
 
 
@@ -209,6 +210,9 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
     if isinstance(prov.get("devices"), list):
         prov = {**prov, "devices": "; ".join(sorted({str(x) for x in prov["devices"] if x})) or None}
     row.update({f"prov.{k}": v for k, v in flatten(prov).items()})
+    ranks = m.get("ranks") if isinstance(m.get("ranks"), list) else []
+    r0 = ranks[0] if ranks and isinstance(ranks[0], dict) else {}
+    row.update({f"rank0.{k}": v for k, v in flatten({k: r0[k] for k in RANK0_TIMES if k in r0}).items()})
 
     # the measures the summary aggregates (definitions: summarize.py)
     thr = m.get("throughput") if isinstance(m.get("throughput"), dict) else {}

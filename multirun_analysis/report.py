@@ -28,6 +28,10 @@ BASELINE_MD = [COMPACT[0], COMPACT[1], COMPACT[2], ("baseline_tokens_per_s", "ba
                ("scaling_factor", "scaling ×", "{:.2f}"), ("scaling_efficiency_pct", "efficiency %", "{:.1f}"),
                ("overhead_pct", "overhead %", "{:+.1f}"), ("memory_ratio", "memory ×", "{:.2f}"),
                ("baseline_note", "note", str)]
+OVERHEAD_MD = [("strategy", "strategy", str), ("impl", "impl", str), ("world_size", "GPUs", "{:g}"),
+               ("n_runs", "runs", "{:g}"), ("startup_s", "startup s", "{:.1f}"), ("teardown_s", "teardown s", "{:.1f}"),
+               ("fixed_overhead_s", "overhead s", "{:.1f}"), ("fixed_overhead_s_max", "max s", "{:.1f}"),
+               ("setup_s", "rank-0 setup s", "{:.1f}"), ("setup_phases", "its parts (median)", str)]
 FAILED_MD = [("status", "status", str), ("model", "model", str), ("strategy", "strategy", str),
              ("world_size", "GPUs", "{:g}"), ("reason", "reason", str), ("run_dir", "run", str)]
 
@@ -119,7 +123,7 @@ def environment(runs: pd.DataFrame) -> list[str]:
 
 
 def write_report(out_dir: Path, inputs, runs: pd.DataFrame, summary: pd.DataFrame, failed: pd.DataFrame,
-                 plots: dict, problems: list[tuple[str, str]]) -> Path:
+                 plots: dict, problems: list[tuple[str, str]], overhead: pd.DataFrame | None = None) -> Path:
     """Write report.md next to the tables and PNGs; returns its path."""
     n_ok = int(runs["usable"].astype(bool).sum()) if len(runs) else 0
     md = ["# Benchmark analysis", "",
@@ -136,12 +140,16 @@ def write_report(out_dir: Path, inputs, runs: pd.DataFrame, summary: pd.DataFram
            "## Comparison with the single-device baseline", "", md_table(summary, BASELINE_MD), "## Plots", ""]
     for name, (fig, note) in plots.items():
         md += [f"![{name}]({name}.png)", ""] if fig is not None else [f"- {name}: {note}", ""]
+    if overhead is not None:
+        md += ["## Fixed overhead per run", "",
+               "What a run costs besides its training steps (medians over completed runs; definitions below):",
+               "", md_table(overhead, OVERHEAD_MD)]
     md += ["## Failed and incomplete runs", "", md_table(failed, FAILED_MD), "## Problems", ""]
     md += [f"- `{d or '(input)'}`: {p}" for d, p in problems] or ["None."]
     md += ["", "## Environment", ""] + environment(runs)
     md += ["", "## Definitions", "", "```text", (DEFINITIONS or "").strip(), "```", "",
            "Files: `runs.csv`/`runs.parquet` (one row per run), `summary.csv` (one row per experiment), "
-           "`failed_runs.csv`, the PNG plots."]
+           "`fixed_overhead.csv`, `failed_runs.csv`, the PNG plots."]
     path = Path(out_dir) / "report.md"
     path.write_text("\n".join(md) + "\n")
     return path

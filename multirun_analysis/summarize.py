@@ -32,7 +32,9 @@ Per experiment (summary.csv; one row per experiment with >= 1 usable run), over 
   mem_peak_mb, mem_total_mb, gpu_util_mean_pct (utilization.gpu_util_mean_pct: mean over
   ranks), mfu (flops.mfu), mfu_vs_measured_peak, achieved_tflops_per_device, loss_last,
   joules_per_token, n_microbatches (layout.microbatches: the resolved micro-batch count of
-  tp/pp/megatron runs, where the ``microbatches`` key column holds the setting: p, 4p, 8, ...)
+  tp/pp/megatron runs, where the ``microbatches`` key column holds the setting: p, 4p, 8, ...),
+  startup_s, teardown_s, fixed_overhead_s (job.*: see fixed_overhead below), setup_s
+  (rank 0's strategy setup)
                     = median over repeats of the per-run value; ``*_min``/``*_max`` = min/max
                       over repeats (time_s, tokens_per_s, mem_peak_mb, mfu)
   tokens_per_s_per_device = tokens_per_s / world_size
@@ -51,6 +53,17 @@ optim, ...; then by most runs).  With b = baseline and N = world_size:
                            device time; negative = superlinear)
   memory_ratio           = mem_peak_mb / b.mem_peak_mb  (per-device peak vs the baseline's)
 No baseline: these columns are NaN and ``baseline_note`` says why (also listed as a problem).
+
+Fixed overhead per run (fixed_overhead; the cost of a run that is not training steps), over the
+usable runs of each strategy (and impl) x world_size, median (max for the overhead):
+  startup_s         = job.startup_s: job start -> rank 0's first step (launch, imports, CUDA and
+                      process-group init, the matmul-peak measurement, strategy setup)
+  teardown_s        = job.teardown_s: rank 0's last step -> results written (profiled steps,
+                      gathering, process exit)
+  fixed_overhead_s  = job.overhead_s = startup_s + teardown_s
+  setup_s           = rank0.setup_s: rank 0's strategy setup (part of startup_s)
+  setup_phases      = the median of each named part of that setup (rank0.setup_phases_s.*) and of
+                      start-up before it (rank0.startup_phases_s.*), largest first
 """
 from __future__ import annotations
 
@@ -80,6 +93,8 @@ MEASURES = {
     "achieved_tflops_per_device": ("flops.achieved_tflops_per_device", False),
     "loss_last": ("loss.last", False), "joules_per_token": ("energy.joules_per_token", False),
     "n_microbatches": ("layout.microbatches", False),
+    "startup_s": ("job.startup_s", False), "teardown_s": ("job.teardown_s", False),
+    "fixed_overhead_s": ("job.overhead_s", True), "setup_s": ("rank0.setup_s", False),
 }
 
 
@@ -248,3 +263,25 @@ def failed_runs(runs: pd.DataFrame) -> pd.DataFrame:
             "error_message", "status_json", "problems", "run_dir"]
     f = runs[~runs["usable"].astype(bool)] if len(runs) else runs
     return f[[c for c in cols if c in f.columns]].reset_index(drop=True)
+
+
+def fixed_overhead(runs: pd.DataFrame) -> pd.DataFrame:
+    """Start-up and teardown cost per strategy (and impl) and world size (see DEFINITIONS)."""
+    ok = runs[runs["usable"].astype(bool)] if len(runs) else runs
+    by = [c for c in ("strategy", "impl", "world_size") if c in ok.columns]
+    phases = [c for c in ok.columns if c.startswith(("rank0.startup_phases_s.", "rank0.setup_phases_s."))]
+    recs = []
+    for keys, g in (ok.groupby([ok[c].map(_fmt) if c != "world_size" else ok[c] for c in by], sort=True)
+                    if len(ok) and by else []):
+        rec = dict(zip(by, keys if isinstance(keys, tuple) else (keys,)))
+        over = _col(g, "job.overhead_s")
+        rec.update(n_runs=len(g), startup_s=_col(g, "job.startup_s").median(),
+                   teardown_s=_col(g, "job.teardown_s").median(), fixed_overhead_s=over.median(),
+                   fixed_overhead_s_max=over.max(), setup_s=_col(g, "rank0.setup_s").median())
+        med = {c.split(".", 2)[2]: _col(g, c).median() for c in phases}
+        med = sorted(((v, k) for k, v in med.items() if not math.isnan(v)), reverse=True)
+        rec["setup_phases"] = ", ".join(f"{k} {v:.1f} s" for v, k in med) or None
+        recs.append(rec)
+    cols = by + ["n_runs", "startup_s", "teardown_s", "fixed_overhead_s", "fixed_overhead_s_max", "setup_s",
+                 "setup_phases"]
+    return pd.DataFrame.from_records(recs, columns=cols)

@@ -117,6 +117,26 @@ def test_summary_numbers_match_metrics(analysed, sweep):
     assert row(s, "single", 1)["scaling_efficiency_pct"] == pytest.approx(100.0)
 
 
+def test_fixed_overhead_per_run(analysed, sweep):
+    """Issue 6: the start-up / teardown cost of each run, from its job record and rank 0's phases."""
+    _, out = analysed
+    o = pd.read_csv(out / "fixed_overhead.csv")
+    s = pd.read_csv(out / "summary.csv")
+    for strategy, ws in (("single", 1), ("ddp", 1), ("ddp", 2)):
+        m = json.loads((job(sweep, strategy, ws) / "metrics.json").read_text())
+        j, r0 = m["job"], m["ranks"][0]
+        assert j["overhead_s"] == pytest.approx(j["startup_s"] + j["teardown_s"])
+        for table in (row(o, strategy, ws), row(s, strategy, ws)):
+            assert table["fixed_overhead_s"] == pytest.approx(j["overhead_s"], rel=1e-9)
+            assert table["startup_s"] == pytest.approx(j["startup_s"], rel=1e-9)
+            assert table["setup_s"] == pytest.approx(r0["setup_s"], rel=1e-9)
+        parts = row(o, strategy, ws)["setup_phases"]
+        for name in ("bench model", "wrap", "optimizer", "device_and_process_group"):
+            assert name in parts, parts
+    md = (out / "report.md").read_text()
+    assert "## Fixed overhead per run" in md and "fixed_overhead_s  = job.overhead_s" in md
+
+
 def test_failed_runs_has_the_invalid_job(analysed):
     _, out = analysed
     f = pd.read_csv(out / "failed_runs.csv")

@@ -45,6 +45,8 @@ def test_ddp_two_ranks_loss_equals_single(single_cpu, bench_run):
     m = metrics_of(d)
     assert len(m["ranks"]) == 2
     assert m["throughput"]["tokens_per_step"] == 8 * 128  # sum over the two ranks' halves
+    for r in m["ranks"]:  # setup time attributed to its parts
+        assert list(r["setup_phases_s"]) == ["bench model", "wrap", "optimizer"]
     ref, got = loss_curve(single_cpu), loss_curve(d)
     assert len(got) == len(ref) == 4
     assert max(abs(a - b) for a, b in zip(ref, got)) < 1e-5, (ref, got)

@@ -26,15 +26,18 @@ class Single(Strategy):
         p, dev = self.plan, self.dist.device
         cfg = p.cfg
         self.precision = Precision(cfg["precision"], dev)
-        self.raw_model = build_model(p.model, cfg["seed"], dev)
-        self.model = self.wrap(self.raw_model)
+        with self.setup_phase("bench model"):
+            self.raw_model = build_model(p.model, cfg["seed"], dev)
+        with self.setup_phase("wrap"):
+            self.model = self.wrap(self.raw_model)
         if cfg["compile"]:
-            self.model = torch.compile(self.model)
+            self.model = torch.compile(self.model)  # lazy: compiles in the first (warm-up) steps
         o = cfg["optim"]
         self.fused = dev.type == "cuda"
-        self.optimizer = torch.optim.AdamW(
-            self.raw_model.parameters(), lr=o["lr"], betas=(o["beta1"], o["beta2"]),
-            weight_decay=o["weight_decay"], fused=self.fused)
+        with self.setup_phase("optimizer"):
+            self.optimizer = torch.optim.AdamW(
+                self.raw_model.parameters(), lr=o["lr"], betas=(o["beta1"], o["beta2"]),
+                weight_decay=o["weight_decay"], fused=self.fused)
         self.stream = SyntheticStream(p.model, seed=cfg["seed"], steps=cfg["steps"],
                                       dp_rank=self.dp_rank, dp_size=p.dp_size, device=dev)
 
