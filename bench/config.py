@@ -16,6 +16,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cuda", "cpu")
+START_METHODS = ("forkserver", "spawn")
 FAULT_KINDS = ("none", "raise", "oom", "hang", "crash_at_exit")
 DDP_COMM_HOOKS = ("none", "bf16_compress", "fp16_compress")
 
@@ -210,6 +211,9 @@ class BenchConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     dist_timeout_s: int = 600  # collective timeout of the process group
     run_timeout_s: Optional[int] = None  # wall-clock limit of a run; its processes are ended after it
+    # how a run's local ranks start (bench/launch.py): "forkserver" forks them from a server process
+    # that imported torch and bench once (a sweep's later runs reuse it); "spawn" starts each afresh
+    start_method: str = "forkserver"
     # sweeps (bench/sweep.py): neither changes what a run measures, so neither is part of a run's key
     resume: bool = False  # skip runs whose configuration already has a completed result in the sweep folder
     rerun_failed: bool = False  # with resume: run again those whose result is failed/oom/timeout/interrupted
@@ -294,6 +298,7 @@ def validate(cfg: DictConfig | dict, gpus: Optional[int] = None) -> Plan:
         raise ConfigError("model.n_heads", m["n_heads"], f"must divide model.d_model={m['d_model']}")
     _positive("world_size", c["world_size"])
     _positive("steps", c["steps"])
+    _choice("start_method", c["start_method"], START_METHODS)
     if c["run_timeout_s"] is not None and c["run_timeout_s"] <= 0:
         raise ConfigError("run_timeout_s", c["run_timeout_s"], "must be a positive number of seconds or null")
     if c["warmup_steps"] < 0 or c["warmup_steps"] >= c["steps"]:

@@ -10,6 +10,7 @@ which the agent turns into a shutdown of all workers (SIGTERM, then SIGKILL).
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import signal
 import tempfile
@@ -60,13 +61,19 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
         timer = threading.Timer(timeout_s, _expire)
         timer.daemon = True
 
+    start_method = plan.cfg["start_method"]
+    if start_method == "forkserver":
+        # ranks fork from a server process that has imported torch and bench.worker once (a
+        # sweep's later runs reuse it) instead of each rank re-importing them after a spawn; the
+        # server never touches CUDA, so each rank initializes CUDA itself as after a spawn
+        multiprocessing.set_forkserver_preload(["bench.worker"])
     saved = {s: signal.getsignal(s) for s in _HANDLED_SIGNALS}
     with tempfile.TemporaryDirectory(prefix="bench_elastic_") as logs:
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=plan.world_size,
             run_id=f"bench-{uuid.uuid4().hex[:8]}",
             rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # port 0: the OS picks a free one
-            max_restarts=0, monitor_interval=0.2, start_method="spawn",
+            max_restarts=0, monitor_interval=0.2, start_method=start_method,
             logs_specs=DefaultLogsSpecs(log_dir=logs))
         try:
             if timer:

@@ -56,6 +56,7 @@ def test_ddp_plan_splits_batch_and_accumulates():
     (["precision=fp8"], 0, "precision"),
     (["model.n_heads=3"], 0, "model.n_heads"),
     (["strategy=ddp", "strategy.bucket_cap_mb=0"], 0, "strategy.bucket_cap_mb"),
+    (["start_method=fork"], 0, "start_method"),
 ])
 def test_validation_errors_name_key_value_and_fix(overrides, gpus, key):
     with pytest.raises(ConfigError) as e:

@@ -52,6 +52,14 @@ def test_ddp_two_ranks_loss_equals_single(single_cpu, bench_run):
     assert max(abs(a - b) for a, b in zip(ref, got)) < 1e-5, (ref, got)
 
 
+def test_spawned_ranks_equal_forkserver_ranks(single_cpu, bench_run):
+    """start_method=spawn (fresh interpreters) trains exactly like the default forkserver ranks."""
+    p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2", "start_method=spawn")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert metrics_of(d)["config"]["start_method"] == "spawn"
+    assert max(abs(a - b) for a, b in zip(loss_curve(single_cpu), loss_curve(d))) < 1e-5
+
+
 def test_gradient_accumulation_is_the_same_optimizer_step(single_cpu, bench_run):
     p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2", "strategy.micro_batch_size=1")
     assert p.returncode == 0, p.stderr[-3000:]
