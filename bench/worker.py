@@ -27,6 +27,7 @@ from bench.metrics import provenance
 from bench.metrics.io import write_json_atomic
 from bench.metrics.nvml import NvmlSampler
 from bench.metrics.profile import profile_steps
+from bench.metrics.timing import phase
 from bench.strategies.base import DistContext, get_strategy
 
 log = logging.getLogger("bench.worker")
@@ -96,20 +97,19 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
     cfg = plan.cfg
     strategy_cls = get_strategy(plan.strategy["name"])
     os.environ.update(strategy_cls.process_env(plan))  # before CUDA starts (e.g. CUDA_DEVICE_MAX_CONNECTIONS)
-    t_init = time.perf_counter()
-    device = _device(plan, local_rank)
-    dist.init_process_group(plan.backend, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=cfg["dist_timeout_s"]))
+    startup_phases: dict[str, float] = {}  # before setup (metrics.json ranks[].startup_phases_s)
+    with phase(startup_phases, "device_and_process_group"):
+        device = _device(plan, local_rank)
+        dist.init_process_group(plan.backend, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=cfg["dist_timeout_s"]))
     ctx = DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device,
                       backend=plan.backend)
     strategy = strategy_cls(plan, ctx)
-    startup_phases = {"device_and_process_group": time.perf_counter() - t_init}
 
     matmul_peak = None
     if device.type == "cuda" and rank == 0 and cfg["metrics"]["measure_matmul_peak"]:
-        t0 = time.perf_counter()
-        matmul_peak = measure_matmul_peak(device)
-        startup_phases["matmul_peak"] = time.perf_counter() - t0
+        with phase(startup_phases, "matmul_peak"):
+            matmul_peak = measure_matmul_peak(device)
 
     t_setup = time.perf_counter()
     strategy.setup()
@@ -162,7 +162,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         "step_times": step_times,
         "window_s": window_s,
         "setup_s": setup_s,
-        "startup_phases_s": {k: round(v, 3) for k, v in startup_phases.items()},  # before setup
+        "startup_phases_s": startup_phases,
         "setup_phases_s": strategy.setup_phases_s,
         "warmup_s": warmup_s,
         "t_first_step": t_first_step, "t_loop_end": t_loop_end,  # wall clock, for bench/job.py

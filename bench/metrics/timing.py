@@ -1,7 +1,20 @@
-"""Summary statistics of per-step times (every step time is kept as well)."""
+"""Summary statistics of per-step times (every step time is kept as well), and the timer of the
+named start-up phases."""
 from __future__ import annotations
 
+import contextlib
 import statistics
+import time
+
+
+@contextlib.contextmanager
+def phase(into: dict, name: str):
+    """Record the wall seconds of the block as ``into[name]`` (rounded to ms; no device sync)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        into[name] = round(time.perf_counter() - t0, 3)
 
 
 def percentile(xs: list[float], q: float) -> float:

@@ -7,7 +7,6 @@ only names the phases of its setup (``setup_phase``), so start-up cost can be at
 from __future__ import annotations
 
 import contextlib
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Optional
@@ -15,6 +14,7 @@ from typing import Callable, ClassVar, Optional
 import torch
 
 from bench.config import Plan
+from bench.metrics.timing import phase
 
 REGISTRY: dict[str, type["Strategy"]] = {}
 
@@ -88,14 +88,9 @@ class Strategy(ABC):
         self.plan, self.dist = plan, dist
         self.setup_phases_s: dict[str, float] = {}  # metrics.json ranks[].setup_phases_s
 
-    @contextlib.contextmanager
     def setup_phase(self, name: str):
         """Time one named part of setup() (wall seconds on this rank, no device sync)."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.setup_phases_s[name] = round(time.perf_counter() - t0, 3)
+        return phase(self.setup_phases_s, name)
 
     @classmethod
     def process_env(cls, plan: Plan) -> dict[str, str]:
