@@ -25,6 +25,18 @@ from bench.metrics.io import read_json_dict, write_json_atomic
 
 log = logging.getLogger("bench.launch")
 
+# What the fork server (start_method=forkserver) imports before it forks any rank: bench's worker
+# (torch with it) and torch._dynamo, which torch.optim and DDP import at their first use (~1 s on a
+# CPU host, ~5 s measured on the GPU hosts), plus what the strategies ask for (preload()).  None of
+# these makes a CUDA call when imported, so each forked rank still starts CUDA itself.
+_PRELOAD: list[str] = ["bench.worker", "torch._dynamo"]
+
+
+def preload(modules) -> None:
+    """Add modules for the fork server to import.  It imports the list once, when it starts (the
+    first run of this process): a sweep declares the union over its runs before the first."""
+    _PRELOAD.extend(m for m in modules if m not in _PRELOAD)
+
 _HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
@@ -66,7 +78,10 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
         # ranks fork from a server process that has imported torch and bench.worker once (a
         # sweep's later runs reuse it) instead of each rank re-importing them after a spawn; the
         # server never touches CUDA, so each rank initializes CUDA itself as after a spawn
-        multiprocessing.set_forkserver_preload(["bench.worker"])
+        from bench.strategies import get_strategy
+
+        preload(get_strategy(plan.strategy["name"]).preload_modules(plan.strategy))
+        multiprocessing.set_forkserver_preload(list(_PRELOAD))
     saved = {s: signal.getsignal(s) for s in _HANDLED_SIGNALS}
     with tempfile.TemporaryDirectory(prefix="bench_elastic_") as logs:
         config = LaunchConfig(

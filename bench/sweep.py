@@ -381,6 +381,7 @@ class BenchSweeper(BasicSweeper):
 
         for j in to_run:
             j.overrides = list(j.overrides) + [f"hydra.sweep.subdir={j.dir}"]
+        _declare_preloads(to_run)
         sequential = self.sequential
         if sequential is None:
             sequential = not getattr(self.launcher, "parallel_jobs", False)
@@ -441,6 +442,17 @@ class BenchSweeper(BasicSweeper):
                 mark_interrupted(self.sweep_dir / j.dir, j.cfg, "Ctrl-C in the sweep process: job cancelled")
             log.error("[sweep] interrupted: submitted jobs cancelled")
             return []
+
+
+def _declare_preloads(to_run: list[Job]) -> None:
+    """Every run's preload modules, before the first run starts the fork server (bench/launch.py):
+    a Megatron run late in a sweep then finds megatron.core already imported."""
+    from bench.launch import preload
+    from bench.strategies import get_strategy
+
+    for j in to_run:
+        if j.cfg and j.cfg.get("start_method") == "forkserver":
+            preload(get_strategy(j.cfg["strategy"]["name"]).preload_modules(j.cfg["strategy"]))
 
 
 def mark_interrupted(d: Path, cfg: Optional[dict], message: str) -> None:

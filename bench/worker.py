@@ -82,6 +82,9 @@ def inject_fault(fault: dict, rank: int, step: int) -> None:
 
 def _device(plan: Plan, local_rank: int) -> torch.device:
     if plan.device == "cuda":
+        if torch.cuda._is_in_bad_fork():  # the fork server started CUDA (it must not: bench/launch.py)
+            raise RuntimeError("this rank was forked from a process that had started CUDA, so it cannot use "
+                               "CUDA; run with start_method=spawn and report the modules in bench.launch._PRELOAD")
         torch.cuda.set_device(local_rank)
         if plan.cfg["precision"] == "fp32":  # TF32 for fp32 matmuls only when asked (config tf32)
             torch.backends.cuda.matmul.allow_tf32 = plan.cfg["tf32"]
@@ -96,6 +99,8 @@ def _device(plan: Plan, local_rank: int) -> torch.device:
 def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int) -> None:
     cfg = plan.cfg
     strategy_cls = get_strategy(plan.strategy["name"])
+    # imported before this rank's own code ran: by the fork server (start_method=forkserver)
+    preloaded = [m for m in ("torch._dynamo", *strategy_cls.preload_modules(plan.strategy)) if m in sys.modules]
     os.environ.update(strategy_cls.process_env(plan))  # before CUDA starts (e.g. CUDA_DEVICE_MAX_CONNECTIONS)
     startup_phases: dict[str, float] = {}  # before setup (metrics.json ranks[].startup_phases_s)
     with phase(startup_phases, "device_and_process_group"):
@@ -164,6 +169,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         "setup_s": setup_s,
         "startup_phases_s": startup_phases,
         "setup_phases_s": strategy.setup_phases_s,
+        "preloaded_modules": preloaded,
         "warmup_s": warmup_s,
         "t_first_step": t_first_step, "t_loop_end": t_loop_end,  # wall clock, for bench/job.py
         "max_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The next GPU call, prepared (not yet run): on nvidia-h200-x4 (the 4-GPU sweeps need it; the rest
-# use GPUs 0-1), most important first: the timeout cuts the tail.
+# A GPU call after the layout sweeps (gpu_issue7_layouts.sh), on the same machine; runs on GPUs 0-1,
+# most important first: the timeout cuts the tail.
 #   - issue 4: torch-native TP=2 after the all-reduce fix (300m, 1b; before it: 41,477 / 37,103 tokens/s)
 #   - issue 6: start_method=forkserver vs spawn on a GPU host; where Megatron's and DeepSpeed's start-up
 #     goes (metrics.json ranks[].setup_phases_s)
-#   - issue 7: 2-D layouts of 1b on 4 GPUs (Megatron tp x pp x dp: 2x2x1, 2x1x2, 1x2x2)
+#   - issue 3: ZeRO-1 at 1 and 2 GPUs again, on this machine
 #   bash benchmarks/gpu_next.sh OUTDIR [seconds]
 set -u
 OUT=${1:-/tmp/out}; R=/tmp/runs_next; RESULTS=next_runs; mkdir -p $OUT $R
@@ -20,9 +20,6 @@ phase() {
   run --multirun $M3 world_size=2 strategy=tp strategy.impl=torch compile=false,true $S hydra.sweep.dir=$R/300m_torch_tp
   run $M1 world_size=2 strategy=tp strategy.impl=torch $S hydra.run.dir=$R/1b_torch_tp
   run $M3 strategy=megatron $S hydra.run.dir=$R/300m_megatron_1gpu
-  run --multirun $M1 world_size=4 strategy=megatron strategy.tp=2 strategy.pp=2,1 strategy.microbatches=p $S hydra.sweep.dir=$R/1b_4gpu_tp2
-  run $M1 world_size=4 strategy=megatron strategy.tp=1 strategy.pp=2 strategy.microbatches=p $S hydra.run.dir=$R/1b_4gpu_pp2_dp2
-  run $M1 world_size=4 strategy=megatron $S hydra.run.dir=$R/1b_4gpu_dp4
   wait_ds_ops
   run --multirun $M3 strategy=zero strategy.zero_stage=1 world_size=1,2 $S hydra.sweep.dir=$R/300m_zero1
 }

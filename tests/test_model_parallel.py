@@ -15,6 +15,8 @@ import copy
 import math
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -70,6 +72,11 @@ def test_torch_native_matches_single(run_id, single_cpu, bench_run):
     # exactly one rank per data-parallel replica counts tokens and loss
     counted = [r for r in m["ranks"] if r["tokens_per_step"]]
     assert len(counted) == layout["dp"]
+    for r in m["ranks"]:  # the implementation's named setup parts reach metrics.json through tp / pp
+        parts = set(r["setup_phases_s"])
+        assert {"device mesh", "bench model", "optimizer"} <= parts
+        assert ("parallelize_module (TP)" in parts) == (layout["tp"] > 1)
+        assert ("pipeline schedule" in parts) == (layout["pp"] > 1)
 
 
 # --------------------------------------------------------------------------- megatron-core on CPU
@@ -361,3 +368,33 @@ def test_gpu_megatron_one_gpu_matches_single(single_gpu, bench_run):
         "import megatron.core", "parallel groups", "bench model (initial weights)", "GPTModel build",
         "copy bench weights", "DistributedDataParallel", "optimizer"]
     assert "matmul_peak" in m["ranks"][0]["startup_phases_s"]
+
+
+_CUDA_PROBE = """
+import sys, torch
+calls = []
+def spy(mod, name):
+    f = getattr(mod, name)
+    setattr(mod, name, lambda *a, **k: (calls.append(name), f(*a, **k))[1])
+for n in ("_lazy_init", "is_available", "device_count", "init", "current_device", "get_device_properties"):
+    spy(torch.cuda, n)
+for n in [n for n in dir(torch._C) if n.startswith("_cuda_")]:
+    spy(torch._C, n)
+for m in sys.argv[1:]:
+    __import__(m)
+print(calls)
+"""
+
+
+def test_fork_server_preloads_make_no_cuda_call():
+    """The fork server imports these before it forks the ranks (start_method=forkserver); a rank
+    forked from a process that has started CUDA cannot use CUDA, so none may touch it at import."""
+    from bench.launch import _PRELOAD
+    from bench.strategies import get_strategy
+
+    modules = [*_PRELOAD, *get_strategy("megatron").preload_modules({"impl": "megatron"})]
+    assert "megatron.core.distributed" in modules and "torch._dynamo" in modules
+    assert get_strategy("tp").preload_modules({"impl": "torch"}) == ()
+    p = subprocess.run([sys.executable, "-c", _CUDA_PROBE, *modules], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().splitlines()[-1] == "[]", p.stdout[-2000:]

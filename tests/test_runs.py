@@ -47,6 +47,7 @@ def test_ddp_two_ranks_loss_equals_single(single_cpu, bench_run):
     assert m["throughput"]["tokens_per_step"] == 8 * 128  # sum over the two ranks' halves
     for r in m["ranks"]:  # setup time attributed to its parts
         assert list(r["setup_phases_s"]) == ["bench model", "wrap", "optimizer"]
+        assert r["preloaded_modules"] == ["torch._dynamo"]  # imported once, by the fork server
     ref, got = loss_curve(single_cpu), loss_curve(d)
     assert len(got) == len(ref) == 4
     assert max(abs(a - b) for a, b in zip(ref, got)) < 1e-5, (ref, got)
@@ -57,6 +58,7 @@ def test_spawned_ranks_equal_forkserver_ranks(single_cpu, bench_run):
     p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2", "start_method=spawn")
     assert p.returncode == 0, p.stderr[-3000:]
     assert metrics_of(d)["config"]["start_method"] == "spawn"
+    assert [r["preloaded_modules"] for r in metrics_of(d)["ranks"]] == [[], []]  # each rank imports its own
     assert max(abs(a - b) for a, b in zip(loss_curve(single_cpu), loss_curve(d))) < 1e-5
 
 

@@ -93,6 +93,13 @@ class Strategy(ABC):
         return phase(self.setup_phases_s, name)
 
     @classmethod
+    def preload_modules(cls, strategy_cfg: dict) -> tuple[str, ...]:
+        """Modules this strategy's ranks import at setup that make no CUDA call when imported:
+        with start_method=forkserver the fork server imports them once (bench/launch.py), so the
+        runs of a sweep do not each pay for them."""
+        return ()
+
+    @classmethod
     def process_env(cls, plan: Plan) -> dict[str, str]:
         """Environment variables the rank process needs before CUDA starts."""
         return {}

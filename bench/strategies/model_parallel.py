@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from bench.strategies.base import StepResult, Strategy, register
 
+MEGATRON_MODULES = ("megatron.core.parallel_state", "megatron.core.distributed", "megatron.core.optimizer",
+                    "megatron.core.pipeline_parallel", "megatron.core.tensor_parallel",
+                    "megatron.core.transformer.module", "bench.strategies.megatron.strategy",
+                    "bench.strategies.megatron.model")
+
 
 class ModelParallel(Strategy):
     """The tp x pp x dp family: delegates to the implementation named by strategy.impl."""
@@ -21,6 +26,12 @@ class ModelParallel(Strategy):
         else:
             from bench.strategies.torch_pp import TorchModelParallel as impl
         self.impl = impl(plan, dist)
+        self.setup_phases_s = self.impl.setup_phases_s  # the implementation's named setup parts
+
+    @classmethod
+    def preload_modules(cls, strategy_cfg: dict) -> tuple[str, ...]:
+        # what MegatronModelParallel.setup imports (~5 s); none of it touches CUDA at import
+        return MEGATRON_MODULES if strategy_cfg["impl"] == "megatron" else ()
 
     @classmethod
     def process_env(cls, plan) -> dict:

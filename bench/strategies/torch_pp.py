@@ -82,7 +82,8 @@ class TorchModelParallel(Strategy):
         self.layout = Layout(tp=p.tp, pp=p.pp, dp=p.dp_size)
         self.coord = self.layout.coords(self.dist.rank)
         self.precision = Precision(cfg["precision"], dev)
-        self.mesh = init_device_mesh(dev.type, self.layout.mesh_shape, mesh_dim_names=("pp", "dp", "tp"))
+        with self.setup_phase("device mesh"):
+            self.mesh = init_device_mesh(dev.type, self.layout.mesh_shape, mesh_dim_names=("pp", "dp", "tp"))
         c = self.coord
         if list(self.mesh.get_coordinate()) != [c.pp, c.dp, c.tp]:
             raise RuntimeError(f"DeviceMesh coordinate {self.mesh.get_coordinate()} of rank {self.dist.rank} "
@@ -91,12 +92,14 @@ class TorchModelParallel(Strategy):
         self.virtual = s["virtual_pipeline"]
         self.n_stages = p.pp * self.virtual
         self.stage_ids = local_stages(c.pp, p.pp, self.virtual)
-        full = build_model(p.model, cfg["seed"], dev)
-        self.chunks = [stage_module(full, k, self.n_stages) for k in self.stage_ids]
-        del full
+        with self.setup_phase("bench model"):
+            full = build_model(p.model, cfg["seed"], dev)
+            self.chunks = [stage_module(full, k, self.n_stages) for k in self.stage_ids]
+            del full
         if p.tp > 1:
-            for chunk in self.chunks:
-                parallelize_blocks(chunk, self.mesh["tp"])
+            with self.setup_phase("parallelize_module (TP)"):
+                for chunk in self.chunks:
+                    parallelize_blocks(chunk, self.mesh["tp"])
         if cfg["compile"]:  # per block, after TP (torchtitan's order): DTensor dispatch is traced away
             for chunk in self.chunks:
                 for block in chunk.blocks.values():
@@ -106,22 +109,8 @@ class TorchModelParallel(Strategy):
         self.schedule_name = resolve_schedule(s["schedule"], self.virtual) if p.pp > 1 else None
         self.schedule = None
         if p.pp > 1:
-            from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                                      ScheduleInterleaved1F1B)
-
-            group = self.mesh["pp"].get_group()
-            stages = [PipelineStage(chunk, k, self.n_stages, dev, group=group)
-                      for chunk, k in zip(self.chunks, self.stage_ids)]
-            m = p.grad_accum
-            if self.schedule_name == "gpipe":
-                self.schedule = ScheduleGPipe(stages[0], m, loss_fn=lm_loss)
-            elif self.schedule_name == "1f1b":
-                self.schedule = Schedule1F1B(stages[0], m, loss_fn=lm_loss)
-            else:
-                self.schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=lm_loss)
-            # return_outputs=False (newer torch) keeps the last stage from concatenating the logits
-            self._step_kwargs = ({"return_outputs": False}
-                                 if "return_outputs" in inspect.signature(self.schedule.step).parameters else {})
+            with self.setup_phase("pipeline schedule"):
+                self._build_schedule(dev, p.grad_accum)
         self.dp_group = self.mesh["dp"].get_group() if p.dp_size > 1 else None
         self.tp_group = self.mesh["tp"].get_group() if p.tp > 1 else None
         self.pp_group = self.mesh["pp"].get_group() if p.pp > 1 else None
@@ -134,11 +123,30 @@ class TorchModelParallel(Strategy):
 
         groups = [[q for q in self.params if isinstance(q, DTensor)],
                   [q for q in self.params if not isinstance(q, DTensor)]]
-        self.optimizer = torch.optim.AdamW([{"params": g} for g in groups if g], lr=o["lr"],
-                                           betas=(o["beta1"], o["beta2"]), weight_decay=o["weight_decay"],
-                                           fused=self.fused)
+        with self.setup_phase("optimizer"):
+            self.optimizer = torch.optim.AdamW([{"params": g} for g in groups if g], lr=o["lr"],
+                                               betas=(o["beta1"], o["beta2"]), weight_decay=o["weight_decay"],
+                                               fused=self.fused)
         self.stream = SyntheticStream(p.model, seed=cfg["seed"], steps=cfg["steps"], dp_rank=c.dp,
                                       dp_size=p.dp_size, device=dev)
+
+    def _build_schedule(self, dev, m: int) -> None:
+        """torch.distributed.pipelining stages of this rank's chunks, and the schedule over m micro-batches."""
+        from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                                  ScheduleInterleaved1F1B)
+
+        group = self.mesh["pp"].get_group()
+        stages = [PipelineStage(chunk, k, self.n_stages, dev, group=group)
+                  for chunk, k in zip(self.chunks, self.stage_ids)]
+        if self.schedule_name == "gpipe":
+            self.schedule = ScheduleGPipe(stages[0], m, loss_fn=lm_loss)
+        elif self.schedule_name == "1f1b":
+            self.schedule = Schedule1F1B(stages[0], m, loss_fn=lm_loss)
+        else:
+            self.schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=lm_loss)
+        # return_outputs=False (newer torch) keeps the last stage from concatenating the logits
+        self._step_kwargs = ({"return_outputs": False}
+                             if "return_outputs" in inspect.signature(self.schedule.step).parameters else {})
 
     # ------------------------------------------------------------------ step
     def step(self, n: int) -> StepResult:
