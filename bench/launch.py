@@ -26,16 +26,21 @@ from bench.metrics.io import read_json_dict, write_json_atomic
 log = logging.getLogger("bench.launch")
 
 # What the fork server (start_method=forkserver) imports before it forks any rank: bench's worker
-# (torch with it) and torch._dynamo, which torch.optim and DDP import at their first use (~1 s on a
-# CPU host, ~5 s measured on the GPU hosts), plus what the strategies ask for (preload()).  None of
-# these makes a CUDA call when imported, so each forked rank still starts CUDA itself.
-_PRELOAD: list[str] = ["bench.worker", "torch._dynamo"]
+# (torch with it), and, in a sweep of more than one run (bench/sweep.py calls preload()), the
+# modules every run's ranks would import again: torch._dynamo, which torch.optim and DDP import at
+# their first use (1.1 s of DDP's setup on the 2-core CPU machine), and the strategies' own
+# (Strategy.preload_modules: megatron.core).  None of them makes a CUDA call when imported, so each
+# forked rank still starts CUDA itself.  A one-off run gains nothing from them: its ranks import
+# them side by side, while the server would import them before forking.
+_PRELOAD: list[str] = ["bench.worker"]
+SWEEP_PRELOAD = ("torch._dynamo",)
 
 
 def preload(modules) -> None:
     """Add modules for the fork server to import.  It imports the list once, when it starts (the
-    first run of this process): a sweep declares the union over its runs before the first."""
+    first run of this process), so a sweep declares the union over its runs before the first."""
     _PRELOAD.extend(m for m in modules if m not in _PRELOAD)
+
 
 _HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
@@ -78,9 +83,6 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
         # ranks fork from a server process that has imported torch and bench.worker once (a
         # sweep's later runs reuse it) instead of each rank re-importing them after a spawn; the
         # server never touches CUDA, so each rank initializes CUDA itself as after a spawn
-        from bench.strategies import get_strategy
-
-        preload(get_strategy(plan.strategy["name"]).preload_modules(plan.strategy))
         multiprocessing.set_forkserver_preload(list(_PRELOAD))
     saved = {s: signal.getsignal(s) for s in _HANDLED_SIGNALS}
     with tempfile.TemporaryDirectory(prefix="bench_elastic_") as logs:

@@ -389,10 +389,10 @@ print(calls)
 def test_fork_server_preloads_make_no_cuda_call():
     """The fork server imports these before it forks the ranks (start_method=forkserver); a rank
     forked from a process that has started CUDA cannot use CUDA, so none may touch it at import."""
-    from bench.launch import _PRELOAD
+    from bench.launch import _PRELOAD, SWEEP_PRELOAD
     from bench.strategies import get_strategy
 
-    modules = [*_PRELOAD, *get_strategy("megatron").preload_modules({"impl": "megatron"})]
+    modules = [*_PRELOAD, *SWEEP_PRELOAD, *get_strategy("megatron").preload_modules({"impl": "megatron"})]
     assert "megatron.core.distributed" in modules and "torch._dynamo" in modules
     assert get_strategy("tp").preload_modules({"impl": "torch"}) == ()
     p = subprocess.run([sys.executable, "-c", _CUDA_PROBE, *modules], capture_output=True, text=True, timeout=300)

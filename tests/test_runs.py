@@ -47,7 +47,7 @@ def test_ddp_two_ranks_loss_equals_single(single_cpu, bench_run):
     assert m["throughput"]["tokens_per_step"] == 8 * 128  # sum over the two ranks' halves
     for r in m["ranks"]:  # setup time attributed to its parts
         assert list(r["setup_phases_s"]) == ["bench model", "wrap", "optimizer"]
-        assert r["preloaded_modules"] == ["torch._dynamo"]  # imported once, by the fork server
+        assert r["preloaded_modules"] == []  # a one-off run: its ranks import torch._dynamo themselves
     ref, got = loss_curve(single_cpu), loss_curve(d)
     assert len(got) == len(ref) == 4
     assert max(abs(a - b) for a, b in zip(ref, got)) < 1e-5, (ref, got)

@@ -100,6 +100,10 @@ def test_sweep_isolates_failures_and_reports_them(first_sweep):
         assert st["overhead_s"] == pytest.approx(st["startup_s"] + st["teardown_s"])
         assert jobs[c]["metrics"]["job"]["overhead_s"] == pytest.approx(st["overhead_s"])
     assert len(jobs["ok_ddp"]["metrics"]["ranks"]) == 2
+    # the sweep's fork server imported torch._dynamo once, for every run's ranks
+    for c in ("ok_single", "ok_ddp"):
+        assert [r["preloaded_modules"] for r in jobs[c]["metrics"]["ranks"]] == [["torch._dynamo"]] * len(
+            jobs[c]["metrics"]["ranks"])
     # summary: printed and in summary.json
     summary = json.loads((sweep / "summary.json").read_text())
     assert summary["counts"] == {"completed": 2, "invalid": 1, "failed": 0, "oom": 1, "timeout": 1,
