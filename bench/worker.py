@@ -67,6 +67,16 @@ def measure_matmul_peak(device: torch.device, n: int = 8192, iters: int = 10) ->
     return 2 * n**3 * iters / dt / 1e12
 
 
+def compile_counts() -> dict:
+    """torch.compile's work in this process so far: graphs built (a recompile builds one more) and
+    graph breaks, with the commonest reasons."""
+    from torch._dynamo.utils import counters
+
+    breaks = counters["graph_break"]
+    return {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(breaks.values()),
+            "graph_break_reasons": [r for r, _ in breaks.most_common(3)]}
+
+
 def inject_fault(fault: dict, rank: int, step: int) -> None:
     """Test hook (config ``fault``): fail like a real run would, on one rank at one step."""
     if fault["kind"] == "none" or fault["rank"] != rank or fault["step"] != step:
@@ -133,6 +143,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         skipped.append(res.skipped)
     _sync(device)
     warmup_s = time.perf_counter() - t_warm
+    graphs_after_warmup = compile_counts()["graphs"] if cfg["compile"] else None
 
     sampler = NvmlSampler(device.index if device.type == "cuda" else None, cfg["metrics"]["nvml_interval_ms"])
     dist.barrier()
@@ -151,6 +162,12 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
             log.info("step %d/%d  %.1f ms  %.0f tokens/s so far", n + 1, steps, 1e3 * step_times[-1],
                      (n + 1 - warmup) * cfg["model"]["global_batch"] * cfg["model"]["seq_len"] / (time.perf_counter() - t_window))
     window_s = time.perf_counter() - t_window
+    compiled = None
+    if cfg["compile"]:  # graphs compiled inside the timed window mean it timed compilation too
+        compiled = {**compile_counts(), "graphs_after_warmup": graphs_after_warmup}
+        if compiled["graphs"] > graphs_after_warmup:
+            log.warning("rank %d: torch.compile built %d graph(s) during the timed window (recompiles); "
+                        "raise warmup_steps", rank, compiled["graphs"] - graphs_after_warmup)
     sampler.stop()
     profile = None
     k = cfg["metrics"]["profile_steps"]
@@ -170,6 +187,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         "startup_phases_s": startup_phases,
         "setup_phases_s": strategy.setup_phases_s,
         "preloaded_modules": preloaded,
+        "compile": compiled,
         "warmup_s": warmup_s,
         "t_first_step": t_first_step, "t_loop_end": t_loop_end,  # wall clock, for bench/job.py
         "max_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,

@@ -77,6 +77,11 @@ def test_torch_native_matches_single(run_id, single_cpu, bench_run):
         assert {"device mesh", "bench model", "optimizer"} <= parts
         assert ("parallelize_module (TP)" in parts) == (layout["tp"] > 1)
         assert ("pipeline schedule" in parts) == (layout["pp"] > 1)
+        if "compile=true" in overrides:  # one graph for all TP blocks, built in warm-up, no break
+            assert r["compile"]["graphs"] == r["compile"]["graphs_after_warmup"] >= 1, r["compile"]
+            assert r["compile"]["graph_breaks"] == 0, r["compile"]
+        else:
+            assert r["compile"] is None
 
 
 # --------------------------------------------------------------------------- megatron-core on CPU
