@@ -80,9 +80,10 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
 
     start_method = plan.cfg["start_method"]
     if start_method == "forkserver":
-        # ranks fork from a server process that has imported torch and bench.worker once (a
-        # sweep's later runs reuse it) instead of each rank re-importing them after a spawn; the
-        # server never touches CUDA, so each rank initializes CUDA itself as after a spawn
+        # ranks fork from a server process that has imported torch and bench.worker (and, in a
+        # sweep, _PRELOAD's other modules) once (a sweep's later runs reuse it) instead of each rank
+        # re-importing them after a spawn; the server never touches CUDA, so each rank initializes
+        # CUDA itself as after a spawn
         multiprocessing.set_forkserver_preload(list(_PRELOAD))
     saved = {s: signal.getsignal(s) for s in _HANDLED_SIGNALS}
     with tempfile.TemporaryDirectory(prefix="bench_elastic_") as logs:
