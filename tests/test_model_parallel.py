@@ -397,8 +397,9 @@ def test_fork_server_preloads_make_no_cuda_call():
     from bench.launch import _PRELOAD, SWEEP_PRELOAD
     from bench.strategies import get_strategy
 
-    modules = [*_PRELOAD, *SWEEP_PRELOAD, *get_strategy("megatron").preload_modules({"impl": "megatron"})]
-    assert "megatron.core.distributed" in modules and "torch._dynamo" in modules
+    modules = [*_PRELOAD, *SWEEP_PRELOAD, *get_strategy("megatron").preload_modules({"impl": "megatron"}),
+               *get_strategy("zero").preload_modules({})]
+    assert {"megatron.core.distributed", "torch._dynamo", "torch._inductor.compile_fx"} <= set(modules)
     assert get_strategy("tp").preload_modules({"impl": "torch"}) == ()
     p = subprocess.run([sys.executable, "-c", _CUDA_PROBE, *modules], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
