@@ -36,6 +36,14 @@ _PRELOAD: list[str] = ["bench.worker"]
 SWEEP_PRELOAD = ("torch._dynamo",)
 
 
+def sweep_preloads(strategy_cfg: dict) -> tuple[str, ...]:
+    """What a sweep's fork server imports for a run of this strategy (the worker records which of
+    them it found imported)."""
+    from bench.strategies import get_strategy
+
+    return (*SWEEP_PRELOAD, *get_strategy(strategy_cfg["name"]).preload_modules(strategy_cfg))
+
+
 def preload(modules) -> None:
     """Add modules for the fork server to import.  It imports the list once, when it starts (the
     first run of this process), so a sweep declares the union over its runs before the first."""

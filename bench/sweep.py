@@ -447,15 +447,13 @@ class BenchSweeper(BasicSweeper):
 def _declare_preloads(to_run: list[Job]) -> None:
     """What the fork server should import once for all the runs (bench/launch.py), declared before
     the first run starts it: a Megatron run late in a sweep then finds megatron.core imported."""
-    from bench.launch import SWEEP_PRELOAD, preload
-    from bench.strategies import get_strategy
+    from bench.launch import preload, sweep_preloads
 
     forked = [j for j in to_run if j.cfg and j.cfg.get("start_method") == "forkserver"]
     if len(forked) < 2:
         return
-    preload(SWEEP_PRELOAD)
     for j in forked:
-        preload(get_strategy(j.cfg["strategy"]["name"]).preload_modules(j.cfg["strategy"]))
+        preload(sweep_preloads(j.cfg["strategy"]))
 
 
 def mark_interrupted(d: Path, cfg: Optional[dict], message: str) -> None:

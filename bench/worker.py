@@ -22,7 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from bench import metrics
 from bench.config import Plan
-from bench.launch import SWEEP_PRELOAD
+from bench.launch import sweep_preloads
 from bench.memory_model import predicted_model_state_mb
 from bench.metrics import provenance
 from bench.metrics.io import write_json_atomic
@@ -111,7 +111,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
     cfg = plan.cfg
     strategy_cls = get_strategy(plan.strategy["name"])
     # imported before this rank's own code ran: by the fork server (start_method=forkserver)
-    preloaded = [m for m in (*SWEEP_PRELOAD, *strategy_cls.preload_modules(plan.strategy)) if m in sys.modules]
+    preloaded = [m for m in sweep_preloads(plan.strategy) if m in sys.modules]
     os.environ.update(strategy_cls.process_env(plan))  # before CUDA starts (e.g. CUDA_DEVICE_MAX_CONNECTIONS)
     startup_phases: dict[str, float] = {}  # before setup (metrics.json ranks[].startup_phases_s)
     with phase(startup_phases, "device_and_process_group"):
