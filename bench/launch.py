@@ -91,7 +91,11 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
         # ranks fork from a server process that has imported torch and bench.worker (and, in a
         # sweep, _PRELOAD's other modules) once (a sweep's later runs reuse it) instead of each rank
         # re-importing them after a spawn; the server never touches CUDA, so each rank initializes
-        # CUDA itself as after a spawn
+        # CUDA itself as after a spawn.  With triton installed, importing torch._inductor or
+        # megatron.core calls torch.cuda.is_available(), whose default check (cudaGetDeviceCount)
+        # marks every later fork as unable to use CUDA; the NVML-based check does not, so the server
+        # (which inherits this environment when it starts) and the ranks use that one.
+        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         multiprocessing.set_forkserver_preload(list(_PRELOAD))
     saved = {s: signal.getsignal(s) for s in _HANDLED_SIGNALS}
     with tempfile.TemporaryDirectory(prefix="bench_elastic_") as logs:

@@ -372,7 +372,7 @@ def test_gpu_megatron_one_gpu_matches_single(single_gpu, bench_run):
     assert list(m["ranks"][0]["setup_phases_s"]) == [  # where Megatron's start-up time goes
         "import megatron.core", "parallel groups", "bench model (initial weights)", "GPTModel build",
         "copy bench weights", "DistributedDataParallel", "optimizer"]
-    assert "matmul_peak" in m["ranks"][0]["startup_phases_s"]
+    assert list(m["ranks"][0]["startup_phases_s"]) == ["device_and_process_group"]  # GPU_FAST: no matmul peak
 
 
 _CUDA_PROBE = """
@@ -404,3 +404,20 @@ def test_fork_server_preloads_make_no_cuda_call():
     p = subprocess.run([sys.executable, "-c", _CUDA_PROBE, *modules], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip().splitlines()[-1] == "[]", p.stdout[-2000:]
+
+
+@pytest.mark.gpu
+def test_gpu_fork_server_sweep_ranks_use_cuda(tmp_path):
+    """On a GPU image (triton installed) importing megatron.core or TorchInductor calls
+    torch.cuda.is_available(); the fork server must still fork ranks that can start CUDA."""
+    sweep = tmp_path / "sweep"
+    p = run_bench(*GPU_FAST, "start_method=forkserver", "strategy=single,megatron,zero", "world_size=1",
+                  run_dir=sweep, multirun=True, timeout=600)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    runs = sorted(d for d in sweep.iterdir() if (d / "metrics.json").exists())
+    got = {metrics_of(d)["config"]["strategy"]["name"]: metrics_of(d) for d in runs}
+    assert sorted(got) == ["megatron", "single", "zero"]
+    for name, m in got.items():
+        assert m["status"] == "completed", (name, m["error"])
+        assert "torch._dynamo" in m["ranks"][0]["preloaded_modules"]
+    assert "megatron.core.distributed" in got["megatron"]["ranks"][0]["preloaded_modules"]
