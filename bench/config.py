@@ -74,6 +74,9 @@ MP_IMPLS = ("megatron", "torch")
 MP_SCHEDULES = ("auto", "gpipe", "1f1b", "interleaved_1f1b")
 MP_SPECS = ("auto", "sdpa", "local", "te")
 MP_INITS = ("bench", "megatron")
+# strategy.cuda_graph: steps 0 .. CUDA_GRAPH_CAPTURE_STEP - 1 run eagerly (NCCL communicators, the
+# allocator and cuBLAS set themselves up); that step is captured and every later one replays it
+CUDA_GRAPH_CAPTURE_STEP = 2
 
 
 @dataclass
@@ -101,6 +104,10 @@ class ModelParallelConfig(StrategyConfig):
     # megatron-core without Transformer Engine / Apex falls back to torch AdamW in foreach mode;
     # true runs that AdamW with its fused CUDA kernel instead (what TE/Apex FusedAdam would give)
     fused_adam: bool = True
+    # capture each step's forward + backward (all micro-batches, pipeline sends/receives and the
+    # gradient all-reduce) as one CUDA graph (megatron.core.full_cuda_graph), replayed from the
+    # CUDA_GRAPH_CAPTURE_STEP-th step on: takes the per-kernel launch cost off the host
+    cuda_graph: bool = False
     # Megatron model
     spec: str = "auto"  # auto (te if transformer_engine imports, else sdpa) | sdpa | local | te
     init: str = "bench"  # bench: copy bench's GPT init (same weights as strategy=single) | megatron
@@ -480,6 +487,20 @@ def _rules_model_parallel(plan: Plan) -> None:
         raise ConfigError("strategy.bucket_size", s["bucket_size"], "must be a positive number of parameters, or null")
     if s["overlap_param_gather"] and not s["use_distributed_optimizer"]:
         raise ConfigError("strategy.overlap_param_gather", True, "needs strategy.use_distributed_optimizer=true")
+    if s["cuda_graph"]:
+        if impl != "megatron":
+            raise ConfigError("strategy.cuda_graph", True, "is implemented for strategy.impl=megatron only; "
+                              "with impl=torch use compile=true")
+        if s["overlap_param_gather"]:
+            raise ConfigError("strategy.cuda_graph", True, "cannot capture strategy.overlap_param_gather's "
+                              "forward hooks; set overlap_param_gather=false")
+        if c["precision"] == "fp16":
+            raise ConfigError("strategy.cuda_graph", True, "with precision=fp16: the dynamic loss scale is a new "
+                              "tensor after each change, which a captured graph would not see; use bf16 or fp32")
+        if c["warmup_steps"] <= CUDA_GRAPH_CAPTURE_STEP:
+            raise ConfigError("warmup_steps", c["warmup_steps"], f"must be > {CUDA_GRAPH_CAPTURE_STEP} with "
+                              f"strategy.cuda_graph=true: steps 0-{CUDA_GRAPH_CAPTURE_STEP - 1} run eagerly and step "
+                              f"{CUDA_GRAPH_CAPTURE_STEP} is captured, so no timed step includes the capture")
 
 
 def _whole_positive(key: str, value: Any, allow_zero: bool = False) -> None:

@@ -277,6 +277,11 @@ def test_megatron_without_cuda_names_impl_torch():
     (["strategy=tp", "world_size=2", "strategy.overlap_param_gather=true"], "strategy.overlap_param_gather",
      "use_distributed_optimizer"),
     (["strategy=tp", "world_size=2", "compile=true"], "compile", "compile=false"),
+    (["strategy=tp", "world_size=2", "strategy.cuda_graph=true", "warmup_steps=2"], "warmup_steps", "> 2"),
+    (["strategy=tp", "world_size=2", "strategy.cuda_graph=true", "precision=fp16"], "strategy.cuda_graph", "bf16"),
+    (["strategy=megatron", "world_size=2", "strategy.cuda_graph=true", "strategy.use_distributed_optimizer=true",
+      "strategy.overlap_param_gather=true"], "strategy.cuda_graph", "overlap_param_gather=false"),
+    (["strategy=tp", *TORCH, "world_size=2", "strategy.cuda_graph=true"], "strategy.cuda_graph", "compile=true"),
 ])
 def test_layout_rules_on_a_gpu_machine(overrides, key, text):
     e = _error(8, *overrides)
@@ -337,6 +342,11 @@ GPU2_RUNS = {
                              "strategy.overlap_param_gather=true"],
     "torch_tp2": ["strategy=tp", *TORCH, "world_size=2"],
     "torch_pp2": ["strategy=pp", *TORCH, "world_size=2"],
+    # forward-backward as one CUDA graph (captured at step 2, so 3 warm-up steps)
+    "megatron_tp2_graph": ["strategy=tp", "world_size=2", "strategy.cuda_graph=true", "warmup_steps=3"],
+    "megatron_pp2_m_4p_graph": ["strategy=pp", "world_size=2", "strategy.microbatches=4p", "strategy.cuda_graph=true",
+                                "warmup_steps=3"],
+    "megatron_dp2_graph": ["strategy=megatron", "world_size=2", "strategy.cuda_graph=true", "warmup_steps=3"],
 }
 
 
@@ -373,6 +383,17 @@ def test_gpu_megatron_one_gpu_matches_single(single_gpu, bench_run):
         "import megatron.core", "parallel groups", "bench model (initial weights)", "GPTModel build",
         "copy bench weights", "DistributedDataParallel", "optimizer"]
     assert list(m["ranks"][0]["startup_phases_s"]) == ["device_and_process_group"]  # GPU_FAST: no matmul peak
+
+
+@pytest.mark.gpu
+def test_gpu_megatron_cuda_graph_matches_single(single_gpu, bench_run):
+    """strategy.cuda_graph replays the captured forward-backward: the same losses as eager."""
+    p, d = bench_run(*GPU_FAST, *FP32, "strategy=megatron", "world_size=1", "strategy.cuda_graph=true",
+                     "warmup_steps=3")
+    assert p.returncode == 0, p.stderr[-4000:]
+    m = metrics_of(d)
+    assert m["layout"]["cuda_graph"].startswith("forward-backward captured at step 2")
+    assert _max_diff(loss_curve(single_gpu["fp32"]), loss_curve(d)) < 2e-3
 
 
 _CUDA_PROBE = """

@@ -9,6 +9,9 @@ setup, in Megatron-LM's order:
   -> config hooks: finalize_model_grads, grad_scale_func, no_sync / grad_sync (overlap).
 step: zero_grad_buffer + zero_grad -> get_forward_backward_func()(no pipelining | 1F1B |
 interleaved 1F1B) over this data-parallel rank's micro-batches -> optimizer.step().
+strategy.cuda_graph: that forward-backward call (micro-batches, pipeline sends/receives, gradient
+all-reduce) is megatron.core's FullCudaGraphWrapper: captured once in warm-up, then replayed, so
+the host launches one graph per step instead of thousands of kernels; the optimizer stays eager.
 
 The data: every rank holds its data-parallel slice of the same global batches as every other
 strategy (SyntheticStream with dp_rank from the layout); the first stage reads the tokens,
@@ -24,6 +27,7 @@ import os
 
 import torch
 
+from bench.config import CUDA_GRAPH_CAPTURE_STEP
 from bench.data import SyntheticStream
 from bench.layout import TOKEN_RULE, Layout, resolve_schedule
 from bench.model import build_model
@@ -105,9 +109,10 @@ class MegatronModelParallel(Strategy):
         with self.setup_phase("bench model (initial weights)"):
             bench = build_model(p.model, cfg["seed"], dev) if self.init == "bench" else None
         # Megatron-LM's seeding: a different default seed per pipeline stage, TP-rank offsets
-        # inside the RNG tracker (used by TP-sharded init and dropout).
+        # inside the RNG tracker (used by TP-sharded init and dropout).  A CUDA graph registers the
+        # tracker's states, which must then be graph-safe generators.
         torch.manual_seed(cfg["seed"] + 100 * c.pp)
-        model_parallel_cuda_manual_seed(cfg["seed"] + 100 * c.pp)
+        model_parallel_cuda_manual_seed(cfg["seed"] + 100 * c.pp, use_cudagraphable_rng=s["cuda_graph"])
 
         self.spec = mm.resolve_spec(s["spec"])
         self.tcfg = tcfg = mm.transformer_config(
@@ -154,6 +159,12 @@ class MegatronModelParallel(Strategy):
             tcfg.no_sync_func = one([m.no_sync for m in self.model])
             tcfg.grad_sync_func = one([m.start_grad_sync for m in self.model])  # align_grad_reduce
         self.forward_backward = get_forward_backward_func()
+        self.schedule_name = self.forward_backward.__name__
+        if s["cuda_graph"]:
+            from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+
+            self.forward_backward = FullCudaGraphWrapper(self.forward_backward,
+                                                         cuda_graph_warmup_steps=CUDA_GRAPH_CAPTURE_STEP)
 
         seq = p.model["seq_len"]
         self.position_ids = torch.arange(seq, device=dev).unsqueeze(0).expand(p.micro_batch_size, seq)
@@ -162,8 +173,8 @@ class MegatronModelParallel(Strategy):
 
     # ------------------------------------------------------------------ step
     def _forward_step(self, data_iterator, model):
-        tokens, labels = next(data_iterator)
-        return model(tokens, self.position_ids, None, labels=labels), self._loss_func
+        batch = next(data_iterator)
+        return model(batch["tokens"], self.position_ids, None, labels=batch["labels"]), self._loss_func
 
     @staticmethod
     def _loss_func(per_token_loss: torch.Tensor):
@@ -175,7 +186,8 @@ class MegatronModelParallel(Strategy):
         for m in self.model:
             m.zero_grad_buffer()
         self.optimizer.zero_grad()
-        micro = self.stream.micro_batches(n, self.plan.micro_batch_size)
+        # dicts: the CUDA graph wrapper copies each micro-batch's dict into its static input buffers
+        micro = [{"tokens": x, "labels": y} for x, y in self.stream.micro_batches(n, self.plan.micro_batch_size)]
         data = [iter(micro) for _ in self.model] if len(self.model) > 1 else iter(micro)
         out = self.forward_backward(
             forward_step_func=self._forward_step, data_iterator=data, model=self.model,
@@ -183,7 +195,7 @@ class MegatronModelParallel(Strategy):
             micro_batch_size=self.plan.micro_batch_size, forward_only=False)
         ok, _grad_norm, _ = self.optimizer.step()
         loss = None
-        if self.layout.counts_tokens(self.coord):
+        if self.layout.counts_tokens(self.coord):  # (a graph's outputs: copied here, before the next replay)
             loss = torch.stack([d["lm loss"] for d in out]).mean()
         return StepResult(loss=loss, skipped=not ok)
 
@@ -204,7 +216,10 @@ class MegatronModelParallel(Strategy):
             "rank_order": "rank = tp_rank + tp*dp_rank + tp*dp*pp_rank (initialize_model_parallel order tp-cp-ep-dp-pp)",
             "microbatches": p.grad_accum, "microbatches_setting": s["microbatches"],
             "micro_batch_size": p.micro_batch_size,
-            "pipeline_schedule": self.forward_backward.__name__,
+            "pipeline_schedule": self.schedule_name,
+            "cuda_graph": (f"forward-backward captured at step {CUDA_GRAPH_CAPTURE_STEP} and replayed after "
+                           "(megatron.core.full_cuda_graph.FullCudaGraphWrapper); optimizer eager"
+                           if s["cuda_graph"] else None),
             "schedule_setting": resolve_schedule(s["schedule"], v),
             "virtual_pipeline": v, "layers_per_stage": p.model["n_layers"] // (p.pp * v),
             "sequence_parallel": s["sequence_parallel"],
