@@ -135,10 +135,16 @@ class MegatronModelParallel(Strategy):
             grad_reduce_in_fp32=s["grad_reduce_in_fp32"], overlap_grad_reduce=s["overlap_grad_reduce"],
             use_distributed_optimizer=s["use_distributed_optimizer"],
             overlap_param_gather=s["overlap_param_gather"], bucket_size=s["bucket_size"])
-        # buckets only on the first chunk (Megatron-LM: later chunks' reduction is off the critical path)
-        with self.setup_phase("DistributedDataParallel"):
+        # buckets only on the first chunk (Megatron-LM: later chunks' reduction is off the critical path).
+        # DDP takes each parameter's gradient accumulator here, and autograd runs it on the stream that
+        # was current then: for a captured backward that must not be the legacy default stream (as for
+        # torch DDP: "construct DDP in a side-stream context", torch CUDA graphs notes)
+        side = torch.cuda.Stream() if s["cuda_graph"] else torch.cuda.current_stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with self.setup_phase("DistributedDataParallel"), torch.cuda.stream(side):
             self.model = [DistributedDataParallel(config=tcfg, ddp_config=self.ddp_config, module=ch,
                                                   disable_bucketing=i > 0) for i, ch in enumerate(chunks)]
+        torch.cuda.current_stream().wait_stream(side)
 
         o = cfg["optim"]
         with self.setup_phase("optimizer"):
