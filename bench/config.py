@@ -108,6 +108,9 @@ class ModelParallelConfig(StrategyConfig):
     # gradient all-reduce) as one CUDA graph (megatron.core.full_cuda_graph), replayed from the
     # CUDA_GRAPH_CAPTURE_STEP-th step on: takes the per-kernel launch cost off the host
     cuda_graph: bool = False
+    # Megatron's torch.cuda.synchronize() after every batched pipeline send/receive (a workaround
+    # for old PyTorch; Megatron's default).  cuda_graph=true turns it off (no sync in a capture)
+    batch_p2p_sync: bool = True
     # Megatron model
     spec: str = "auto"  # auto (te if transformer_engine imports, else sdpa) | sdpa | local | te
     init: str = "bench"  # bench: copy bench's GPT init (same weights as strategy=single) | megatron

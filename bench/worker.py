@@ -107,7 +107,8 @@ def _device(plan: Plan, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int) -> None:
+def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int) -> bool:
+    """One run on this rank; returns True when the process group must be aborted (Strategy.close)."""
     cfg = plan.cfg
     strategy_cls = get_strategy(plan.strategy["name"])
     # imported before this rank's own code ran: by the fork server (start_method=forkserver)
@@ -207,6 +208,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         write_json_atomic(run_dir / "metrics.json", m)
         log.info(metrics.one_line(m))
     dist.barrier()
+    return strategy.close()
 
 
 @record
@@ -216,9 +218,9 @@ def worker_main(plan_dict: dict, run_dir: str) -> None:
     rank = int(os.environ["RANK"])
     run_path = Path(run_dir)
     _setup_logging(run_path, rank)
-    failed = False
+    failed = abort = False
     try:
-        train(plan, run_path, rank, int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
+        abort = train(plan, run_path, rank, int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
         fault = plan.cfg["fault"]
         if fault["kind"] == "crash_at_exit" and fault["rank"] == rank:
             os._exit(134)  # like a C++ abort during interpreter shutdown: no Python exception
@@ -231,15 +233,16 @@ def worker_main(plan_dict: dict, run_dir: str) -> None:
         raise
     finally:
         if dist.is_initialized():
-            _close_process_group(failed)
+            _close_process_group(failed or abort)
 
 
-def _close_process_group(failed: bool) -> None:
+def _close_process_group(abort_it: bool) -> None:
     """Destroy the group; after a failure on NCCL, abort it instead: a peer may be blocked in a
     collective this rank will never join, and destroy would wait for it (seen on 2 H200s: the
-    failing rank hung until run_timeout_s instead of exiting, so the launcher never saw it fail)."""
+    failing rank hung until run_timeout_s instead of exiting, so the launcher never saw it fail).
+    Also abort after collectives captured in CUDA graphs: destroying hung there (2 H200s)."""
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if failed and abort is not None and "nccl" in str(dist.get_backend()):
+    if abort_it and abort is not None and "nccl" in str(dist.get_backend()):
         abort()
     else:
         dist.destroy_process_group()

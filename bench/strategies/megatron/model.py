@@ -93,7 +93,7 @@ class LayerNorm(torch.nn.LayerNorm):
 
 def transformer_config(model_cfg: dict, *, tp: int = 1, pp: int = 1, virtual_pipeline: int = 1,
                        sequence_parallel: bool = False, precision: str = "bf16",
-                       use_cpu_initialization: bool = False, perform_initialization: bool = True,
+                       use_cpu_initialization: bool = False, perform_initialization: bool = True, batch_p2p_sync: bool = True,
                        timeout_s: int = 600) -> TransformerConfig:
     dtype = DTYPES[precision]
     return TransformerConfig(
@@ -119,6 +119,7 @@ def transformer_config(model_cfg: dict, *, tp: int = 1, pp: int = 1, virtual_pip
         # and previous stage are the same rank, fed micro-batches >= pp the wrong activations:
         # seen on 2 H200s with megatron-core 0.16.1.)
         overlap_p2p_comm=virtual_pipeline > 1, batch_p2p_comm=virtual_pipeline == 1,
+        batch_p2p_sync=batch_p2p_sync,
         use_cpu_initialization=use_cpu_initialization, perform_initialization=perform_initialization,
     )
 

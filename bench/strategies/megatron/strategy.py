@@ -117,7 +117,8 @@ class MegatronModelParallel(Strategy):
         self.spec = mm.resolve_spec(s["spec"])
         self.tcfg = tcfg = mm.transformer_config(
             p.model, tp=p.tp, pp=p.pp, virtual_pipeline=v, sequence_parallel=s["sequence_parallel"],
-            precision=cfg["precision"], perform_initialization=bench is None)
+            precision=cfg["precision"], perform_initialization=bench is None,
+            batch_p2p_sync=s["batch_p2p_sync"] and not s["cuda_graph"])
         with self.setup_phase("GPTModel build"):
             chunks = mm.build_chunks(tcfg, p.model, self.spec)
             for ch in chunks:
@@ -205,6 +206,16 @@ class MegatronModelParallel(Strategy):
             loss = torch.stack([d["lm loss"] for d in out]).mean()
         return StepResult(loss=loss, skipped=not ok)
 
+    def close(self) -> bool:
+        if not self.plan.strategy["cuda_graph"]:
+            return False
+        from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+
+        torch.cuda.synchronize()
+        for stage in FullCudaGraphWrapper.cuda_graph:  # the graph holds NCCL work: drop it first
+            FullCudaGraphWrapper.cuda_graph[stage] = FullCudaGraphWrapper.result[stage] = None
+        return self.dist.world_size > 1
+
     # ------------------------------------------------------------------ accounting
     def tokens_this_rank(self) -> int:
         m = self.plan.model
@@ -229,7 +240,8 @@ class MegatronModelParallel(Strategy):
             "schedule_setting": resolve_schedule(s["schedule"], v),
             "virtual_pipeline": v, "layers_per_stage": p.model["n_layers"] // (p.pp * v),
             "sequence_parallel": s["sequence_parallel"],
-            "p2p": {"overlap_p2p_comm": self.tcfg.overlap_p2p_comm, "batch_p2p_comm": self.tcfg.batch_p2p_comm},
+            "p2p": {"overlap_p2p_comm": self.tcfg.overlap_p2p_comm, "batch_p2p_comm": self.tcfg.batch_p2p_comm,
+                    "batch_p2p_sync": self.tcfg.batch_p2p_sync},
             "layer_spec": SPEC_TEXT[self.spec],
             "init": {"bench": "bench's GPT init (same weights as strategy=single)",
                      "megatron": "Megatron's init (seed + 100 * pp_rank)"}[self.init],
