@@ -113,7 +113,7 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
         except ChildFailedError as e:
             failures = read_failures(run_dir)
             if timed_out.is_set():
-                return Outcome("timeout", _timeout_error(timeout_s), failures)
+                return _timed_out(run_dir, timeout_s, failures)
             if failures:
                 root = failures[0]
                 return Outcome("oom" if root["oom"] else "failed",
@@ -131,7 +131,7 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
         except SignalException as e:
             failures = read_failures(run_dir)
             if timed_out.is_set():
-                return Outcome("timeout", _timeout_error(timeout_s), failures)
+                return _timed_out(run_dir, timeout_s, failures)
             return Outcome("interrupted", {"rank": None, "type": "SignalException", "message": str(e),
                                            "traceback": None}, failures)
         finally:
@@ -150,6 +150,16 @@ def _add_exit_warning(run_dir: Path, message: str) -> None:
     m["exit_warning"] = message
     write_json_atomic(run_dir / "metrics.json", m)
     log.warning("%s; the results were already written and are kept", message)
+
+
+def _timed_out(run_dir: Path, timeout_s, failures: list) -> Outcome:
+    """A run that hit run_timeout_s; if rank 0 had already written the results after the final
+    barrier, only the exit hung (seen with NCCL collectives in CUDA graphs): keep the measurement."""
+    if _completed_before_exit(run_dir):
+        _add_exit_warning(run_dir, f"the processes did not exit within run_timeout_s={timeout_s} after the run "
+                                   "completed and were terminated")
+        return Outcome("completed")
+    return Outcome("timeout", _timeout_error(timeout_s), failures)
 
 
 def _timeout_error(timeout_s) -> dict:

@@ -224,6 +224,8 @@ def worker_main(plan_dict: dict, run_dir: str) -> None:
         fault = plan.cfg["fault"]
         if fault["kind"] == "crash_at_exit" and fault["rank"] == rank:
             os._exit(134)  # like a C++ abort during interpreter shutdown: no Python exception
+        if fault["kind"] == "hang_at_exit" and fault["rank"] == rank:
+            inject_fault({**fault, "kind": "hang", "step": 0}, rank, 0)  # like a teardown that never returns
     except BaseException as exc:
         failed = True
         write_json_atomic(run_path / f"failure_rank{rank}.json", {

@@ -91,6 +91,17 @@ def test_crash_after_completed_run_keeps_the_results(bench_run):
     assert m["status"] == "completed" and "rank 1 exited with code" in m["exit_warning"]
 
 
+def test_hang_after_completed_run_keeps_the_results(bench_run):
+    """A teardown that never returns (seen after NCCL collectives in CUDA graphs) is ended by
+    run_timeout_s, and the measurement rank 0 wrote before it is kept."""
+    p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2", "fault.kind=hang_at_exit", "fault.rank=1",
+                     "run_timeout_s=40")
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = metrics_of(d)
+    assert m["status"] == "completed" and m["throughput"]["tokens_per_s"] > 0
+    assert "did not exit within run_timeout_s=40" in m["exit_warning"]
+
+
 def test_oom_is_classified(bench_run):
     p, d = bench_run(*CPU_FAST, "fault.kind=oom", "fault.step=1")
     assert p.returncode == 1 and metrics_of(d)["status"] == "oom"

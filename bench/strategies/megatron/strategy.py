@@ -112,7 +112,8 @@ class MegatronModelParallel(Strategy):
         # inside the RNG tracker (used by TP-sharded init and dropout).  A CUDA graph registers the
         # tracker's states, which must then be graph-safe generators.
         torch.manual_seed(cfg["seed"] + 100 * c.pp)
-        model_parallel_cuda_manual_seed(cfg["seed"] + 100 * c.pp, use_cudagraphable_rng=s["cuda_graph"])
+        model_parallel_cuda_manual_seed(cfg["seed"] + 100 * c.pp, use_cudagraphable_rng=s["cuda_graph"],
+                                        force_reset_rng=True)
 
         self.spec = mm.resolve_spec(s["spec"])
         self.tcfg = tcfg = mm.transformer_config(
@@ -196,6 +197,10 @@ class MegatronModelParallel(Strategy):
         # dicts: the CUDA graph wrapper copies each micro-batch's dict into its static input buffers
         micro = [{"tokens": x, "labels": y} for x, y in self.stream.micro_batches(n, self.plan.micro_batch_size)]
         data = [iter(micro) for _ in self.model] if len(self.model) > 1 else iter(micro)
+        if self.plan.strategy["cuda_graph"]:
+            # the wrapper copies them into its input buffers on its own stream: after they are made,
+            # and after the previous replay has read those buffers (megatron-core 0.16.1 omits this wait)
+            self.forward_backward.static_loader.stream.wait_stream(torch.cuda.current_stream())
         out = self.forward_backward(
             forward_step_func=self._forward_step, data_iterator=data, model=self.model,
             num_microbatches=len(micro), seq_length=self.plan.model["seq_len"],
@@ -209,11 +214,16 @@ class MegatronModelParallel(Strategy):
     def close(self) -> bool:
         if not self.plan.strategy["cuda_graph"]:
             return False
-        from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+        from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
 
+        # a graph that holds NCCL work must be reset before its communicators go (pytorch#115388)
         torch.cuda.synchronize()
-        for stage in FullCudaGraphWrapper.cuda_graph:  # the graph holds NCCL work: drop it first
-            FullCudaGraphWrapper.cuda_graph[stage] = FullCudaGraphWrapper.result[stage] = None
+        W = FullCudaGraphWrapper
+        for stage, graph in W.cuda_graph.items():
+            if graph is not None:
+                graph.reset()
+            W.cuda_graph[stage], W.result[stage], W.curr_iteration[stage] = None, None, 0
+        StaticBufferLoader.static_buffers = {"training": [], "validation": []}
         return self.dist.world_size > 1
 
     # ------------------------------------------------------------------ accounting
