@@ -1,32 +1,30 @@
 #!/usr/bin/env bash
 # Prepared, not yet run; 2 GPUs (nvidia-h200-x2), most important first:
-#   - issue 6: fixed overhead per run with ranks spawned vs forked from a sweep's server that has
-#     imported torch._dynamo, megatron.core and TorchInductor once (bench/launch.py preload), and a
-#     check that forked ranks start CUDA (and NCCL) normally after that
-#   - issue 4: the Megatron 1-GPU test (its setup-phase check failed before 058cb81); compiled vs eager
-#     torch-native PP m=4p with ranks[].compile (graphs built, graphs in the timed window, breaks)
+#   - issue 4: the GPU loss tests of strategy.cuda_graph (1 GPU; TP=2, PP=2 m=4p, DDP=2 in fp32),
+#     then eager vs graph for PP=2 (m=p, m=4p; Megatron's batch_p2p_sync on and off) and DDP=2 / TP=2
+#     again, now that a hung exit keeps the result and the graph is reset before the group goes
+#   - issue 6: the forkserver sweep test (single, megatron, zero ranks start CUDA after the
+#     preloads) and the overhead of a sweep's later single / ddp / zero runs
 #   bash benchmarks/gpu_todo.sh OUTDIR [seconds]
 set -u
-OUT=${1:-/tmp/out}; R=/tmp/runs_preload; RESULTS=preload_runs; mkdir -p $OUT $R
+OUT=${1:-/tmp/out}; R=/tmp/runs_todo; RESULTS=todo_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
 . benchmarks/gpu_lib.sh
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > $OUT/machine.txt 2>&1
 build_ds_ops
 phase() {
-  CUDA_DEVICE_MAX_CONNECTIONS=1 python -m pytest -q "tests/test_model_parallel.py::test_gpu_megatron_one_gpu_matches_single" > $OUT/gpu_test.txt 2>&1
+  CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 240 python -m pytest -q tests/test_model_parallel.py \
+    -k "test_gpu_megatron_cuda_graph_matches_single or (test_gpu2_fp32_matches_single and graph)" > $OUT/gpu_tests_graph.txt 2>&1
+  S="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=120"
+  CUDA_DEVICE_MAX_CONNECTIONS=1 run --multirun strategy=pp world_size=2 strategy.microbatches=4p,p strategy.cuda_graph=false,true $S hydra.sweep.dir=$R/pp2
+  CUDA_DEVICE_MAX_CONNECTIONS=1 run --multirun strategy=pp world_size=2 strategy.microbatches=4p,p strategy.batch_p2p_sync=false $S hydra.sweep.dir=$R/pp2_nosync
+  run --multirun strategy=megatron world_size=1,2 strategy.cuda_graph=false,true $S hydra.sweep.dir=$R/ws12
+  CUDA_DEVICE_MAX_CONNECTIONS=1 run --multirun strategy=tp world_size=2 strategy.cuda_graph=false,true $S hydra.sweep.dir=$R/tp2
   wait_ds_ops
-  run --multirun start_method=spawn,forkserver strategy=single,megatron,ddp,zero model=300m model.global_batch=16 steps=8 warmup_steps=3 run_timeout_s=120 hydra.sweep.dir=$R/preload
-  run --multirun strategy=pp strategy.impl=torch world_size=2 model=300m model.global_batch=16 strategy.microbatches=4p compile=false,true steps=20 warmup_steps=6 run_timeout_s=180 metrics.profile_steps=2 hydra.sweep.dir=$R/pp_compile
+  timeout 200 python -m pytest -q tests/test_model_parallel.py -k test_gpu_fork_server_sweep_ranks_use_cuda > $OUT/gpu_test_fork.txt 2>&1
+  run --multirun strategy=single,ddp,zero seed=0,1 model=300m model.global_batch=16 steps=8 warmup_steps=3 run_timeout_s=120 hydra.sweep.dir=$R/overhead
 }
 export -f phase; export R OUT RESULTS
 timeout ${2:-540} bash -c phase
 finish
-python - <<'PY' | tee $OUT/overhead.txt
-import json, pathlib
-for d in sorted(pathlib.Path("/tmp/runs_preload").glob("*/[0-9]*")):
-    m = json.loads((d / "metrics.json").read_text()); j, r = m["job"], m["ranks"][0]
-    print(d.name, m["config"]["start_method"], m["config"]["strategy"]["name"], m["status"],
-          "overhead", j.get("overhead_s"), "startup", j.get("startup_s"), "setup", r.get("setup_s"),
-          "preloaded", r.get("preloaded_modules"), "phases", r.get("setup_phases_s"), "compile", r.get("compile"))
-PY
-tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d) 2>/dev/null
+tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank0.log') 2>/dev/null
