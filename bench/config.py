@@ -19,6 +19,7 @@ DEVICES = ("auto", "cuda", "cpu")
 START_METHODS = ("forkserver", "spawn")
 FAULT_KINDS = ("none", "raise", "oom", "hang", "crash_at_exit", "hang_at_exit")
 DDP_COMM_HOOKS = ("none", "bf16_compress", "fp16_compress")
+STEP_TIMINGS = ("events", "sync")
 
 
 class ConfigError(ValueError):
@@ -193,6 +194,9 @@ class MetricsConfig:
     peak_tflops: Optional[float] = None  # overrides the device table for MFU
     measure_matmul_peak: bool = True  # time a bf16 8192^3 matmul on GPU for a measured MFU
     profile_steps: int = 0  # >0: re-run the last k steps under torch.profiler after timing (bench/metrics/profile.py)
+    # how a timed step is timed on CUDA (bench/worker.py): "events" = CUDA events, one synchronize after
+    # the window; "sync" = torch.cuda.synchronize after every step + perf_counter (serialises host and GPU)
+    step_timing: str = "sync"
 
 
 @dataclass
@@ -317,6 +321,7 @@ def validate(cfg: DictConfig | dict, gpus: Optional[int] = None) -> Plan:
     if not 0 <= c["metrics"]["profile_steps"] <= c["steps"]:
         raise ConfigError("metrics.profile_steps", c["metrics"]["profile_steps"],
                           f"must be 0 (off) .. steps={c['steps']} (the last k steps are re-run under the profiler)")
+    _choice("metrics.step_timing", c["metrics"]["step_timing"], STEP_TIMINGS)
     _choice("precision", c["precision"], PRECISIONS)
     _choice("device", c["device"], DEVICES)
     _choice("fault.kind", c["fault"]["kind"], FAULT_KINDS)

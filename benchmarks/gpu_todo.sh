@@ -3,6 +3,8 @@
 #   - issue 4: the GPU loss tests of strategy.cuda_graph (1 GPU; TP=2, PP=2 m=4p, DDP=2 in fp32),
 #     then eager vs graph for PP=2 (m=p, m=4p; Megatron's batch_p2p_sync on and off) and DDP=2 / TP=2
 #     again, now that a hung exit keeps the result and the graph is reset before the group goes
+#   - metrics.step_timing=events (CUDA events, one sync after the window) vs sync (the default):
+#     its GPU test, then single / Megatron / DDP under both
 #   - issue 6: the forkserver sweep test (single, megatron, zero ranks start CUDA after the
 #     preloads) and the overhead of a sweep's later single / ddp / zero runs
 #   bash benchmarks/gpu_todo.sh OUTDIR [seconds]
@@ -20,6 +22,9 @@ phase() {
   CUDA_DEVICE_MAX_CONNECTIONS=1 run --multirun strategy=pp world_size=2 strategy.microbatches=4p,p strategy.batch_p2p_sync=false $S hydra.sweep.dir=$R/pp2_nosync
   run --multirun strategy=megatron world_size=1,2 strategy.cuda_graph=false,true $S hydra.sweep.dir=$R/ws12
   CUDA_DEVICE_MAX_CONNECTIONS=1 run --multirun strategy=tp world_size=2 strategy.cuda_graph=false,true $S hydra.sweep.dir=$R/tp2
+  timeout 120 python -m pytest -q tests/test_gpu.py -k test_step_timing_source > $OUT/gpu_test_timing.txt 2>&1
+  run --multirun strategy=single,megatron world_size=1 metrics.step_timing=sync,events $S hydra.sweep.dir=$R/timing1
+  run --multirun strategy=ddp,megatron world_size=2 metrics.step_timing=sync,events $S hydra.sweep.dir=$R/timing2
   wait_ds_ops
   timeout 200 python -m pytest -q tests/test_model_parallel.py -k test_gpu_fork_server_sweep_ranks_use_cuda > $OUT/gpu_test_fork.txt 2>&1
   run --multirun strategy=single,ddp,zero seed=0,1 model=300m model.global_batch=16 steps=8 warmup_steps=3 run_timeout_s=120 hydra.sweep.dir=$R/overhead

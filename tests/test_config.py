@@ -57,6 +57,7 @@ def test_ddp_plan_splits_batch_and_accumulates():
     (["model.n_heads=3"], 0, "model.n_heads"),
     (["strategy=ddp", "strategy.bucket_cap_mb=0"], 0, "strategy.bucket_cap_mb"),
     (["start_method=fork"], 0, "start_method"),
+    (["metrics.step_timing=cupti"], 0, "metrics.step_timing"),
 ])
 def test_validation_errors_name_key_value_and_fix(overrides, gpus, key):
     with pytest.raises(ConfigError) as e:
@@ -64,6 +65,13 @@ def test_validation_errors_name_key_value_and_fix(overrides, gpus, key):
     assert e.value.key == key
     msg = str(e.value)
     assert key in msg and str(e.value.value) in msg
+
+
+def test_step_timing_error_lists_the_choices():
+    with pytest.raises(ConfigError) as e:
+        validate(cfg("metrics.step_timing=cupti"), gpus=0)
+    assert str(e.value) == "invalid config: metrics.step_timing='cupti': valid: events, sync"
+    assert cfg().metrics.step_timing == "sync"  # the default (every recorded result was timed so)
 
 
 @pytest.mark.parametrize("override,expect", [

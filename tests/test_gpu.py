@@ -19,6 +19,19 @@ def test_cuda_run_fills_gpu_metrics(bench_run):
     assert m["flops"]["peak_tflops"] and m["flops"]["mfu"] > 0 and m["flops"]["matmul_peak_tflops_measured"] > 0
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("timing,source", [("events", "cuda_events"), ("sync", "host_sync_each_step")])
+def test_step_timing_source(bench_run, timing, source):
+    p, d = bench_run("device=cuda", "model=10m", "precision=bf16", "steps=12", "warmup_steps=4",
+                     "metrics.measure_matmul_peak=false", f"metrics.step_timing={timing}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = metrics_of(d)
+    st, window = m["step_time_s"], m["throughput"]["timed_window_s"]
+    assert st["source"] == source and st["n"] == len(st["all"]) == 8 and min(st["all"]) > 0
+    if timing == "events":  # back-to-back events cover the window but for the host's lead-in and final sync
+        assert abs(sum(st["all"]) - window) <= 0.1 * window, (sum(st["all"]), window)
+
+
 @pytest.mark.gpu2
 def test_nccl_ddp_loss_matches_single(bench_run):
     p1, d1 = bench_run(*GPU_FAST)

@@ -39,7 +39,7 @@ def skeleton(cfg: dict, status: str, error: Optional[dict] = None) -> dict:
                        "applied_timed_steps": None, "tokens_timed": None, "tokens_per_s": None,
                        "tokens_per_s_per_device": None, "token_rule": None},
         "step_time_s": {"median": None, "mean": None, "p10": None, "p90": None, "min": None, "max": None,
-                        "n": None, "all": None},
+                        "n": None, "all": None, "source": None},  # source: how steps were timed (worker.py)
         "loss": {"per_step": None, "first": None, "last": None, "ln_vocab": None},
         "skipped_steps": {"warmup": None, "timed": None},
         "flops": {"formula": _flops.FORMULA, "N": None, "N_counts": _flops.N_COUNTS, "L": None, "d": None,
@@ -116,7 +116,8 @@ def assemble(cfg: dict, device_type: str, ranks: list[dict], describe: dict, pro
         "tokens_per_s_per_device": tps / ws,
         "token_rule": describe.get("token_rule", "sum over ranks of each rank's counted tokens"),
     }
-    out["step_time_s"] = {**step_time_stats(step_times), "all": step_times}
+    out["step_time_s"] = {**step_time_stats(step_times), "all": step_times,
+                          "source": ranks[0].get("step_time_source")}
     finite = [x for x in per_step if x is not None]
     out["loss"] = {"per_step": per_step, "first": finite[0] if finite else None,
                    "last": finite[-1] if finite else None, "ln_vocab": math.log(model["vocab_size"])}
