@@ -93,8 +93,8 @@ class LayerNorm(torch.nn.LayerNorm):
 
 def transformer_config(model_cfg: dict, *, tp: int = 1, pp: int = 1, virtual_pipeline: int = 1,
                        sequence_parallel: bool = False, precision: str = "bf16",
-                       use_cpu_initialization: bool = False, perform_initialization: bool = True, batch_p2p_sync: bool = True,
-                       timeout_s: int = 600) -> TransformerConfig:
+                       use_cpu_initialization: bool = False, perform_initialization: bool = True,
+                       batch_p2p_sync: bool = True, timeout_s: int = 600) -> TransformerConfig:
     dtype = DTYPES[precision]
     return TransformerConfig(
         num_layers=model_cfg["n_layers"], hidden_size=model_cfg["d_model"],
