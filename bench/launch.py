@@ -27,21 +27,10 @@ log = logging.getLogger("bench.launch")
 
 # What the fork server (start_method=forkserver) imports before it forks any rank: bench's worker
 # (torch with it), and, in a sweep of more than one run (bench/sweep.py calls preload()), the
-# modules every run's ranks would import again: torch._dynamo, which torch.optim and DDP import at
-# their first use (1.1 s of DDP's setup on the 2-core CPU machine), and the strategies' own
-# (Strategy.preload_modules: megatron.core).  None of them makes a CUDA call when imported, so each
-# forked rank still starts CUDA itself.  A one-off run gains nothing from them: its ranks import
-# them side by side, while the server would import them before forking.
+# modules every run's ranks would import again (bench.strategies.base.sweep_preloads).  A one-off
+# run gains nothing from them: its ranks import them side by side, while the server would import
+# them before forking.
 _PRELOAD: list[str] = ["bench.worker"]
-SWEEP_PRELOAD = ("torch._dynamo",)
-
-
-def sweep_preloads(strategy_cfg: dict) -> tuple[str, ...]:
-    """What a sweep's fork server imports for a run of this strategy (the worker records which of
-    them it found imported)."""
-    from bench.strategies import get_strategy
-
-    return (*SWEEP_PRELOAD, *get_strategy(strategy_cfg["name"]).preload_modules(strategy_cfg))
 
 
 def preload(modules) -> None:

@@ -447,7 +447,8 @@ class BenchSweeper(BasicSweeper):
 def _declare_preloads(to_run: list[Job]) -> None:
     """What the fork server should import once for all the runs (bench/launch.py), declared before
     the first run starts it: a Megatron run late in a sweep then finds megatron.core imported."""
-    from bench.launch import preload, sweep_preloads
+    from bench.launch import preload
+    from bench.strategies.base import sweep_preloads
 
     forked = [j for j in to_run if j.cfg and j.cfg.get("start_method") == "forkserver"]
     if len(forked) < 2:

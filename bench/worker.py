@@ -23,14 +23,13 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from bench import metrics
 from bench.config import Plan
-from bench.launch import sweep_preloads
 from bench.memory_model import predicted_model_state_mb
 from bench.metrics import provenance
 from bench.metrics.io import write_json_atomic
 from bench.metrics.nvml import NvmlSampler
 from bench.metrics.profile import profile_steps
 from bench.metrics.timing import phase
-from bench.strategies.base import DistContext, get_strategy
+from bench.strategies.base import DistContext, get_strategy, sweep_preloads
 
 log = logging.getLogger("bench.worker")
 

@@ -415,7 +415,8 @@ print(calls)
 def test_fork_server_preloads_make_no_cuda_call():
     """The fork server imports these before it forks the ranks (start_method=forkserver); a rank
     forked from a process that has started CUDA cannot use CUDA, so none may touch it at import."""
-    from bench.launch import _PRELOAD, SWEEP_PRELOAD
+    from bench.launch import _PRELOAD
+    from bench.strategies.base import SWEEP_PRELOAD
     from bench.strategies import get_strategy
 
     modules = [*_PRELOAD, *SWEEP_PRELOAD, *get_strategy("megatron").preload_modules({"impl": "megatron"}),

@@ -32,6 +32,19 @@ def get_strategy(name: str) -> type["Strategy"]:
     return REGISTRY[name]
 
 
+# What a sweep's fork server imports for every run (bench/launch.py): torch._dynamo, which
+# torch.optim and DDP import at their first use (1.1 s of DDP's setup on the 2-core CPU machine).
+# None of these, nor a strategy's own (Strategy.preload_modules), makes a CUDA call when imported,
+# so each forked rank still starts CUDA itself.
+SWEEP_PRELOAD = ("torch._dynamo",)
+
+
+def sweep_preloads(strategy_cfg: dict) -> tuple[str, ...]:
+    """What a sweep's fork server imports for a run of this strategy (the worker records which of
+    them it found imported)."""
+    return (*SWEEP_PRELOAD, *get_strategy(strategy_cfg["name"]).preload_modules(strategy_cfg))
+
+
 @dataclass
 class DistContext:
     rank: int
