@@ -194,6 +194,8 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
         row["status"] = status
         if st is not None and row["status_json"] not in (status, None):
             problems.append(f"status.json says {row['status_json']!r}, metrics.json says {status!r}")
+    if m.get("exit_warning"):  # completed, then a rank crashed or hung on its way out: kept, but said
+        problems.append(f"exit_warning: {m['exit_warning']}")
     err = m.get("error") if isinstance(m.get("error"), dict) else {}
     row["error_type"] = err.get("type")
     row["error_message"] = err.get("message")

@@ -207,12 +207,20 @@ def _old_schema(d: Path):
     return job(d, "ddp", 2), None, "schema_version 0"
 
 
+def _hung_exit(d: Path):
+    p = job(d, "ddp", 2) / "metrics.json"
+    m = json.loads(p.read_text())
+    m["exit_warning"] = "the processes did not exit within run_timeout_s=100 after the run completed"
+    p.write_text(json.dumps(m))
+    return job(d, "ddp", 2), None, "did not exit within run_timeout_s=100"
+
+
 def _no_baseline(d: Path):
     shutil.rmtree(job(d, "single", 1))
     return None, None, "no completed strategy=single world_size=1 run"
 
 
-@pytest.mark.parametrize("corrupt", [_truncate, _delete, _running, _killed, _old_schema, _no_baseline],
+@pytest.mark.parametrize("corrupt", [_truncate, _delete, _running, _killed, _old_schema, _hung_exit, _no_baseline],
                          ids=lambda f: f.__name__.strip("_"))
 def test_broken_sweep_is_reported_not_fatal(sweep, tmp_path, corrupt):
     d = tmp_path / "sweep"
@@ -227,7 +235,7 @@ def test_broken_sweep_is_reported_not_fatal(sweep, tmp_path, corrupt):
         r = f[f["run_dir"] == str(run_dir.resolve())]
         assert len(r) == 1 and r.iloc[0]["status"] == status and text in r.iloc[0]["reason"]
         assert len(s) == (3 if corrupt in (_running, _killed) else 2)
-    elif corrupt is _old_schema:  # loaded what is there: still in the summary
+    elif corrupt in (_old_schema, _hung_exit):  # loaded what is there: still in the summary
         assert len(s) == 3 and row(s, "ddp", 2)["tokens_per_s"] > 0
     else:  # no baseline: comparison columns empty, not an exception
         assert len(s) == 2 and s["scaling_efficiency_pct"].isna().all() and s["memory_ratio"].isna().all()
