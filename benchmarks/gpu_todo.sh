@@ -7,21 +7,24 @@
 #     its GPU test, then single / Megatron / DDP under both
 #   - issue 6: the forkserver sweep test (single, megatron, zero ranks start CUDA after the
 #     preloads) and the overhead of a sweep's later single / ddp / zero runs
-#   bash benchmarks/gpu_todo.sh OUTDIR [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR graphs|timing [seconds]   (one device call each)
 set -u
-OUT=${1:-/tmp/out}; R=/tmp/runs_todo; RESULTS=todo_runs; mkdir -p $OUT $R
+OUT=${1:-/tmp/out}; PHASE=${2:-graphs}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
 . benchmarks/gpu_lib.sh
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > $OUT/machine.txt 2>&1
-build_ds_ops
-phase() {
-  CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 240 python -m pytest -q tests/test_model_parallel.py \
+graphs() {
+  CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 200 python -m pytest -q tests/test_model_parallel.py \
     -k "test_gpu_megatron_cuda_graph_matches_single or (test_gpu2_fp32_matches_single and graph)" > $OUT/gpu_tests_graph.txt 2>&1
-  S="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=120"
+  S="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=90"
   CUDA_DEVICE_MAX_CONNECTIONS=1 run --multirun strategy=pp world_size=2 strategy.microbatches=4p,p strategy.cuda_graph=false,true $S hydra.sweep.dir=$R/pp2
-  CUDA_DEVICE_MAX_CONNECTIONS=1 run --multirun strategy=pp world_size=2 strategy.microbatches=4p,p strategy.batch_p2p_sync=false $S hydra.sweep.dir=$R/pp2_nosync
   run --multirun strategy=megatron world_size=1,2 strategy.cuda_graph=false,true $S hydra.sweep.dir=$R/ws12
   CUDA_DEVICE_MAX_CONNECTIONS=1 run --multirun strategy=tp world_size=2 strategy.cuda_graph=false,true $S hydra.sweep.dir=$R/tp2
+  CUDA_DEVICE_MAX_CONNECTIONS=1 run --multirun strategy=pp world_size=2 strategy.microbatches=4p,p strategy.batch_p2p_sync=false $S hydra.sweep.dir=$R/pp2_nosync
+}
+timing() {
+  build_ds_ops
+  S="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=90"
   timeout 120 python -m pytest -q tests/test_gpu.py -k test_step_timing_source > $OUT/gpu_test_timing.txt 2>&1
   run --multirun strategy=single,megatron world_size=1 metrics.step_timing=sync,events $S hydra.sweep.dir=$R/timing1
   run --multirun strategy=ddp,megatron world_size=2 metrics.step_timing=sync,events $S hydra.sweep.dir=$R/timing2
@@ -29,7 +32,7 @@ phase() {
   timeout 200 python -m pytest -q tests/test_model_parallel.py -k test_gpu_fork_server_sweep_ranks_use_cuda > $OUT/gpu_test_fork.txt 2>&1
   run --multirun strategy=single,ddp,zero seed=0,1 model=300m model.global_batch=16 steps=8 warmup_steps=3 run_timeout_s=120 hydra.sweep.dir=$R/overhead
 }
-export -f phase; export R OUT RESULTS
-timeout ${2:-540} bash -c phase
+export -f graphs timing; export R OUT RESULTS
+timeout ${3:-520} bash -c "$PHASE"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank0.log') 2>/dev/null
