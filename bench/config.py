@@ -196,7 +196,7 @@ class MetricsConfig:
     profile_steps: int = 0  # >0: re-run the last k steps under torch.profiler after timing (bench/metrics/profile.py)
     # how a timed step is timed on CUDA (bench/worker.py): "events" = CUDA events, one synchronize after
     # the window; "sync" = torch.cuda.synchronize after every step + perf_counter (serialises host and GPU)
-    step_timing: str = "sync"
+    step_timing: str = "events"
 
 
 @dataclass
@@ -225,6 +225,8 @@ class BenchConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     dist_timeout_s: int = 600  # collective timeout of the process group
     run_timeout_s: Optional[int] = None  # wall-clock limit of a run; its processes are ended after it
+    # a rank whose teardown (after the results are written) takes longer is ended, its result kept
+    teardown_timeout_s: int = 30
     # how a run's local ranks start (bench/launch.py): "forkserver" forks them from a server process
     # that imported torch and bench once (a sweep's later runs reuse it); "spawn" starts each afresh
     start_method: str = "forkserver"
@@ -315,6 +317,7 @@ def validate(cfg: DictConfig | dict, gpus: Optional[int] = None) -> Plan:
     _choice("start_method", c["start_method"], START_METHODS)
     if c["run_timeout_s"] is not None and c["run_timeout_s"] <= 0:
         raise ConfigError("run_timeout_s", c["run_timeout_s"], "must be a positive number of seconds or null")
+    _positive("teardown_timeout_s", c["teardown_timeout_s"])
     if c["warmup_steps"] < 0 or c["warmup_steps"] >= c["steps"]:
         raise ConfigError("warmup_steps", c["warmup_steps"],
                           f"must be >= 0 and < steps={c['steps']} (at least one timed step)")

@@ -97,7 +97,7 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
         try:
             if timer:
                 timer.start()
-            elastic_launch(config, worker_main)(plan.to_dict(), str(run_dir))
+            elastic_launch(config, worker_main)(plan.to_dict(), str(run_dir), True)  # teardown_deadline
             return Outcome("completed")
         except ChildFailedError as e:
             failures = read_failures(run_dir)
@@ -111,8 +111,9 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
             if _completed_before_exit(run_dir):
                 # every rank finished and rank 0 wrote the results after the final barrier; a
                 # process died on its way out (DeepSpeed's rare "terminate called without an
-                # active exception"): keep the measurement, record the exit.
-                _add_exit_warning(run_dir, f"rank {rank} exited with code {pf.exitcode} after the run completed")
+                # active exception") or its teardown hung and was ended: keep the measurement,
+                # record the exit.
+                _add_exit_warning(run_dir, _exit_after_completion(run_dir, rank, pf.exitcode, plan.cfg))
                 return Outcome("completed")
             return Outcome("failed", {"rank": rank, "type": "ChildFailedError",
                                       "message": f"rank {rank} exited with code {pf.exitcode}",
@@ -121,6 +122,9 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
             failures = read_failures(run_dir)
             if timed_out.is_set():
                 return _timed_out(run_dir, timeout_s, failures)
+            if _completed_before_exit(run_dir):
+                _add_exit_warning(run_dir, f"interrupted ({e}) during the teardown, after the run completed")
+                return Outcome("completed")
             return Outcome("interrupted", {"rank": None, "type": "SignalException", "message": str(e),
                                            "traceback": None}, failures)
         finally:
@@ -132,6 +136,18 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
 
 def _completed_before_exit(run_dir: Path) -> bool:
     return (read_json_dict(run_dir / "metrics.json") or {}).get("status") == "completed"
+
+
+def _exit_after_completion(run_dir: Path, rank: int, exitcode: int, cfg: dict) -> str:
+    from bench.worker import TEARDOWN_TIMEOUT_HEADER
+
+    ended = sorted(int(p.stem[4:]) for p in run_dir.glob("rank*.log")
+                   if TEARDOWN_TIMEOUT_HEADER.search(p.read_text(errors="replace")[-200_000:]))
+    if ended:  # a rank waits for its peers in teardown too, so every rank may have been ended
+        return (f"the teardown did not finish within teardown_timeout_s={cfg['teardown_timeout_s']} after the run "
+                f"completed; rank(s) {', '.join(map(str, ended))} were ended, their threads' Python stacks are at "
+                "the end of their rank<N>.log")
+    return f"rank {rank} exited with code {exitcode} after the run completed"
 
 
 def _add_exit_warning(run_dir: Path, message: str) -> None:

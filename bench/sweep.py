@@ -55,7 +55,7 @@ from bench.metrics.io import read_json_dict, write_json_atomic
 log = logging.getLogger("bench.sweep")
 
 # Top-level keys that do not change what a run measures: left out of the run key.
-VOLATILE_KEYS = ("resume", "rerun_failed", "run_timeout_s", "dist_timeout_s", "start_method", "vars", "_command")
+VOLATILE_KEYS = ("resume", "rerun_failed", "run_timeout_s", "teardown_timeout_s", "dist_timeout_s", "start_method", "vars", "_command")
 FINAL = ("completed", "failed", "oom", "invalid", "timeout", "interrupted")
 FAILED = ("failed", "oom", "timeout", "interrupted")  # final, not completed, worth a re-run
 MANIFEST = "sweep.json"

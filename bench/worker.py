@@ -8,8 +8,10 @@ exception leaves, so the launcher can tell the root cause from its collateral.
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import re
 import resource
 import sys
 import time
@@ -114,8 +116,10 @@ def _device(plan: Plan, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int) -> bool:
-    """One run on this rank; returns True when the process group must be aborted (Strategy.close)."""
+def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int,
+          teardown_deadline: bool = False) -> bool:
+    """One run on this rank; returns True when the process group must be aborted (Strategy.close).
+    ``teardown_deadline``: end this process if its teardown outlasts teardown_timeout_s."""
     cfg = plan.cfg
     strategy_cls = get_strategy(plan.strategy["name"])
     # imported before this rank's own code ran: by the fork server (start_method=forkserver)
@@ -238,19 +242,41 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         write_json_atomic(run_dir / "metrics.json", m)
         log.info(metrics.one_line(m))
     dist.barrier()
+    if teardown_deadline:
+        arm_teardown_deadline(run_dir, rank, cfg["teardown_timeout_s"])
     return strategy.close()
 
 
+TEARDOWN_TIMEOUT_HEADER = re.compile(r"^Timeout \(\d+:\d\d:\d\d(\.\d+)?\)!$", re.M)  # faulthandler's dump
+
+
+def arm_teardown_deadline(run_dir: Path, rank: int, seconds: int) -> None:
+    """The results are written; what is left is teardown, which has hung on 2 H200s after NCCL
+    collectives captured in CUDA graphs, holding the run until run_timeout_s.  faulthandler's own C
+    thread (it needs no GIL, so it fires even inside a blocked NCCL or CUDA call, or during the
+    process's exit) appends every thread's Python stack to this rank's log after ``seconds`` and
+    ends the process with exit code 1; the launcher keeps the result (TEARDOWN_TIMEOUT_HEADER)."""
+    log_file = open(run_dir / f"rank{rank}.log", "a")  # kept open: faulthandler writes to its fd
+    faulthandler.dump_traceback_later(seconds, exit=True, file=log_file)
+    _keep_open.append(log_file)
+
+
+_keep_open: list = []  # the files arm_teardown_deadline gave faulthandler
+
+
 @record
-def worker_main(plan_dict: dict, run_dir: str) -> None:
-    """Entry point of one rank (started by torch elastic, or directly under SLURM)."""
+def worker_main(plan_dict: dict, run_dir: str, teardown_deadline: bool = False) -> None:
+    """Entry point of one rank (started by torch elastic, or directly under SLURM).
+    ``teardown_deadline``: see arm_teardown_deadline (the elastic launcher's ranks only: a SLURM
+    task records the run's status itself after this returns)."""
     plan = Plan.from_dict(plan_dict)
     rank = int(os.environ["RANK"])
     run_path = Path(run_dir)
     _setup_logging(run_path, rank)
     failed = abort = False
     try:
-        abort = train(plan, run_path, rank, int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
+        abort = train(plan, run_path, rank, int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]),
+                      teardown_deadline)
         fault = plan.cfg["fault"]
         if fault["kind"] == "crash_at_exit" and fault["rank"] == rank:
             os._exit(134)  # like a C++ abort during interpreter shutdown: no Python exception

@@ -58,6 +58,7 @@ def test_ddp_plan_splits_batch_and_accumulates():
     (["strategy=ddp", "strategy.bucket_cap_mb=0"], 0, "strategy.bucket_cap_mb"),
     (["start_method=fork"], 0, "start_method"),
     (["metrics.step_timing=cupti"], 0, "metrics.step_timing"),
+    (["teardown_timeout_s=0"], 0, "teardown_timeout_s"),
 ])
 def test_validation_errors_name_key_value_and_fix(overrides, gpus, key):
     with pytest.raises(ConfigError) as e:
@@ -71,7 +72,7 @@ def test_step_timing_error_lists_the_choices():
     with pytest.raises(ConfigError) as e:
         validate(cfg("metrics.step_timing=cupti"), gpus=0)
     assert str(e.value) == "invalid config: metrics.step_timing='cupti': valid: events, sync"
-    assert cfg().metrics.step_timing == "sync"  # the default (every recorded result was timed so)
+    assert cfg().metrics.step_timing == "events"  # the default since 2026-11-22 (results say which they used)
 
 
 @pytest.mark.parametrize("override,expect", [

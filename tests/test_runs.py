@@ -5,6 +5,7 @@ import json
 import math
 import time
 
+import pytest
 
 from bench.metrics import skeleton
 from tests.conftest import CPU_FAST, loss_curve, metrics_of, run_bench
@@ -27,7 +28,7 @@ def test_single_writes_every_metrics_field(single_cpu):
     assert t["tokens_per_step"] == t["tokens_per_step_expected"] == 8 * 128
     assert t["tokens_timed"] == 3 * 8 * 128 and t["tokens_per_s"] > 0
     assert len(m["step_time_s"]["all"]) == 3 and m["step_time_s"]["p10"] <= m["step_time_s"]["p90"]
-    assert m["config"]["metrics"]["step_timing"] == "sync"  # the default; on CPU the host clock either way
+    assert m["config"]["metrics"]["step_timing"] == "events"  # the default; on CPU the host clock either way
     assert m["step_time_s"]["source"] == m["ranks"][0]["step_time_source"] == "host_clock_cpu"
     assert len(m["loss"]["per_step"]) == 4
     # uniform random tokens: the loss stays near ln(V)
@@ -93,15 +94,22 @@ def test_crash_after_completed_run_keeps_the_results(bench_run):
     assert m["status"] == "completed" and "rank 1 exited with code" in m["exit_warning"]
 
 
-def test_hang_after_completed_run_keeps_the_results(bench_run):
+@pytest.mark.parametrize("teardown_s,run_s,warning", [
+    (5, 120, "the teardown did not finish within teardown_timeout_s=5"),
+    (600, 40, "did not exit within run_timeout_s=40"),  # a deadline past the run's limit
+])
+def test_hang_after_completed_run_keeps_the_results(bench_run, teardown_s, run_s, warning):
     """A teardown that never returns (seen after NCCL collectives in CUDA graphs) is ended by
-    run_timeout_s, and the measurement rank 0 wrote before it is kept."""
+    teardown_timeout_s (or run_timeout_s, whichever comes first), and the measurement rank 0 wrote
+    before it is kept."""
     p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2", "fault.kind=hang_at_exit", "fault.rank=1",
-                     "run_timeout_s=40")
+                     f"teardown_timeout_s={teardown_s}", f"run_timeout_s={run_s}")
     assert p.returncode == 0, p.stderr[-3000:]
     m = metrics_of(d)
     assert m["status"] == "completed" and m["throughput"]["tokens_per_s"] > 0
-    assert "did not exit within run_timeout_s=40" in m["exit_warning"]
+    assert warning in m["exit_warning"]
+    rank1_log = (d / "rank1.log").read_text()
+    assert ("inject_fault" in rank1_log) == (teardown_s < run_s)  # where it hung, from faulthandler
 
 
 def test_oom_is_classified(bench_run):
