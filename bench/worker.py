@@ -292,6 +292,15 @@ def worker_main(plan_dict: dict, run_dir: str, teardown_deadline: bool = False) 
     finally:
         if dist.is_initialized():
             _close_process_group(failed or abort)
+    if abort and teardown_deadline:
+        # After collectives captured in CUDA graphs, 2-rank runs on H200s hung past this point
+        # (the results were written; teardown_timeout_s ended them).  The group is aborted and
+        # the run is recorded: end the rank here, before the interpreter's own teardown
+        # (CUDA graph, NCCL communicator and CUDA context destructors), which is where it hung
+        # if the line below is the last in the rank's log.
+        log.info("teardown: process group aborted; leaving without interpreter teardown (os._exit)")
+        logging.shutdown()
+        os._exit(0)
 
 
 def _close_process_group(abort_it: bool) -> None:
@@ -301,6 +310,7 @@ def _close_process_group(abort_it: bool) -> None:
     Also abort after collectives captured in CUDA graphs: destroying hung there (2 H200s)."""
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
     if abort_it and abort is not None and "nccl" in str(dist.get_backend()):
+        log.info("teardown: aborting the process group")  # where a hung teardown stopped, if it does
         abort()
     else:
         dist.destroy_process_group()

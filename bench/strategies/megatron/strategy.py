@@ -217,6 +217,7 @@ class MegatronModelParallel(Strategy):
         from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
 
         # a graph that holds NCCL work must be reset before its communicators go (pytorch#115388)
+        log.info("teardown: resetting the CUDA graph")
         torch.cuda.synchronize()
         W = FullCudaGraphWrapper
         for stage, graph in W.cuda_graph.items():
