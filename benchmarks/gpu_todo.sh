@@ -4,10 +4,11 @@
 #            graph loss tests (which now assert no exit_warning), then eager vs graph for Megatron
 #            1 GPU / DDP=2, TP=2 with and without sequence parallelism, PP=2 m=p / m=4p, DDP=2 graph
 #            without overlapped gradient reduction, torch DDP=2 (step timing: events)
+#   verify   the same, after the fix of 1st call's finding (close() not forwarded): tests + 3 graph runs
 #   megatron issue 6: the paper_megatron preset, all five models, world sizes 1 and 2, as one sweep
 #   zero     issue 6: the paper_zero preset, all five models, world sizes 1 and 2, as one sweep
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
-#   bash benchmarks/gpu_todo.sh OUTDIR exit|megatron|zero [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero [seconds]
 set -u
 OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
@@ -23,6 +24,13 @@ exit_phase() {
   run --multirun strategy=megatron world_size=2 strategy.cuda_graph=true strategy.overlap_grad_reduce=false $S hydra.sweep.dir=$R/dp2_no_overlap
   run --multirun strategy=ddp world_size=2 $S hydra.sweep.dir=$R/torch_ddp2
 }
+verify_phase() {  # after close() reached Megatron through the tp/pp/megatron wrapper
+  PYTHONUNBUFFERED=1 CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 200 python -m pytest -q --durations=0 tests/test_model_parallel.py \
+    -k "test_gpu_megatron_cuda_graph_matches_single or (test_gpu2_fp32_matches_single and graph)" > $OUT/gpu_tests_graph.txt 2>&1
+  S="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=90"
+  CUDA_DEVICE_MAX_CONNECTIONS=1 run --multirun strategy=megatron,tp world_size=2 strategy.cuda_graph=true $S hydra.sweep.dir=$R/dp_tp
+  CUDA_DEVICE_MAX_CONNECTIONS=1 run --multirun strategy=pp world_size=2 strategy.microbatches=p strategy.cuda_graph=true $S hydra.sweep.dir=$R/pp
+}
 megatron_phase() {
   run --multirun +experiment=paper_megatron world_size=1,2 steps=20 warmup_steps=5 run_timeout_s=120 hydra.sweep.dir=$R/paper_megatron
 }
@@ -30,7 +38,7 @@ zero_phase() {
   build_ds_ops; wait_ds_ops
   run --multirun +experiment=paper_zero world_size=1,2 steps=20 warmup_steps=5 run_timeout_s=120 hydra.sweep.dir=$R/paper_zero
 }
-export -f exit_phase megatron_phase zero_phase; export R OUT RESULTS
+export -f exit_phase verify_phase megatron_phase zero_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null
