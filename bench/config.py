@@ -17,7 +17,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cuda", "cpu")
 START_METHODS = ("forkserver", "spawn")
-FAULT_KINDS = ("none", "raise", "oom", "hang", "crash_at_exit", "hang_at_exit")
+FAULT_KINDS = ("none", "raise", "oom", "hang", "crash_at_exit", "hang_at_exit", "stuck_at_exit")
 DDP_COMM_HOOKS = ("none", "bf16_compress", "fp16_compress")
 STEP_TIMINGS = ("events", "sync")
 
@@ -203,7 +203,7 @@ class MetricsConfig:
 class FaultConfig:
     """Fault injection, for testing failure handling: ``kind`` happens on ``rank`` at ``step``."""
 
-    kind: str = "none"  # none | raise | oom | hang | crash_at_exit / hang_at_exit (after the run, ignoring step)
+    kind: str = "none"  # none | raise | oom | hang | crash_at_exit / hang_at_exit (after the run, ignoring step) | stuck_at_exit (every rank)
     rank: int = 0
     step: int = 0
 

@@ -4,8 +4,9 @@ Local runs (every world size, 1 included, so each run gets a fresh process: CUDA
 NCCL state and a crash stay inside it) go through torch's elastic launch API, the one
 ``torchrun`` uses, with a c10d rendezvous on a free port and no restarts.  When any worker
 fails, the elastic agent terminates the others and raises ``ChildFailedError``.  A run
-that exceeds ``run_timeout_s`` is ended the same way: a timer sends this process SIGTERM,
-which the agent turns into a shutdown of all workers (SIGTERM, then SIGKILL).
+that exceeds ``run_timeout_s``, or whose processes outlive ``teardown_timeout_s`` after it
+completed, is ended the same way: a watcher thread sends this process SIGTERM, which the agent
+turns into a shutdown of all workers (SIGTERM, then SIGKILL).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import os
 import signal
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,10 @@ def preload(modules) -> None:
 
 
 _HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# The launcher ends a completed run's processes this long after each rank's own teardown deadline
+# (bench/worker.py: faulthandler, which also dumps the rank's Python stacks) should have fired: for
+# a process that has left Python and still does not end.
+TEARDOWN_GRACE_S = 10
 
 
 @dataclass
@@ -64,16 +70,30 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
     from bench.worker import worker_main
 
     timeout_s = plan.cfg.get("run_timeout_s")
-    timed_out = threading.Event()
-    timer = None
-    if timeout_s:
-        def _expire() -> None:
-            timed_out.set()
-            log.error("run exceeded run_timeout_s=%s: terminating its processes", timeout_s)
-            os.kill(os.getpid(), signal.SIGTERM)
+    teardown_s = plan.cfg["teardown_timeout_s"] + TEARDOWN_GRACE_S
+    expired: dict = {}  # what ended the run from outside: {"limit": "run_timeout_s" | "teardown_timeout_s"}
+    stop_watch = threading.Event()
 
-        timer = threading.Timer(timeout_s, _expire)
-        timer.daemon = True
+    def _watch() -> None:
+        """run_timeout_s from the start; teardown_timeout_s (+ grace) from the moment rank 0's
+        completed metrics.json appears.  Either sends this process SIGTERM, which the elastic agent
+        turns into a shutdown of all workers (SIGTERM, then SIGKILL)."""
+        t0, done_at = time.monotonic(), None
+        while not stop_watch.wait(0.5):
+            now = time.monotonic()
+            if done_at is None and _completed_before_exit(run_dir):
+                done_at = now
+            if timeout_s and now - t0 > timeout_s:
+                expired["limit"] = "run_timeout_s"
+                log.error("run exceeded run_timeout_s=%s: terminating its processes", timeout_s)
+            elif done_at is not None and now - done_at > teardown_s:
+                expired["limit"] = "teardown_timeout_s"
+                log.error("the processes did not exit within teardown_timeout_s=%s after the run completed: "
+                          "terminating them", plan.cfg["teardown_timeout_s"])
+            else:
+                continue
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
 
     start_method = plan.cfg["start_method"]
     if start_method == "forkserver":
@@ -94,15 +114,15 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
             rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # port 0: the OS picks a free one
             max_restarts=0, monitor_interval=0.2, start_method=start_method,
             logs_specs=DefaultLogsSpecs(log_dir=logs))
+        watcher = threading.Thread(target=_watch, name="bench-run-deadlines", daemon=True)
         try:
-            if timer:
-                timer.start()
+            watcher.start()
             elastic_launch(config, worker_main)(plan.to_dict(), str(run_dir), True)  # teardown_deadline
             return Outcome("completed")
         except ChildFailedError as e:
             failures = read_failures(run_dir)
-            if timed_out.is_set():
-                return _timed_out(run_dir, timeout_s, failures)
+            if expired:
+                return _ended_by_limit(run_dir, expired["limit"], plan.cfg, failures)
             if failures:
                 root = failures[0]
                 return Outcome("oom" if root["oom"] else "failed",
@@ -120,16 +140,15 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
                                       "traceback": str(e)}, failures)
         except SignalException as e:
             failures = read_failures(run_dir)
-            if timed_out.is_set():
-                return _timed_out(run_dir, timeout_s, failures)
+            if expired:
+                return _ended_by_limit(run_dir, expired["limit"], plan.cfg, failures)
             if _completed_before_exit(run_dir):
                 _add_exit_warning(run_dir, f"interrupted ({e}) during the teardown, after the run completed")
                 return Outcome("completed")
             return Outcome("interrupted", {"rank": None, "type": "SignalException", "message": str(e),
                                            "traceback": None}, failures)
         finally:
-            if timer:
-                timer.cancel()
+            stop_watch.set()
             for s, h in saved.items():
                 signal.signal(s, h)
 
@@ -157,14 +176,15 @@ def _add_exit_warning(run_dir: Path, message: str) -> None:
     log.warning("%s; the results were already written and are kept", message)
 
 
-def _timed_out(run_dir: Path, timeout_s, failures: list) -> Outcome:
-    """A run that hit run_timeout_s; if rank 0 had already written the results after the final
-    barrier, only the exit hung (seen with NCCL collectives in CUDA graphs): keep the measurement."""
+def _ended_by_limit(run_dir: Path, limit: str, cfg: dict, failures: list) -> Outcome:
+    """A run ended by run_timeout_s or teardown_timeout_s.  If rank 0 had already written the
+    results after the final barrier, only the exit hung (seen with NCCL collectives in CUDA
+    graphs, on 2 H200s, also after the ranks had called os._exit): keep the measurement."""
     if _completed_before_exit(run_dir):
-        _add_exit_warning(run_dir, f"the processes did not exit within run_timeout_s={timeout_s} after the run "
+        _add_exit_warning(run_dir, f"the processes did not exit within {limit}={cfg[limit]} after the run "
                                    "completed and were terminated")
         return Outcome("completed")
-    return Outcome("timeout", _timeout_error(timeout_s), failures)
+    return Outcome("timeout", _timeout_error(cfg["run_timeout_s"]), failures)
 
 
 def _timeout_error(timeout_s) -> dict:

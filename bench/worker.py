@@ -117,8 +117,8 @@ def _device(plan: Plan, local_rank: int) -> torch.device:
 
 
 def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int,
-          teardown_deadline: bool = False) -> bool:
-    """One run on this rank; returns True when the process group must be aborted (Strategy.close).
+          teardown_deadline: bool = False) -> None:
+    """One run on this rank.
     ``teardown_deadline``: end this process if its teardown outlasts teardown_timeout_s."""
     cfg = plan.cfg
     strategy_cls = get_strategy(plan.strategy["name"])
@@ -244,7 +244,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
     dist.barrier()
     if teardown_deadline:
         arm_teardown_deadline(run_dir, rank, cfg["teardown_timeout_s"])
-    return strategy.close()
+    strategy.close()
 
 
 TEARDOWN_TIMEOUT_HEADER = re.compile(r"^Timeout \(\d+:\d\d:\d\d(\.\d+)?\)!$", re.M)  # faulthandler's dump
@@ -273,15 +273,18 @@ def worker_main(plan_dict: dict, run_dir: str, teardown_deadline: bool = False) 
     rank = int(os.environ["RANK"])
     run_path = Path(run_dir)
     _setup_logging(run_path, rank)
-    failed = abort = False
+    failed = False
     try:
-        abort = train(plan, run_path, rank, int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]),
+        train(plan, run_path, rank, int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]),
                       teardown_deadline)
         fault = plan.cfg["fault"]
         if fault["kind"] == "crash_at_exit" and fault["rank"] == rank:
             os._exit(134)  # like a C++ abort during interpreter shutdown: no Python exception
         if fault["kind"] == "hang_at_exit" and fault["rank"] == rank:
             inject_fault({**fault, "kind": "hang", "step": 0}, rank, 0)  # like a teardown that never returns
+        if fault["kind"] == "stuck_at_exit":  # every rank, like the graph runs' ranks after os._exit on 2 H200s
+            faulthandler.cancel_dump_traceback_later()  # like a process that left Python and does not end
+            inject_fault({**fault, "kind": "hang", "step": 0}, rank, 0)
     except BaseException as exc:
         failed = True
         write_json_atomic(run_path / f"failure_rank{rank}.json", {
@@ -291,26 +294,17 @@ def worker_main(plan_dict: dict, run_dir: str, teardown_deadline: bool = False) 
         raise
     finally:
         if dist.is_initialized():
-            _close_process_group(failed or abort)
-    if abort and teardown_deadline:
-        # After collectives captured in CUDA graphs, 2-rank runs on H200s hung past this point
-        # (the results were written; teardown_timeout_s ended them).  The group is aborted and
-        # the run is recorded: end the rank here, before the interpreter's own teardown
-        # (CUDA graph, NCCL communicator and CUDA context destructors), which is where it hung
-        # if the line below is the last in the rank's log.
-        log.info("teardown: process group aborted; leaving without interpreter teardown (os._exit)")
-        logging.shutdown()
-        os._exit(0)
+            _close_process_group(failed)
 
 
 def _close_process_group(abort_it: bool) -> None:
     """Destroy the group; after a failure on NCCL, abort it instead: a peer may be blocked in a
     collective this rank will never join, and destroy would wait for it (seen on 2 H200s: the
     failing rank hung until run_timeout_s instead of exiting, so the launcher never saw it fail).
-    Also abort after collectives captured in CUDA graphs: destroying hung there (2 H200s)."""
+    (After CUDA-graph runs on 2 H200s, aborting instead of destroying left the processes unable to
+    end, even after os._exit, until run_timeout_s: the launcher's teardown deadline ends them.)"""
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
     if abort_it and abort is not None and "nccl" in str(dist.get_backend()):
-        log.info("teardown: aborting the process group")  # where a hung teardown stopped, if it does
         abort()
     else:
         dist.destroy_process_group()

@@ -94,22 +94,26 @@ def test_crash_after_completed_run_keeps_the_results(bench_run):
     assert m["status"] == "completed" and "rank 1 exited with code" in m["exit_warning"]
 
 
-@pytest.mark.parametrize("teardown_s,run_s,warning", [
-    (5, 120, "the teardown did not finish within teardown_timeout_s=5"),
-    (600, 40, "did not exit within run_timeout_s=40"),  # a deadline past the run's limit
+@pytest.mark.parametrize("kind,teardown_s,run_s,warning", [
+    ("hang_at_exit", 5, 120, "the teardown did not finish within teardown_timeout_s=5"),
+    ("hang_at_exit", 600, 40, "did not exit within run_timeout_s=40"),  # a deadline past the run's limit
+    # a process that has left Python (os._exit) and does not end: only the launcher can end it
+    ("stuck_at_exit", 5, 120, "did not exit within teardown_timeout_s=5 after the run completed and were terminated"),
 ])
-def test_hang_after_completed_run_keeps_the_results(bench_run, teardown_s, run_s, warning):
+def test_hang_after_completed_run_keeps_the_results(bench_run, kind, teardown_s, run_s, warning):
     """A teardown that never returns (seen after NCCL collectives in CUDA graphs) is ended by
     teardown_timeout_s (or run_timeout_s, whichever comes first), and the measurement rank 0 wrote
     before it is kept."""
-    p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2", "fault.kind=hang_at_exit", "fault.rank=1",
+    t0 = time.time()
+    p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2", f"fault.kind={kind}", "fault.rank=1",
                      f"teardown_timeout_s={teardown_s}", f"run_timeout_s={run_s}")
     assert p.returncode == 0, p.stderr[-3000:]
+    assert time.time() - t0 < max(teardown_s, run_s)  # ended by the first deadline, not the later one
     m = metrics_of(d)
     assert m["status"] == "completed" and m["throughput"]["tokens_per_s"] > 0
     assert warning in m["exit_warning"]
     rank1_log = (d / "rank1.log").read_text()
-    assert ("inject_fault" in rank1_log) == (teardown_s < run_s)  # where it hung, from faulthandler
+    assert ("inject_fault" in rank1_log) == (kind == "hang_at_exit" and teardown_s < run_s)  # faulthandler's stacks
 
 
 def test_oom_is_classified(bench_run):

@@ -125,10 +125,8 @@ class Strategy(ABC):
     def step(self, n: int) -> StepResult:
         """One optimizer step over global batch n (micro-batching included)."""
 
-    def close(self) -> bool:
-        """Release what must go before the process group (after the results are written); True
-        when the group must then be aborted, not destroyed (it ran collectives inside CUDA graphs)."""
-        return False
+    def close(self) -> None:
+        """Release what must go before the process group does (after the results are written)."""
 
     def tokens_this_rank(self) -> int:
         """Tokens this rank counts per optimizer step; the run's tokens are the sum over ranks.

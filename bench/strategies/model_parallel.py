@@ -47,8 +47,8 @@ class ModelParallel(Strategy):
     def step(self, n: int) -> StepResult:
         return self.impl.step(n)
 
-    def close(self) -> bool:
-        return self.impl.close()
+    def close(self) -> None:
+        self.impl.close()
 
     def tokens_this_rank(self) -> int:
         return self.impl.tokens_this_rank()

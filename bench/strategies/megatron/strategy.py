@@ -211,9 +211,9 @@ class MegatronModelParallel(Strategy):
             loss = torch.stack([d["lm loss"] for d in out]).mean()
         return StepResult(loss=loss, skipped=not ok)
 
-    def close(self) -> bool:
+    def close(self) -> None:
         if not self.plan.strategy["cuda_graph"]:
-            return False
+            return
         from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
 
         # a graph that holds NCCL work must be reset before its communicators go (pytorch#115388)
@@ -225,7 +225,6 @@ class MegatronModelParallel(Strategy):
                 graph.reset()
             W.cuda_graph[stage], W.result[stage], W.curr_iteration[stage] = None, None, 0
         StaticBufferLoader.static_buffers = {"training": [], "validation": []}
-        return self.dist.world_size > 1
 
     # ------------------------------------------------------------------ accounting
     def tokens_this_rank(self) -> int:
