@@ -167,6 +167,12 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
                "strategy": {"name": r.get("strategy"), "impl": r.get("impl")},
                **{k: r.get(k) for k in ("world_size", "precision", "compile", "steps", "warmup_steps", "seed")}}
         problems.append("no config in metrics.json or .hydra/config.yaml: identity taken from metrics.json 'run'")
+    if cfg is None and isinstance(st, dict) and st.get("model"):
+        # a sweep's pending (never started) run: its status.json says what it would have run
+        cfg = {"model": {"name": st["model"]}, "strategy": {"name": st.get("strategy")},
+               **{k: st.get(k) for k in ("world_size", "precision", "steps")}}
+        if row["overrides"] is None and isinstance(st.get("overrides"), list):
+            row["overrides"] = " ".join(map(str, st["overrides"]))
     if cfg is None:
         problems.append("no config (.hydra/config.yaml and metrics.json config both missing)")
     flat_cfg = flatten({k: v for k, v in (cfg or {}).items() if k != "_command"})

@@ -194,6 +194,14 @@ def _running(d: Path):
     return d / "7", "incomplete", "status.json says 'running'"
 
 
+def _pending(d: Path):  # never started (the sweep was cut off): only the sweep's status.json
+    (d / "9").mkdir()
+    (d / "9" / "status.json").write_text(json.dumps({
+        "status": "pending", "model": "tiny", "strategy": "zero", "world_size": 2, "precision": "fp32",
+        "steps": 6, "overrides": ["strategy=zero", "world_size=2"], "time": 0}))
+    return d / "9", "incomplete", "status.json says 'pending'"
+
+
 def _killed(d: Path):
     shutil.copytree(job(d, "ddp", 2) / ".hydra", d / "8" / ".hydra")
     return d / "8", "incomplete", "no metrics.json and no status.json"
@@ -220,7 +228,8 @@ def _no_baseline(d: Path):
     return None, None, "no completed strategy=single world_size=1 run"
 
 
-@pytest.mark.parametrize("corrupt", [_truncate, _delete, _running, _killed, _old_schema, _hung_exit, _no_baseline],
+@pytest.mark.parametrize("corrupt", [_truncate, _delete, _running, _pending, _killed, _old_schema, _hung_exit,
+                                     _no_baseline],
                          ids=lambda f: f.__name__.strip("_"))
 def test_broken_sweep_is_reported_not_fatal(sweep, tmp_path, corrupt):
     d = tmp_path / "sweep"
@@ -234,7 +243,10 @@ def test_broken_sweep_is_reported_not_fatal(sweep, tmp_path, corrupt):
     if status is not None:  # the broken run is a failed/incomplete row with its reason
         r = f[f["run_dir"] == str(run_dir.resolve())]
         assert len(r) == 1 and r.iloc[0]["status"] == status and text in r.iloc[0]["reason"]
-        assert len(s) == (3 if corrupt in (_running, _killed) else 2)
+        assert len(s) == (3 if corrupt in (_running, _pending, _killed) else 2)
+        if corrupt is _pending:  # what it would have run, from the sweep's status.json
+            assert (r.iloc[0]["model"], r.iloc[0]["strategy"], r.iloc[0]["world_size"]) == ("tiny", "zero", 2)
+            assert r.iloc[0]["overrides"] == "strategy=zero world_size=2"
     elif corrupt in (_old_schema, _hung_exit):  # loaded what is there: still in the summary
         assert len(s) == 3 and row(s, "ddp", 2)["tokens_per_s"] > 0
     else:  # no baseline: comparison columns empty, not an exception
