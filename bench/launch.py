@@ -78,10 +78,12 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
         """run_timeout_s from the start; teardown_timeout_s (+ grace) from the moment rank 0's
         completed metrics.json appears.  Either sends this process SIGTERM, which the elastic agent
         turns into a shutdown of all workers (SIGTERM, then SIGKILL)."""
-        t0, done_at = time.monotonic(), None
+        t0, started, done_at = time.monotonic(), time.time(), None
+        metrics = run_dir / "metrics.json"
         while not stop_watch.wait(0.5):
             now = time.monotonic()
-            if done_at is None and _completed_before_exit(run_dir):
+            if (done_at is None and metrics.is_file() and metrics.stat().st_mtime >= started
+                    and _completed_before_exit(run_dir)):  # this launch's result, not an older one
                 done_at = now
             if timeout_s and now - t0 > timeout_s:
                 expired["limit"] = "run_timeout_s"

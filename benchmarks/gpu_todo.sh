@@ -25,8 +25,9 @@ exit_phase() {
   run --multirun strategy=ddp world_size=2 $S hydra.sweep.dir=$R/torch_ddp2
 }
 verify_phase() {  # the graph runs' exit (reset, then destroy; launcher's teardown deadline) and loss tests
-  PYTHONUNBUFFERED=1 CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 200 python -m pytest -q --durations=0 tests/test_model_parallel.py \
-    -k "test_gpu_megatron_cuda_graph_matches_single or (test_gpu2_fp32_matches_single and graph)" > $OUT/gpu_tests_graph.txt 2>&1
+  PYTHONUNBUFFERED=1 CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 300 python -m pytest -v --durations=0 tests/test_model_parallel.py \
+    -k "test_gpu_megatron_cuda_graph_matches_single or (test_gpu2_fp32_matches_single and graph) or test_gpu2_cuda_graph_run_exits_by_itself" \
+    > $OUT/gpu_tests_graph.txt 2>&1
   S="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=90"
   run --multirun strategy=megatron world_size=2 strategy.cuda_graph=true $S hydra.sweep.dir=$R/dp
   CUDA_DEVICE_MAX_CONNECTIONS=1 run --multirun strategy=tp world_size=2 strategy.cuda_graph=true $S hydra.sweep.dir=$R/tp
