@@ -275,15 +275,14 @@ def worker_main(plan_dict: dict, run_dir: str, teardown_deadline: bool = False) 
     _setup_logging(run_path, rank)
     failed = False
     try:
-        train(plan, run_path, rank, int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]),
-                      teardown_deadline)
+        train(plan, run_path, rank, int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]), teardown_deadline)
         fault = plan.cfg["fault"]
         if fault["kind"] == "crash_at_exit" and fault["rank"] == rank:
             os._exit(134)  # like a C++ abort during interpreter shutdown: no Python exception
         if fault["kind"] == "hang_at_exit" and fault["rank"] == rank:
             inject_fault({**fault, "kind": "hang", "step": 0}, rank, 0)  # like a teardown that never returns
-        if fault["kind"] == "stuck_at_exit":  # every rank, like the graph runs' ranks after os._exit on 2 H200s
-            faulthandler.cancel_dump_traceback_later()  # like a process that left Python and does not end
+        if fault["kind"] == "stuck_at_exit":  # every rank: like the graph runs' ranks on 2 H200s that had
+            faulthandler.cancel_dump_traceback_later()  # left Python (os._exit) and did not end
             inject_fault({**fault, "kind": "hang", "step": 0}, rank, 0)
     except BaseException as exc:
         failed = True
