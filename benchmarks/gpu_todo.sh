@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Prepared for one session's device calls (2 GPUs, nvidia-h200-x2), one phase per call:
-#   exit     issue 4: ranks that end themselves after CUDA-graph runs (no hung teardown): the fp32
-#            graph loss tests (which now assert no exit_warning), then eager vs graph for Megatron
+#   exit     issue 4 (run 2026-11-23 at 92f9a71): the fp32 graph loss tests (then asserting no
+#            exit_warning, now test_gpu2_cuda_graph_run_exits_by_itself), then eager vs graph for Megatron
 #            1 GPU / DDP=2, TP=2 with and without sequence parallelism, PP=2 m=p / m=4p, DDP=2 graph
 #            without overlapped gradient reduction, torch DDP=2 (step timing: events)
-#   verify   the same, after the fix of 1st call's finding (close() not forwarded): tests + 3 graph runs
+#   verify   the graph loss tests and the clean-exit test, then DDP=2 / TP=2 / PP=2 m=p graph runs:
+#            does reset-then-destroy exit by itself (else the launcher's teardown deadline ends it)
 #   megatron issue 6: the paper_megatron preset, all five models, world sizes 1 and 2, as one sweep
 #   zero     issue 6: the paper_zero preset, all five models, world sizes 1 and 2, as one sweep
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
