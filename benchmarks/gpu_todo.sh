@@ -8,8 +8,13 @@
 #            does reset-then-destroy exit by itself (else the launcher's teardown deadline ends it)
 #   megatron issue 6: the paper_megatron preset, all five models, world sizes 1 and 2, as one sweep
 #   zero     issue 6: the paper_zero preset, all five models, world sizes 1 and 2, as one sweep
+#   resume   issue 6: that paper_zero sweep resumed from its committed folder (resume=true
+#            rerun_failed=true): the 11 runs the zero call's limit cut off
+#   ddp      issue 4: where DDP=2's missing efficiency goes: Megatron 1 and 2 GPUs at global batch
+#            8 and 16 (the per-rank batch ceiling), gradient reduction in fp32 vs bf16; torch
+#            single at 8 and 16, DDP=2; then the verify phase's TP / PP graph runs and tests
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
-#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp [seconds]
 set -u
 OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
@@ -41,7 +46,26 @@ zero_phase() {
   build_ds_ops; wait_ds_ops
   run --multirun +experiment=paper_zero world_size=1,2 steps=20 warmup_steps=5 run_timeout_s=120 hydra.sweep.dir=$R/paper_zero
 }
-export -f exit_phase verify_phase megatron_phase zero_phase; export R OUT RESULTS
+resume_phase() {
+  cp -r results/2026-11-23-h200x2-graph-teardown-paper-sweeps/runs/paper_zero $R/paper_zero
+  build_ds_ops; wait_ds_ops
+  run --multirun +experiment=paper_zero world_size=1,2 steps=20 warmup_steps=5 run_timeout_s=120 \
+    hydra.sweep.dir=$R/paper_zero resume=true rerun_failed=true
+}
+ddp_phase() {
+  S="model=300m steps=20 warmup_steps=6 run_timeout_s=90 teardown_timeout_s=15"
+  run --multirun strategy=megatron world_size=1,2 model.global_batch=8,16 strategy.cuda_graph=true \
+    strategy.grad_reduce_in_fp32=true,false $S hydra.sweep.dir=$R/megatron_ceiling
+  run --multirun strategy=single model.global_batch=8,16 $S hydra.sweep.dir=$R/torch_single
+  run --multirun strategy=ddp world_size=2 model.global_batch=16 $S hydra.sweep.dir=$R/torch_ddp
+  S="$S model.global_batch=16"
+  CUDA_DEVICE_MAX_CONNECTIONS=1 run --multirun strategy=tp world_size=2 strategy.cuda_graph=true $S hydra.sweep.dir=$R/tp
+  CUDA_DEVICE_MAX_CONNECTIONS=1 run --multirun strategy=pp world_size=2 strategy.microbatches=p strategy.cuda_graph=true $S hydra.sweep.dir=$R/pp
+  PYTHONUNBUFFERED=1 CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 300 python -m pytest -v --durations=0 tests/test_model_parallel.py \
+    -k "test_gpu_megatron_cuda_graph_matches_single or (test_gpu2_fp32_matches_single and graph) or test_gpu2_cuda_graph_run_exits_by_itself" \
+    > $OUT/gpu_tests_graph.txt 2>&1
+}
+export -f exit_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null
