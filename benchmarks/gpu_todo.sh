@@ -13,8 +13,10 @@
 #   ddp      issue 4: where DDP=2's missing efficiency goes: Megatron 1 and 2 GPUs at global batch
 #            8 and 16 (the per-rank batch ceiling), gradient reduction in fp32 vs bf16; torch
 #            single at 8 and 16, DDP=2; then the verify phase's TP / PP graph runs and tests
+#   distopt  issue 4: Megatron DDP=2 (graph) with the distributed optimizer (param gather overlapped
+#            or not), fp32 vs bf16 reduction, bucket sizes; torch single / DDP=2; 30 timed steps
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
-#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt [seconds]
 set -u
 OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
@@ -65,7 +67,18 @@ ddp_phase() {
     -k "test_gpu_megatron_cuda_graph_matches_single or (test_gpu2_fp32_matches_single and graph) or test_gpu2_cuda_graph_run_exits_by_itself" \
     > $OUT/gpu_tests_graph.txt 2>&1
 }
-export -f exit_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
+distopt_phase() {  # 30 timed steps each
+  S="model=300m model.global_batch=16 steps=30 warmup_steps=6 run_timeout_s=90 teardown_timeout_s=15"
+  run --multirun strategy=megatron world_size=1,2 strategy.cuda_graph=true strategy.grad_reduce_in_fp32=true,false \
+    $S hydra.sweep.dir=$R/megatron
+  run --multirun strategy=megatron world_size=2 strategy.cuda_graph=true strategy.use_distributed_optimizer=true \
+    strategy.overlap_param_gather=false,true strategy.grad_reduce_in_fp32=true,false $S hydra.sweep.dir=$R/distopt
+  run --multirun strategy=megatron world_size=2 strategy.cuda_graph=true strategy.grad_reduce_in_fp32=false \
+    strategy.bucket_size=10000000,100000000 $S hydra.sweep.dir=$R/buckets
+  run --multirun strategy=single $S hydra.sweep.dir=$R/torch_single
+  run --multirun strategy=ddp world_size=2 $S hydra.sweep.dir=$R/torch_ddp
+}
+export -f exit_phase distopt_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null
