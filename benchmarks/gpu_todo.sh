@@ -13,10 +13,12 @@
 #   ddp      issue 4: where DDP=2's missing efficiency goes: Megatron 1 and 2 GPUs at global batch
 #            8 and 16 (the per-rank batch ceiling), gradient reduction in fp32 vs bf16; torch
 #            single at 8 and 16, DDP=2; then the verify phase's TP / PP graph runs and tests
+#   autocast issue 3 (1 GPU): ZeRO-0 300m bf16 and gpt2 fp16 with DeepSpeed's torch_autocast
+#            (fp32 weights, forward under autocast, as single) vs its bf16/fp16 wrappers; single
 #   distopt  issue 4: Megatron DDP=2 (graph) with the distributed optimizer (param gather overlapped
 #            or not), fp32 vs bf16 reduction, bucket sizes; torch single / DDP=2; 30 timed steps
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
-#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast [seconds]
 set -u
 OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
@@ -78,7 +80,20 @@ distopt_phase() {  # 30 timed steps each
   run --multirun strategy=single $S hydra.sweep.dir=$R/torch_single
   run --multirun strategy=ddp world_size=2 $S hydra.sweep.dir=$R/torch_ddp
 }
-export -f exit_phase distopt_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
+autocast_phase() {  # one GPU: DeepSpeed ZeRO-0 with its own 16-bit wrapper vs its torch_autocast mode
+  A="steps=20 warmup_steps=6 run_timeout_s=150"
+  BF="+strategy.ds_config.bf16.enabled=false +strategy.ds_config.torch_autocast.enabled=true +strategy.ds_config.torch_autocast.dtype=bfloat16"
+  FP="+strategy.ds_config.fp16.enabled=false +strategy.ds_config.torch_autocast.enabled=true +strategy.ds_config.torch_autocast.dtype=float16"
+  build_ds_ops
+  run --multirun model=300m model.global_batch=16 strategy=single $A hydra.sweep.dir=$R/single300
+  run --multirun model=gpt2 precision=fp16 strategy=single compile=false,true $A hydra.sweep.dir=$R/single_gpt2
+  wait_ds_ops
+  run --multirun model=300m model.global_batch=16 strategy=zero $A hydra.sweep.dir=$R/zero300_ds
+  run --multirun model=300m model.global_batch=16 strategy=zero $BF $A hydra.sweep.dir=$R/zero300_autocast
+  run --multirun model=gpt2 precision=fp16 strategy=zero compile=false,true $FP $A hydra.sweep.dir=$R/gpt2_autocast
+  run --multirun model=gpt2 precision=fp16 strategy=zero compile=false,true $A hydra.sweep.dir=$R/gpt2_ds
+}
+export -f exit_phase distopt_phase autocast_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null
