@@ -155,6 +155,7 @@ class ZeroConfig(StrategyConfig):
     name: str = "zero"
     impl: str = "deepspeed"
     zero_stage: int = 0
+    autocast: bool = False  # bf16/fp16 through DeepSpeed's torch_autocast (fp32 weights), not its 16-bit wrapper
     offload_optimizer: str = "none"  # none | cpu (stages 1-3)
     offload_param: str = "none"  # none | cpu (stage 3)
     reduce_bucket_size: float = 5e8
@@ -543,6 +544,15 @@ def _rules_zero(plan: Plan) -> None:
         _whole_positive(f"strategy.{key}", s[key])
     _whole_positive("strategy.param_persistence_threshold", s["param_persistence_threshold"], allow_zero=True)
     f = s["fp16"]
+    if s["autocast"] and plan.cfg["precision"] == "fp32":
+        raise ConfigError("strategy.autocast", True, "autocast runs the forward in bf16 or fp16; set precision=bf16 "
+                          "or precision=fp16, or strategy.autocast=false for fp32")
+    if s["autocast"] and plan.cfg["precision"] == "fp16":
+        changed = [k for k, v in dataclasses.asdict(ZeroFP16Config()).items() if f[k] != v]
+        if changed:
+            raise ConfigError(f"strategy.fp16.{changed[0]}", f[changed[0]],
+                              "applies to DeepSpeed's own fp16 only; with strategy.autocast=true the loss scaling "
+                              "is torch's GradScaler at its defaults (leave strategy.fp16 unset or set autocast=false)")
     if f["loss_scale"] < 0:
         raise ConfigError("strategy.fp16.loss_scale", f["loss_scale"], "must be >= 0 (0 = dynamic loss scaling)")
     if not 0 <= f["initial_scale_power"] <= 64:

@@ -8,8 +8,12 @@ Per parameter, by where the master weights live:
 
 * ``mixed`` (DeepSpeed bf16/fp16: 16-bit params and grads, fp32 master + Adam m, v in the
   optimizer): params 2, grads 2, optimizer K = 12 bytes.
-* ``fp32`` (fp32 runs, and torch autocast over fp32 weights: single/DDP at bf16/fp16):
-  params 4, grads 4, optimizer 8 (Adam m, v; the params are the master).
+* ``fp32`` (fp32 runs, and torch autocast over fp32 weights: single/DDP at bf16/fp16, ZeRO-0
+  and ZeRO-3 with ``autocast=true``): params 4, grads 4, optimizer 8 (Adam m, v; the params
+  are the master).
+* ``autocast_copy`` (ZeRO-1/2 with ``autocast=true``, and any stage with autocast and
+  optimizer offload): as ``fp32``, but DeepSpeed's ZeRO optimizer keeps its own fp32 copy of
+  the partition it steps: optimizer 12.
 * ``megatron_mixed`` (Megatron Float16Module, grad_reduce_in_fp32): params 2, grads 4 (fp32 main
   grads), optimizer 12; the distributed optimizer is ZeRO-1 (optimizer / dp).
 * ``fsdp_mixed`` (FSDP2 MixedPrecisionPolicy: fp32 sharded params are the master, grads
@@ -39,6 +43,7 @@ _PARTS = ("params", "grads", "optimizer")
 BYTES_PER_PARAM = {
     "mixed": (2, 2, 12),
     "fp32": (4, 4, 8),
+    "autocast_copy": (4, 4, 12),
     "fsdp_mixed": (4, 4, 8),
     "megatron_mixed": (2, 4, 12),
 }
@@ -59,11 +64,16 @@ def layout_of(cfg: dict) -> dict:
            "offload_grads": False, "host_fp32_grad_partition": False, "unsharded_params_live": False,
            "note": ""}
     if name == "zero":
-        out.update(scheme="fp32" if prec == "fp32" else "mixed", stage=s["zero_stage"],
+        scheme = "fp32" if prec == "fp32" else "mixed"
+        if prec != "fp32" and s.get("autocast"):
+            copy = s["zero_stage"] in (1, 2) or s["offload_optimizer"] != "none"
+            scheme = "autocast_copy" if copy else "fp32"
+        out.update(scheme=scheme, stage=s["zero_stage"],
                    offload_optimizer=s["offload_optimizer"] != "none",
                    host_fp32_grad_partition=s["offload_optimizer"] != "none",
                    offload_param=s["offload_param"] != "none",
-                   note=f"DeepSpeed ZeRO-{s['zero_stage']}")
+                   note=f"DeepSpeed ZeRO-{s['zero_stage']}" + (" torch_autocast" if scheme != "mixed" and
+                                                                 prec != "fp32" else ""))
     elif name == "fsdp":
         reshard = s["reshard_after_forward"]
         out.update(scheme="fp32" if prec == "fp32" else "fsdp_mixed", stage=3,

@@ -148,6 +148,36 @@ def test_zero_offload_matches_single(offload, tmp_path_factory, baseline):
     assert lay["predicted_memory_mb"]["host"]["optimizer"] > 0
 
 
+def test_zero_autocast_follows_single_bf16(tmp_path_factory):
+    """strategy.autocast=true is DeepSpeed's torch_autocast: fp32 weights and the forward under
+    torch.autocast, as in `single`. On one rank the losses are single's bit for bit; on two, Linear
+    gradients are all-reduced in bf16, which moves the loss by far less than bf16's resolution."""
+    bf16 = [o for o in CPU_FAST if not o.startswith("precision=")] + ["precision=bf16"]
+
+    def runs(name: str, *overrides: str, multirun: bool = False) -> list[dict]:
+        d = tmp_path_factory.mktemp(name)
+        p = run_bench(*overrides, *bf16, run_dir=d, multirun=multirun, timeout=600)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        return [metrics_of(sub) for sub in sorted(d.iterdir()) if (sub / "metrics.json").exists()] \
+            if multirun else [metrics_of(d)]
+
+    ref = runs("single_bf16", "strategy=single")[0]["loss"]["per_step"]
+    one = runs("zero0_autocast", "strategy=zero", "strategy.autocast=true")[0]
+    assert one["loss"]["per_step"] == ref
+    lay = one["layout"]
+    assert lay["ds_config"]["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"} and "bf16" not in lay["ds_config"]
+    assert lay["autocast"] is True and lay["predicted_memory_mb"]["scheme"] == "fp32"
+    two = runs("zero_autocast_ws2", "strategy=zero", "strategy.autocast=true", "world_size=2",
+               "strategy.zero_stage=0,2,3", multirun=True)
+    assert sorted(m["config"]["strategy"]["zero_stage"] for m in two) == [0, 2, 3]
+    for m in two:
+        assert m["status"] == "completed", m.get("error")
+        assert_one_step_per_global_batch(m)
+        diffs = [abs(a - b) for a, b in zip(m["loss"]["per_step"], ref)]
+        assert len(diffs) == STEPS and max(diffs) <= 5e-4, (m["config"]["strategy"]["zero_stage"], diffs)
+        print("zero_stage", m["config"]["strategy"]["zero_stage"], "max |loss - single|", max(diffs))
+
+
 # --------------------------------------------------------------------------- config rules
 @pytest.mark.parametrize("overrides,key", [
     (["strategy.zero_stage=4"], "strategy.zero_stage"),
@@ -166,6 +196,7 @@ def test_zero_offload_matches_single(offload, tmp_path_factory, baseline):
     (["+strategy.ds_config.train_batch_size=64"], "strategy.ds_config.train_batch_size"),
     (["precision=fp16"], "precision"),  # fp16 needs a GPU (global rule)
     (["world_size=2", "strategy.micro_batch_size=3"], "strategy.micro_batch_size"),
+    (["strategy.autocast=true", "precision=fp32"], "strategy.autocast"),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v))
 def test_zero_config_errors(overrides, key):
     with pytest.raises(ConfigError) as e:

@@ -7,10 +7,13 @@ goes through ``engine(x)`` / ``engine.backward`` / ``engine.step``; DeepSpeed sc
 micro-batch loss by 1/grad_accum and only reduces and steps at the accumulation boundary
 (checked against ``engine.global_steps``).
 
-Precision is DeepSpeed's own: bf16/fp16 mean 16-bit parameters, gradients and compute with
-fp32 master weights and Adam states inside DeepSpeed's optimizer wrapper (not autocast);
-fp16 adds DeepSpeed's dynamic loss scaling, and a step skipped for overflow comes back as
-``StepResult(skipped=True)`` (``engine.was_step_applied()``).
+Precision is DeepSpeed's own by default: bf16/fp16 mean 16-bit parameters, gradients and
+compute with fp32 master weights and Adam states inside DeepSpeed's optimizer wrapper; fp16
+adds DeepSpeed's dynamic loss scaling, and a step skipped for overflow comes back as
+``StepResult(skipped=True)`` (``engine.was_step_applied()``).  With ``strategy.autocast=true``
+it is DeepSpeed's ``torch_autocast`` instead: fp32 weights, forward under torch.autocast as in
+``single``; fp16 then scales with torch's GradScaler, whose lowered scale marks a skipped step
+(DeepSpeed does not report those in ``was_step_applied``).
 """
 from __future__ import annotations
 
@@ -67,6 +70,9 @@ def deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
+AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # DeepSpeed's torch_autocast.dtype names
+
+
 def build_ds_config(plan) -> dict:
     """The DeepSpeed config of a Plan: batch layout, precision, ZeRO knobs, then ds_config."""
     c, s = plan.cfg, plan.strategy
@@ -97,7 +103,9 @@ def build_ds_config(plan) -> dict:
         "wall_clock_breakdown": False,
         "zero_optimization": zo,
     }
-    if c["precision"] == "bf16":
+    if s["autocast"] and c["precision"] in AUTOCAST_DTYPES:
+        cfg["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_DTYPES[c["precision"]]}
+    elif c["precision"] == "bf16":
         cfg["bf16"] = {"enabled": True}
     elif c["precision"] == "fp16":
         f = s["fp16"]
@@ -107,6 +115,19 @@ def build_ds_config(plan) -> dict:
                        "consecutive_hysteresis": f["consecutive_hysteresis"],
                        "min_loss_scale": f["min_loss_scale"]}
     return deep_merge(cfg, s["ds_config"] or {})
+
+
+PRECISION_NOTES = {  # (precision, autocast) -> what ran
+    ("fp32", False): "fp32",
+    ("bf16", False): "DeepSpeed bf16: bf16 params/grads/compute, fp32 master weights + Adam states "
+                     "in the optimizer (not autocast)",
+    ("fp16", False): "DeepSpeed fp16: fp16 params/grads/compute, fp32 master weights + Adam states, "
+                     "dynamic loss scaling (skipped steps reported)",
+    ("bf16", True): "DeepSpeed torch_autocast bf16: fp32 params (the master weights), forward under "
+                    "torch.autocast, Linear gradients reduced in bf16",
+    ("fp16", True): "DeepSpeed torch_autocast fp16: fp32 params, forward under torch.autocast, torch "
+                    "GradScaler (skipped steps reported)",
+}
 
 
 @register("zero")
@@ -161,6 +182,8 @@ class Zero(Strategy):
         engine = self.engine
         micro = self.stream.micro_batches(n, self.plan.micro_batch_size)
         total = torch.zeros((), device=self.dist.device)
+        scaler = self._autocast_grad_scaler()
+        scale = scaler.get_scale() if scaler is not None else None
         for x, y in micro:
             loss = lm_loss(engine(x), y)
             engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
@@ -170,7 +193,15 @@ class Zero(Strategy):
         if engine.global_steps != self.steps_done:
             raise RuntimeError(f"DeepSpeed took {engine.global_steps} optimizer steps for {self.steps_done} "
                                f"global batches (gradient_accumulation_steps={engine.gradient_accumulation_steps()})")
-        return StepResult(loss=total / len(micro), skipped=not engine.was_step_applied())
+        skipped = scaler.get_scale() < scale if scaler is not None else not engine.was_step_applied()
+        return StepResult(loss=total / len(micro), skipped=skipped)
+
+    def _autocast_grad_scaler(self) -> Optional[torch.amp.GradScaler]:
+        """The GradScaler of DeepSpeed's fp16 torch_autocast (the engine's at ZeRO-0, the ZeRO
+        optimizer's at stages 1-3); None otherwise."""
+        engine = self.engine
+        return (getattr(engine, "torch_autocast_z0_gradscaler", None)
+                or getattr(engine.optimizer, "torch_autocast_gradscaler", None))
 
     def _loss_scale(self) -> Optional[float]:
         """The current fp16 loss scale of DeepSpeed's optimizer wrapper (the attribute varies)."""
@@ -194,13 +225,8 @@ class Zero(Strategy):
             "offload_param": p.strategy["offload_param"],
             "optimizer": getattr(self, "optimizer_name", None),
             "optimizer_wrapper": type(engine.optimizer).__name__ if engine is not None else None,
-            "precision": {
-                "fp32": "fp32",
-                "bf16": "DeepSpeed bf16: bf16 params/grads/compute, fp32 master weights + Adam states "
-                        "in the optimizer (not autocast)",
-                "fp16": "DeepSpeed fp16: fp16 params/grads/compute, fp32 master weights + Adam states, "
-                        "dynamic loss scaling (skipped steps reported)",
-            }[prec],
+            "autocast": bool(p.strategy["autocast"]) and prec != "fp32",
+            "precision": PRECISION_NOTES[(prec, bool(p.strategy["autocast"]) and prec != "fp32")],
             "compile": bool(p.cfg["compile"]),
             "compiled": bool(engine.is_compiled) if engine is not None else False,
             "micro_batch_size": p.micro_batch_size,
