@@ -15,10 +15,14 @@
 #            single at 8 and 16, DDP=2; then the verify phase's TP / PP graph runs and tests
 #   autocast issue 3 (1 GPU): ZeRO-0 300m bf16 and gpt2 fp16 with DeepSpeed's torch_autocast
 #            (fp32 weights, forward under autocast, as single) vs its bf16/fp16 wrappers; single
+#   zero2    issue 3 (2 GPUs): ZeRO-0/1/2 with strategy.autocast=true at 1-2 GPUs, ZeRO-1/2 with
+#            overlap and 5e7 buckets, ZeRO-3 with two prefetch sizes, DeepSpeed's own bf16 beside
+#            them, gpt2 fp16 autocast compiled; then the distopt phase
+#   autocast1 issue 3 (1 GPU): ZeRO-0..3 and gpt2 fp16 through strategy.autocast=true
 #   distopt  issue 4: Megatron DDP=2 (graph) with the distributed optimizer (param gather overlapped
 #            or not), fp32 vs bf16 reduction, bucket sizes; torch single / DDP=2; 30 timed steps
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
-#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1 [seconds]
 set -u
 OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
@@ -93,7 +97,31 @@ autocast_phase() {  # one GPU: DeepSpeed ZeRO-0 with its own 16-bit wrapper vs i
   run --multirun model=gpt2 precision=fp16 strategy=zero compile=false,true $FP $A hydra.sweep.dir=$R/gpt2_autocast
   run --multirun model=gpt2 precision=fp16 strategy=zero compile=false,true $A hydra.sweep.dir=$R/gpt2_ds
 }
-export -f exit_phase distopt_phase autocast_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
+zero2_phase() {  # 2 GPUs: ZeRO-1/2/3 with strategy.autocast=true against the 2-GPU targets, then distopt
+  A="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=150"
+  build_ds_ops
+  run --multirun strategy=single $A hydra.sweep.dir=$R/single
+  wait_ds_ops
+  run --multirun strategy=zero strategy.autocast=true world_size=1,2 strategy.zero_stage=0,1,2 $A hydra.sweep.dir=$R/zero_autocast
+  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=1,2 strategy.overlap_comm=true \
+    strategy.reduce_bucket_size=5e7 $A hydra.sweep.dir=$R/zero_autocast_overlap
+  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=3 strategy.prefetch_bucket_size=5e7,2e8 \
+    $A hydra.sweep.dir=$R/zero3_autocast
+  run --multirun strategy=zero world_size=2 strategy.zero_stage=1,2,3 $A hydra.sweep.dir=$R/zero_ds
+  run --multirun model=gpt2 precision=fp16 strategy=zero strategy.autocast=true compile=true steps=20 warmup_steps=6 \
+    hydra.sweep.dir=$R/gpt2_autocast
+  distopt_phase
+}
+autocast1_phase() {  # 1 GPU: the same through strategy.autocast (no 2-GPU machine)
+  A="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=150"
+  build_ds_ops
+  run --multirun strategy=single $A hydra.sweep.dir=$R/single
+  wait_ds_ops
+  run --multirun strategy=zero strategy.autocast=true strategy.zero_stage=0,1,2,3 $A hydra.sweep.dir=$R/zero_autocast
+  run --multirun model=gpt2 precision=fp16 strategy=zero strategy.autocast=true compile=false,true steps=20 warmup_steps=6 \
+    hydra.sweep.dir=$R/gpt2_autocast
+}
+export -f exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null
