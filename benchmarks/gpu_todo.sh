@@ -110,6 +110,7 @@ zero2_phase() {  # 2 GPUs: ZeRO-1/2/3 with strategy.autocast=true against the 2-
   run --multirun strategy=zero world_size=2 strategy.zero_stage=1,2,3 $A hydra.sweep.dir=$R/zero_ds
   run --multirun model=gpt2 precision=fp16 strategy=zero strategy.autocast=true compile=true steps=20 warmup_steps=6 \
     hydra.sweep.dir=$R/gpt2_autocast
+  PYTHONUNBUFFERED=1 timeout 150 python -m pytest -v tests/test_gpu.py -k autocast > $OUT/gpu_test_autocast.txt 2>&1
   distopt_phase
 }
 autocast1_phase() {  # 1 GPU: the same through strategy.autocast (no 2-GPU machine)
@@ -120,6 +121,7 @@ autocast1_phase() {  # 1 GPU: the same through strategy.autocast (no 2-GPU machi
   run --multirun strategy=zero strategy.autocast=true strategy.zero_stage=0,1,2,3 $A hydra.sweep.dir=$R/zero_autocast
   run --multirun model=gpt2 precision=fp16 strategy=zero strategy.autocast=true compile=false,true steps=20 warmup_steps=6 \
     hydra.sweep.dir=$R/gpt2_autocast
+  PYTHONUNBUFFERED=1 timeout 150 python -m pytest -v tests/test_gpu.py -k autocast > $OUT/gpu_test_autocast.txt 2>&1
 }
 export -f exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"

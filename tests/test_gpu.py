@@ -62,3 +62,19 @@ def test_profile_on_gpu_reports_kernels_by_kind(bench_run):
     assert 0 < prof["gpu_busy_fraction"] <= 1 and prof["kernels_per_step"] > 0
     assert prof["kernel_ms_per_step"].get("matmul", 0) > 0
     assert not any(k.startswith("nccl:") for k in prof["top_kernels_ms_per_step"])  # no GPU annotations
+
+
+@pytest.mark.gpu
+def test_zero_autocast_fp16_follows_single(bench_run):
+    """ZeRO-0 with strategy.autocast=true in fp16 is single's recipe (fp32 weights, autocast,
+    GradScaler): the same losses within fp16 noise and the same count of skipped steps, which
+    bench reads from the GradScaler since DeepSpeed's was_step_applied() does not see them."""
+    fp16 = ["device=cuda", "precision=fp16", "model=10m", "steps=8", "warmup_steps=2",
+            "metrics.measure_matmul_peak=false"]
+    p1, d1 = bench_run(*fp16)
+    p2, d2 = bench_run(*fp16, "strategy=zero", "strategy.autocast=true")
+    assert p1.returncode == 0 and p2.returncode == 0, (p1.stderr[-2000:], p2.stderr[-2000:])
+    single, zero = metrics_of(d1), metrics_of(d2)
+    assert zero["layout"]["ds_config"]["torch_autocast"] == {"enabled": True, "dtype": "float16"}
+    assert zero["skipped_steps"] == single["skipped_steps"]
+    assert max(abs(a - b) for a, b in zip(loss_curve(d1), loss_curve(d2))) < 1e-3
