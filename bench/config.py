@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # torch.compile(mode=...)
 DEVICES = ("auto", "cuda", "cpu")
 START_METHODS = ("forkserver", "spawn")
 FAULT_KINDS = ("none", "raise", "oom", "hang", "crash_at_exit", "hang_at_exit", "stuck_at_exit")
@@ -220,6 +221,7 @@ class BenchConfig:
     seed: int = 0
     device: str = "auto"
     compile: bool = False
+    compile_mode: str = "default"  # torch.compile mode: default | reduce-overhead | max-autotune-no-cudagraphs
     tf32: bool = False  # allow TF32 matmuls when precision=fp32 on GPU
     optim: OptimConfig = field(default_factory=OptimConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -328,6 +330,10 @@ def validate(cfg: DictConfig | dict, gpus: Optional[int] = None) -> Plan:
     _choice("metrics.step_timing", c["metrics"]["step_timing"], STEP_TIMINGS)
     _choice("precision", c["precision"], PRECISIONS)
     _choice("device", c["device"], DEVICES)
+    _choice("compile_mode", c["compile_mode"], COMPILE_MODES)
+    if c["compile_mode"] != "default" and not c["compile"]:
+        raise ConfigError("compile_mode", c["compile_mode"], "takes effect only with compile=true; add compile=true "
+                          "or leave compile_mode=default")
     _choice("fault.kind", c["fault"]["kind"], FAULT_KINDS)
     _choice("strategy", s["name"], tuple(STRATEGY_SCHEMAS))
 

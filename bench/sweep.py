@@ -64,9 +64,24 @@ ATTEMPTS = ".attempts"
 
 
 # ------------------------------------------------------------------------------ keys and results
+# Keys added after sweeps were first recorded, with the default that does what runs did before
+# them: at that default they are left out of the key, so an earlier sweep folder still resumes.
+ADDED_AT_DEFAULT = {"compile_mode": "default", "strategy.autocast": False}
+
+
 def run_key(cfg: dict) -> str:
     """Hash of a resolved run configuration (plain containers), volatile keys left out."""
     c = {k: v for k, v in cfg.items() if k not in VOLATILE_KEYS}
+    for dotted, default in ADDED_AT_DEFAULT.items():
+        *parents, leaf = dotted.split(".")
+        node = c
+        for k in parents:  # copy the path down to the key, never the caller's dicts
+            node[k] = dict(node[k]) if isinstance(node.get(k), dict) else None
+            node = node[k]
+            if node is None:
+                break
+        if node is not None and leaf in node and node[leaf] == default:
+            del node[leaf]
     blob = json.dumps(c, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

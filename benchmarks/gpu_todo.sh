@@ -19,10 +19,12 @@
 #            overlap and 5e7 buckets, ZeRO-3 with two prefetch sizes, DeepSpeed's own bf16 beside
 #            them; then the distopt phase (gpt2 and the GPU test ran in autocast1)
 #   autocast1 issue 3 (1 GPU): ZeRO-0..3 and gpt2 fp16 through strategy.autocast=true
+#   cmode    issue 3 (1 GPU): gpt2 fp16 single / ZeRO-0 autocast with compile_mode=reduce-overhead,
+#            single with max-autotune-no-cudagraphs
 #   distopt  issue 4: Megatron DDP=2 (graph) with the distributed optimizer (param gather overlapped
 #            or not), fp32 vs bf16 reduction, bucket sizes; torch single / DDP=2; 30 timed steps
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
-#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1 [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode [seconds]
 set -u
 OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
@@ -120,7 +122,15 @@ autocast1_phase() {  # 1 GPU: the same through strategy.autocast (no 2-GPU machi
     hydra.sweep.dir=$R/gpt2_autocast
   PYTHONUNBUFFERED=1 timeout 150 python -m pytest -v tests/test_gpu.py -k autocast > $OUT/gpu_test_autocast.txt 2>&1
 }
-export -f exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
+cmode_phase() {  # 1 GPU: gpt2 fp16 with torch.compile modes (CUDA graphs; autotuned kernels)
+  A="model=gpt2 precision=fp16 compile=true steps=20 warmup_steps=6 run_timeout_s=300"
+  build_ds_ops
+  run --multirun strategy=single compile_mode=reduce-overhead $A hydra.sweep.dir=$R/single_ro
+  wait_ds_ops
+  run --multirun strategy=zero strategy.autocast=true compile_mode=reduce-overhead $A hydra.sweep.dir=$R/zero_ro
+  run --multirun strategy=single compile_mode=max-autotune-no-cudagraphs $A hydra.sweep.dir=$R/single_mat
+}
+export -f exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null

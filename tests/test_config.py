@@ -59,6 +59,8 @@ def test_ddp_plan_splits_batch_and_accumulates():
     (["start_method=fork"], 0, "start_method"),
     (["metrics.step_timing=cupti"], 0, "metrics.step_timing"),
     (["teardown_timeout_s=0"], 0, "teardown_timeout_s"),
+    (["compile=true", "compile_mode=fast"], 0, "compile_mode"),
+    (["compile_mode=reduce-overhead"], 0, "compile_mode"),  # without compile=true
 ])
 def test_validation_errors_name_key_value_and_fix(overrides, gpus, key):
     with pytest.raises(ConfigError) as e:

@@ -188,3 +188,33 @@ def test_completed_result_is_never_overwritten_and_ctrl_c_stops_the_sweep(tmp_pa
     alive = [line for line in ps.splitlines()
              if line.split()[1:2] == [str(proc.pid)] and not line.split()[2].startswith("Z")]
     assert not alive, ps
+
+
+@pytest.mark.parametrize("run", [
+    "results/2026-11-23-h200x2-ddp-ceiling-graph-exit/runs/paper_zero/22",  # zero (strategy.autocast added since)
+    "results/2026-11-23-h200x2-graph-teardown-paper-sweeps/runs/paper_megatron/12",
+])
+def test_recorded_runs_keep_their_key(run):
+    """resume=true matches runs by key, so the current schema must hash a committed run's overrides
+    to the key it was recorded with: knobs added since then, at their defaults, leave it unchanged
+    (bench.sweep.ADDED_AT_DEFAULT); set to anything else, they change it."""
+    import yaml
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from bench.config import register_configs
+    from bench.sweep import ADDED_AT_DEFAULT, run_key
+
+    d = REPO / run
+    recorded = json.loads((d / "status.json").read_text())["key"]
+    overrides = yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text())
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
+    assert run_key(cfg) == recorded
+    assert cfg["compile_mode"] == ADDED_AT_DEFAULT["compile_mode"]
+    assert run_key({**cfg, "compile_mode": "reduce-overhead"}) != recorded
+    assert cfg["compile_mode"] == "default"  # run_key does not alter its argument
+    if cfg["strategy"]["name"] == "zero":
+        assert run_key({**cfg, "strategy": {**cfg["strategy"], "autocast": True}}) != recorded
+        assert cfg["strategy"]["autocast"] is False

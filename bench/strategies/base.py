@@ -45,6 +45,11 @@ def sweep_preloads(strategy_cfg: dict) -> tuple[str, ...]:
     return (*SWEEP_PRELOAD, *get_strategy(strategy_cfg["name"]).preload_modules(strategy_cfg))
 
 
+def compile_kwargs(cfg: dict) -> dict:
+    """torch.compile keyword arguments of a run: its mode, unless the default."""
+    return {} if cfg["compile_mode"] == "default" else {"mode": cfg["compile_mode"]}
+
+
 @dataclass
 class DistContext:
     rank: int

@@ -17,7 +17,7 @@ import torch
 from bench.data import SyntheticStream
 from bench.memory_model import predicted_model_state_mb
 from bench.model import build_model, lm_loss
-from bench.strategies.base import StepResult, Strategy, register
+from bench.strategies.base import StepResult, Strategy, compile_kwargs, register
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -48,7 +48,7 @@ class FSDP(Strategy):
         blocks = list(self.raw_model.blocks.values())
         for i, block in enumerate(blocks):
             if cfg["compile"]:
-                block.compile()  # per block, before sharding: FSDP's hooks stay outside the graphs
+                block.compile(**compile_kwargs(cfg))  # per block, before sharding: FSDP's hooks stay outside the graphs
             # the last block's backward starts right after its forward: resharding it would only
             # add an all-gather (as torchtitan does)
             fully_shard(block, **{**kw, "reshard_after_forward": kw["reshard_after_forward"] and i < len(blocks) - 1})

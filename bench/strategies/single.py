@@ -8,7 +8,7 @@ import torch
 
 from bench.data import SyntheticStream
 from bench.model import build_model, lm_loss
-from bench.strategies.base import Precision, StepResult, Strategy, register
+from bench.strategies.base import Precision, StepResult, Strategy, compile_kwargs, register
 
 
 @register("single")
@@ -31,7 +31,7 @@ class Single(Strategy):
         with self.setup_phase("wrap"):
             self.model = self.wrap(self.raw_model)
         if cfg["compile"]:
-            self.model = torch.compile(self.model)  # lazy: compiles in the first (warm-up) steps
+            self.model = torch.compile(self.model, **compile_kwargs(cfg))  # lazy: compiles in the first (warm-up) steps
         o = cfg["optim"]
         self.fused = dev.type == "cuda"
         with self.setup_phase("optimizer"):

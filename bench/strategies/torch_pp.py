@@ -30,7 +30,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from bench.data import SyntheticStream
 from bench.layout import TOKEN_RULE, Layout, local_stages, resolve_schedule, stage_layers
 from bench.model import GPT, build_model, lm_loss
-from bench.strategies.base import Precision, StepResult, Strategy
+from bench.strategies.base import Precision, StepResult, Strategy, compile_kwargs
 from bench.strategies.torch_tp import TP_PLAN_TEXT, is_sharded, local_tensor, parallelize_blocks
 
 DP_BUCKET_ELEMENTS = 25_000_000  # gradient elements per all-reduce (100 MB in fp32)
@@ -103,7 +103,7 @@ class TorchModelParallel(Strategy):
         if cfg["compile"]:  # per block, after TP (torchtitan's order): DTensor dispatch is traced away
             for chunk in self.chunks:
                 for block in chunk.blocks.values():
-                    block.compile()
+                    block.compile(**compile_kwargs(cfg))
         self.params = [q for chunk in self.chunks for q in chunk.parameters()]
 
         self.schedule_name = resolve_schedule(s["schedule"], self.virtual) if p.pp > 1 else None

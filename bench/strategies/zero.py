@@ -28,7 +28,7 @@ import torch
 from bench.data import SyntheticStream
 from bench.memory_model import predicted_model_state_mb
 from bench.model import build_model, lm_loss
-from bench.strategies.base import StepResult, Strategy, register
+from bench.strategies.base import StepResult, Strategy, compile_kwargs, register
 
 REPO = Path(__file__).resolve().parents[2]
 # One JIT-build cache for DeepSpeed's C++/CUDA ops (cpu_adam, fused_adam, ...) per checkout:
@@ -173,7 +173,7 @@ class Zero(Strategy):
                 model=model, optimizer=make_opt, model_parameters=list(model.parameters()),
                 config=copy.deepcopy(self.ds_config))
         if cfg["compile"]:
-            self.engine.compile()
+            self.engine.compile(compile_kwargs=compile_kwargs(cfg))
         self.stream = SyntheticStream(p.model, seed=cfg["seed"], steps=cfg["steps"],
                                       dp_rank=self.dist.rank, dp_size=p.dp_size, device=dev)
         self.steps_done = 0
