@@ -64,16 +64,16 @@ def layout_of(cfg: dict) -> dict:
            "offload_grads": False, "host_fp32_grad_partition": False, "unsharded_params_live": False,
            "note": ""}
     if name == "zero":
+        autocast = prec != "fp32" and s.get("autocast")
         scheme = "fp32" if prec == "fp32" else "mixed"
-        if prec != "fp32" and s.get("autocast"):
+        if autocast:
             copy = s["zero_stage"] in (1, 2) or s["offload_optimizer"] != "none"
             scheme = "autocast_copy" if copy else "fp32"
         out.update(scheme=scheme, stage=s["zero_stage"],
                    offload_optimizer=s["offload_optimizer"] != "none",
                    host_fp32_grad_partition=s["offload_optimizer"] != "none",
                    offload_param=s["offload_param"] != "none",
-                   note=f"DeepSpeed ZeRO-{s['zero_stage']}" + (" torch_autocast" if scheme != "mixed" and
-                                                                 prec != "fp32" else ""))
+                   note=f"DeepSpeed ZeRO-{s['zero_stage']}" + (" torch_autocast" if autocast else ""))
     elif name == "fsdp":
         reshard = s["reshard_after_forward"]
         out.update(scheme="fp32" if prec == "fp32" else "fsdp_mixed", stage=3,

@@ -64,8 +64,9 @@ ATTEMPTS = ".attempts"
 
 
 # ------------------------------------------------------------------------------ keys and results
-# Keys added after sweeps were first recorded, with the default that does what runs did before
-# them: at that default they are left out of the key, so an earlier sweep folder still resumes.
+# Keys ("key" or "group.key") added after sweeps were first recorded, with the default that does
+# what runs did before them: at that default they are left out of the key, so an earlier sweep
+# folder still resumes.
 ADDED_AT_DEFAULT = {"compile_mode": "default", "strategy.autocast": False}
 
 
@@ -73,15 +74,14 @@ def run_key(cfg: dict) -> str:
     """Hash of a resolved run configuration (plain containers), volatile keys left out."""
     c = {k: v for k, v in cfg.items() if k not in VOLATILE_KEYS}
     for dotted, default in ADDED_AT_DEFAULT.items():
-        *parents, leaf = dotted.split(".")
-        node = c
-        for k in parents:  # copy the path down to the key, never the caller's dicts
-            node[k] = dict(node[k]) if isinstance(node.get(k), dict) else None
-            node = node[k]
-            if node is None:
-                break
-        if node is not None and leaf in node and node[leaf] == default:
-            del node[leaf]
+        group, _, leaf = dotted.rpartition(".")
+        parent = c.get(group) if group else c
+        if isinstance(parent, dict) and leaf in parent and parent[leaf] == default:
+            rest = {k: v for k, v in parent.items() if k != leaf}  # a copy: cfg stays as it was
+            if group:
+                c[group] = rest
+            else:
+                c = rest
     blob = json.dumps(c, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -44,9 +44,10 @@ def main() -> None:
     for m in rows:
         r, t, f = m["run"], m["throughput"], m["flops"]
         lay = m.get("layout") or {}
-        name = f"{r['model']}/{r['strategy']} ws{r['world_size']} {r['precision']}{' ac' if lay.get('autocast') else ''}" \
-               f"{(' c' + ('' if (m.get('config') or {}).get('compile_mode', 'default') == 'default' else ':' + m['config']['compile_mode'][:6])) if r['compile'] else ''}" \
-               f" b{r['global_batch']}"
+        mode = (m.get("config") or {}).get("compile_mode", "default")
+        comp = (" c" + ("" if mode == "default" else ":" + mode[:6])) if r["compile"] else ""
+        name = f"{r['model']}/{r['strategy']} ws{r['world_size']} {r['precision']}" \
+               f"{' ac' if lay.get('autocast') else ''}{comp} b{r['global_batch']}"
         extra = (f" {lay['impl']}" if lay.get("impl") in ("torch", "megatron") and r["strategy"] != "fsdp" else "") + \
             "".join(f" {k}={lay[k]}" for k in ("zero_stage", "reshard_after_forward", "tp", "pp", "microbatches")
                     if k in lay)

@@ -215,6 +215,7 @@ class Zero(Strategy):
     def describe(self) -> dict:
         p = self.plan
         prec = p.cfg["precision"]
+        autocast = bool(p.strategy["autocast"]) and prec != "fp32"
         engine = getattr(self, "engine", None)
         return {
             "impl": "deepspeed",
@@ -225,8 +226,8 @@ class Zero(Strategy):
             "offload_param": p.strategy["offload_param"],
             "optimizer": getattr(self, "optimizer_name", None),
             "optimizer_wrapper": type(engine.optimizer).__name__ if engine is not None else None,
-            "autocast": bool(p.strategy["autocast"]) and prec != "fp32",
-            "precision": PRECISION_NOTES[(prec, bool(p.strategy["autocast"]) and prec != "fp32")],
+            "autocast": autocast,
+            "precision": PRECISION_NOTES[(prec, autocast)],
             "compile": bool(p.cfg["compile"]),
             "compiled": bool(engine.is_compiled) if engine is not None else False,
             "micro_batch_size": p.micro_batch_size,
