@@ -21,10 +21,11 @@
 #   autocast1 issue 3 (1 GPU): ZeRO-0..3 and gpt2 fp16 through strategy.autocast=true
 #   cmode    issue 3 (1 GPU): gpt2 fp16 single / ZeRO-0 autocast with compile_mode=reduce-overhead,
 #            single with max-autotune-no-cudagraphs
+#   zero1    issue 3 (1 GPU): ZeRO-0..3 autocast profiled at batch 16 and 8 (the 2-GPU per-rank batch), knobs
 #   distopt  issue 4: Megatron DDP=2 (graph) with the distributed optimizer (param gather overlapped
 #            or not), fp32 vs bf16 reduction, bucket sizes; torch single / DDP=2; 30 timed steps
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
-#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1 [seconds]
 set -u
 OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
@@ -127,10 +128,25 @@ cmode_phase() {  # 1 GPU: gpt2 fp16 with torch.compile modes (CUDA graphs; autot
   build_ds_ops
   run --multirun strategy=single compile_mode=reduce-overhead $A hydra.sweep.dir=$R/single_ro
   wait_ds_ops
+  PYTHONUNBUFFERED=1 timeout 150 python -m pytest -v tests/test_gpu.py -k autocast > $OUT/gpu_test_autocast.txt 2>&1
+  run --multirun strategy=zero strategy.autocast=true $A hydra.sweep.dir=$R/zero_default  # scale read moved after backward
   run --multirun strategy=zero strategy.autocast=true compile_mode=reduce-overhead $A hydra.sweep.dir=$R/zero_ro
   run --multirun strategy=single compile_mode=max-autotune-no-cudagraphs $A hydra.sweep.dir=$R/single_mat
+  run --multirun strategy=zero strategy.autocast=true compile_mode=max-autotune-no-cudagraphs $A hydra.sweep.dir=$R/zero_mat
 }
-export -f exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
+zero1_phase() {  # 1 GPU, no 2-GPU machine: where ZeRO-1/2/3 with autocast lose time against ZeRO-0
+  # (profiled: host vs GPU time), at the 2-GPU run's per-rank batch 8 as well, and which knob recovers it
+  A="model=300m steps=20 warmup_steps=6 run_timeout_s=150 metrics.profile_steps=2"
+  build_ds_ops
+  run --multirun strategy=single model.global_batch=16,8 $A hydra.sweep.dir=$R/single
+  wait_ds_ops
+  run --multirun strategy=zero strategy.autocast=true strategy.zero_stage=0,1,2,3 model.global_batch=16,8 $A hydra.sweep.dir=$R/zero_autocast
+  run --multirun strategy=zero strategy.autocast=true strategy.zero_stage=1,2 model.global_batch=8 compile=true $A hydra.sweep.dir=$R/zero_compile
+  run --multirun strategy=zero strategy.autocast=true strategy.zero_stage=2 model.global_batch=8 strategy.overlap_comm=true $A hydra.sweep.dir=$R/zero2_overlap
+  run --multirun strategy=zero strategy.autocast=true strategy.zero_stage=2 model.global_batch=8 strategy.contiguous_gradients=false $A hydra.sweep.dir=$R/zero2_nocontig
+  run --multirun strategy=zero strategy.autocast=true strategy.zero_stage=3 model.global_batch=8 strategy.param_persistence_threshold=1e9 $A hydra.sweep.dir=$R/zero3_persist
+}
+export -f zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null

@@ -183,10 +183,14 @@ class Zero(Strategy):
         micro = self.stream.micro_batches(n, self.plan.micro_batch_size)
         total = torch.zeros((), device=self.dist.device)
         scaler = self._autocast_grad_scaler()
-        scale = scaler.get_scale() if scaler is not None else None
-        for x, y in micro:
+        scale = None
+        for i, (x, y) in enumerate(micro):
             loss = lm_loss(engine(x), y)
             engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
+            if scaler is not None and i == len(micro) - 1:
+                # read at the boundary, after backward, as single does: GradScaler's step syncs
+                # there anyway, while a read before the forward would stall the host every step
+                scale = scaler.get_scale()
             engine.step()  # reduces and steps only at the accumulation boundary
             total += loss.detach()
         self.steps_done += 1
