@@ -22,10 +22,11 @@
 #   cmode    issue 3 (1 GPU): gpt2 fp16 single / ZeRO-0 autocast with compile_mode=reduce-overhead,
 #            single with max-autotune-no-cudagraphs
 #   zero1    issue 3 (1 GPU): ZeRO-0..3 autocast profiled at batch 16 and 8 (the 2-GPU per-rank batch), knobs
+#   zero1b   issue 3 (1 GPU): ZeRO-1/2 with CUDA graphs (reduce-overhead), compiled ZeRO-0/3, FSDP2, single at batch 8
 #   distopt  issue 4: Megatron DDP=2 (graph) with the distributed optimizer (param gather overlapped
 #            or not), fp32 vs bf16 reduction, bucket sizes; torch single / DDP=2; 30 timed steps
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
-#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1 [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1|zero1b [seconds]
 set -u
 OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
@@ -146,7 +147,15 @@ zero1_phase() {  # 1 GPU, no 2-GPU machine: where ZeRO-1/2/3 with autocast lose 
   run --multirun strategy=zero strategy.autocast=true strategy.zero_stage=2 model.global_batch=8 strategy.contiguous_gradients=false $A hydra.sweep.dir=$R/zero2_nocontig
   run --multirun strategy=zero strategy.autocast=true strategy.zero_stage=3 model.global_batch=8 strategy.param_persistence_threshold=1e9 $A hydra.sweep.dir=$R/zero3_persist
 }
-export -f zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
+zero1b_phase() {  # 1 GPU, after zero1: does taking launches off the host (compile, CUDA graphs) lift ZeRO-1/2/3?
+  A="model=300m steps=20 warmup_steps=6 run_timeout_s=150 compile=true"
+  build_ds_ops; wait_ds_ops
+  run --multirun strategy=zero strategy.autocast=true strategy.zero_stage=1,2 model.global_batch=8,16 compile_mode=reduce-overhead $A hydra.sweep.dir=$R/zero_ro
+  run --multirun strategy=zero strategy.autocast=true strategy.zero_stage=0,3 model.global_batch=8 $A hydra.sweep.dir=$R/zero_c
+  run --multirun strategy=fsdp strategy.reshard_after_forward=false,true model.global_batch=8 $A hydra.sweep.dir=$R/fsdp_c
+  run --multirun strategy=single model.global_batch=8,16 $A hydra.sweep.dir=$R/single_c
+}
+export -f zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null
