@@ -23,10 +23,11 @@
 #            single with max-autotune-no-cudagraphs
 #   zero1    issue 3 (1 GPU): ZeRO-0..3 autocast profiled at batch 16 and 8 (the 2-GPU per-rank batch), knobs
 #   zero1b   issue 3 (1 GPU): ZeRO-1/2 with CUDA graphs (reduce-overhead), compiled ZeRO-0/3, FSDP2, single at batch 8
+#   zero3c   issue 3 (1 GPU): compiled ZeRO-3's different losses: without overlap, DeepSpeed bf16, fp32
 #   distopt  issue 4: Megatron DDP=2 (graph) with the distributed optimizer (param gather overlapped
 #            or not), fp32 vs bf16 reduction, bucket sizes; torch single / DDP=2; 30 timed steps
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
-#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1|zero1b [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1|zero1b|zero3c [seconds]
 set -u
 OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
@@ -155,7 +156,15 @@ zero1b_phase() {  # 1 GPU, after zero1: does taking launches off the host (compi
   run --multirun strategy=fsdp strategy.reshard_after_forward=false,true model.global_batch=8 $A hydra.sweep.dir=$R/fsdp_c
   run --multirun strategy=single model.global_batch=8,16 $A hydra.sweep.dir=$R/single_c
 }
-export -f zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
+zero3c_phase() {  # 1 GPU: compiled ZeRO-3 trained differently in zero1b (loss 9.1167 vs 9.0563): which knob is it?
+  A="model=300m model.global_batch=8 steps=8 warmup_steps=3 run_timeout_s=120 strategy=zero strategy.zero_stage=3"
+  build_ds_ops; wait_ds_ops
+  run --multirun compile=true strategy.autocast=true strategy.overlap_comm=false $A hydra.sweep.dir=$R/no_overlap
+  run --multirun compile=true strategy.autocast=false $A hydra.sweep.dir=$R/ds_bf16
+  run --multirun compile=false,true precision=fp32 $A hydra.sweep.dir=$R/fp32
+  run --multirun compile=false strategy.autocast=false $A hydra.sweep.dir=$R/ds_bf16_eager
+}
+export -f zero3c_phase zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null
