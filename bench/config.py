@@ -549,6 +549,12 @@ def _rules_zero(plan: Plan) -> None:
     for key in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters"):
         _whole_positive(f"strategy.{key}", s[key])
     _whole_positive("strategy.param_persistence_threshold", s["param_persistence_threshold"], allow_zero=True)
+    if stage == 3 and plan.cfg["compile"] and plan.device == "cuda":
+        # results/2026-11-23-h200-compile-mode-zero-profiles: on an H200 every compiled ZeRO-3 run
+        # (fp32, bf16, autocast, overlap on/off) left single's loss curve from its second step
+        raise ConfigError("compile", True, "with strategy.zero_stage=3 on CUDA, DeepSpeed 0.19.8's engine.compile "
+                          "trains a different model (measured on an H200: 300m fp32 loss after 8 steps 9.153 against "
+                          "9.095 eager and single); use compile=false, or zero_stage 0-2")
     f = s["fp16"]
     if s["autocast"] and plan.cfg["precision"] == "fp32":
         raise ConfigError("strategy.autocast", True, "autocast runs the forward in bf16 or fp16; set precision=bf16 "

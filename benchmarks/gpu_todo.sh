@@ -17,7 +17,7 @@
 #            (fp32 weights, forward under autocast, as single) vs its bf16/fp16 wrappers; single
 #   zero2    issue 3 (2 GPUs): ZeRO-0/1/2 with strategy.autocast=true at 1-2 GPUs, ZeRO-1/2 with
 #            overlap and 5e7 buckets, ZeRO-3 with two prefetch sizes, DeepSpeed's own bf16 beside
-#            them; then the distopt phase (gpt2 and the GPU test ran in autocast1)
+#            them, ZeRO-1/2 with CUDA graphs (compile_mode=reduce-overhead); then the distopt phase
 #   autocast1 issue 3 (1 GPU): ZeRO-0..3 and gpt2 fp16 through strategy.autocast=true
 #   cmode    issue 3 (1 GPU): gpt2 fp16 single / ZeRO-0 autocast with compile_mode=reduce-overhead,
 #            single with max-autotune-no-cudagraphs
@@ -107,11 +107,16 @@ zero2_phase() {  # 2 GPUs: ZeRO-1/2/3 with strategy.autocast=true against the 2-
   build_ds_ops
   run --multirun strategy=single $A hydra.sweep.dir=$R/single
   wait_ds_ops
-  run --multirun strategy=zero strategy.autocast=true world_size=1,2 strategy.zero_stage=0,1,2 $A hydra.sweep.dir=$R/zero_autocast
-  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=1,2 strategy.overlap_comm=true \
-    strategy.reduce_bucket_size=5e7 $A hydra.sweep.dir=$R/zero_autocast_overlap
+  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=0,1,2 $A hydra.sweep.dir=$R/zero_autocast
+  # zero1b (1 GPU, batch 8) put ZeRO-1/2 with CUDA graphs at 85% / 83% of single: the 2-GPU check,
+  # with compiled single in the same mode as the like-for-like baseline (most valuable first)
+  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=1,2 compile=true \
+    compile_mode=reduce-overhead $A hydra.sweep.dir=$R/zero_autocast_ro
+  run --multirun strategy=single compile=true compile_mode=reduce-overhead $A hydra.sweep.dir=$R/single_ro
   run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=3 strategy.prefetch_bucket_size=5e7,2e8 \
     $A hydra.sweep.dir=$R/zero3_autocast
+  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=1,2 strategy.overlap_comm=true \
+    strategy.reduce_bucket_size=5e7 $A hydra.sweep.dir=$R/zero_autocast_overlap
   run --multirun strategy=zero world_size=2 strategy.zero_stage=1,2,3 $A hydra.sweep.dir=$R/zero_ds
   distopt_phase
 }

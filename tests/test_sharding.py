@@ -216,6 +216,16 @@ def test_fsdp_config_errors(overrides, key):
     assert e.value.key == key
 
 
+def test_compiled_zero3_on_cuda_is_refused():
+    """Compiled ZeRO-3 left single's loss curve on an H200 (results/2026-11-23-h200-compile-mode-
+    zero-profiles), so bench refuses it on CUDA; on CPU it matched single and stays allowed."""
+    with pytest.raises(ConfigError) as e:
+        plan_of("strategy=zero", "strategy.zero_stage=3", "compile=true", "device=cuda", "precision=bf16", gpus=1)
+    assert e.value.key == "compile" and "zero_stage 0-2" in str(e.value)
+    assert plan_of("strategy=zero", "strategy.zero_stage=2", "compile=true", "device=cuda", gpus=1).strategy["zero_stage"] == 2
+    assert plan_of("strategy=zero", "strategy.zero_stage=3", "compile=true", "device=cpu").cfg["compile"]
+
+
 def test_valid_sharding_configs():
     p = plan_of("strategy=zero", "strategy.zero_stage=3", "strategy.offload_optimizer=cpu",
                 "strategy.offload_param=cpu", "strategy.reduce_bucket_size=2e8", "world_size=2", "device=cpu")
