@@ -15,8 +15,8 @@
 #            single at 8 and 16, DDP=2; then the verify phase's TP / PP graph runs and tests
 #   autocast issue 3 (1 GPU): ZeRO-0 300m bf16 and gpt2 fp16 with DeepSpeed's torch_autocast
 #            (fp32 weights, forward under autocast, as single) vs its bf16/fp16 wrappers; single
-#   zero2    issue 3 (2 GPUs): ZeRO-0/1/2 with strategy.autocast=true at 1-2 GPUs, ZeRO-1/2 with
-#            overlap and 5e7 buckets, ZeRO-3 with two prefetch sizes, DeepSpeed's own bf16 beside
+#   zero2    issue 3 (2 GPUs): ZeRO-0/1/2 with strategy.autocast=true at 2 GPUs (1 GPU: autocast1,
+#            zero1), ZeRO-1/2 with overlap and 5e7 buckets, ZeRO-3 with two prefetch sizes, DeepSpeed's own bf16 beside
 #            them, ZeRO-1/2 with CUDA graphs (compile_mode=reduce-overhead); then the distopt phase
 #   autocast1 issue 3 (1 GPU): ZeRO-0..3 and gpt2 fp16 through strategy.autocast=true
 #   cmode    issue 3 (1 GPU): gpt2 fp16 single / ZeRO-0 autocast with compile_mode=reduce-overhead,
