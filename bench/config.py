@@ -166,6 +166,8 @@ class ZeroConfig(StrategyConfig):
     prefetch_bucket_size: float = 5e7  # stage 3
     param_persistence_threshold: float = 1e5  # stage 3
     max_live_parameters: float = 1e9  # stage 3
+    leaf_blocks: bool = False  # stage 3: each transformer block one ZeRO-3 leaf module (fewer host-side hooks)
+    deepcompile: bool = False  # DeepSpeed's DeepCompile backend for engine.compile (compile=true, stages 1-3, CUDA)
     fp16: ZeroFP16Config = field(default_factory=ZeroFP16Config)
     ds_config: dict[str, Any] = field(default_factory=dict)  # raw DeepSpeed config, deep-merged last
 
@@ -549,7 +551,12 @@ def _rules_zero(plan: Plan) -> None:
     for key in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters"):
         _whole_positive(f"strategy.{key}", s[key])
     _whole_positive("strategy.param_persistence_threshold", s["param_persistence_threshold"], allow_zero=True)
-    if stage == 3 and plan.cfg["compile"] and plan.device == "cuda":
+    if s["leaf_blocks"] and stage != 3:
+        raise ConfigError("strategy.leaf_blocks", True, f"leaf modules are a ZeRO-3 notion (strategy.zero_stage={stage} "
+                          "here); use zero_stage=3 or leaf_blocks=false")
+    if s["deepcompile"]:
+        _rules_deepcompile(plan)
+    if stage == 3 and plan.cfg["compile"] and plan.device == "cuda" and not s["deepcompile"]:
         # results/2026-11-23-h200-compile-mode-zero-profiles: on an H200 every compiled ZeRO-3 run
         # (fp32, bf16, autocast, overlap on/off) left single's loss curve from its second step
         raise ConfigError("compile", True, "with strategy.zero_stage=3 on CUDA, DeepSpeed 0.19.8's engine.compile "
@@ -577,6 +584,24 @@ def _rules_zero(plan: Plan) -> None:
         if key in (s["ds_config"] or {}):
             raise ConfigError(f"strategy.ds_config.{key}", s["ds_config"][key],
                               "is derived from model.global_batch and strategy.micro_batch_size; set those instead")
+
+
+def _rules_deepcompile(plan: Plan) -> None:
+    """DeepCompile is a torch.compile backend that DeepSpeed installs in engine.compile (ZeRO-1/2/3
+    passes, a CUDA op); DeepSpeed would silently fall back to plain torch.compile otherwise."""
+    s, c = plan.strategy, plan.cfg
+    if not c["compile"]:
+        raise ConfigError("strategy.deepcompile", True, "DeepCompile runs through engine.compile; set compile=true "
+                          "(or strategy.deepcompile=false)")
+    if s["zero_stage"] == 0:
+        raise ConfigError("strategy.deepcompile", True, "DeepCompile has passes for ZeRO stages 1-3 only "
+                          "(DeepSpeed falls back to plain torch.compile at stage 0); use strategy.zero_stage=1, 2 or 3")
+    if plan.device != "cuda":
+        raise ConfigError("strategy.deepcompile", True, f"DeepCompile runs on CUDA only (this run's device is "
+                          f"{plan.device}); set strategy.deepcompile=false")
+    if c["compile_mode"] != "default":
+        raise ConfigError("compile_mode", c["compile_mode"], "DeepCompile compiles with its own Inductor backend, "
+                          "which takes no mode; use compile_mode=default with strategy.deepcompile=true")
 
 
 def _rules_fsdp(plan: Plan) -> None:

@@ -105,6 +105,16 @@ def test_zero_stage_matches_single(stage, zero_runs, baseline):
         assert set(r["startup_phases_s"]) == {"device_and_process_group"}  # no matmul peak on CPU
 
 
+def test_zero3_leaf_blocks_matches_single(tmp_path_factory, baseline):
+    """Blocks as ZeRO-3 leaf modules: one gather and one gradient-reduce hook per block instead of
+    per Linear / parameter; the same model is trained."""
+    m = single_run(tmp_path_factory, "zero3_leaf", "strategy=zero", "strategy.zero_stage=3",
+                   "strategy.leaf_blocks=true", "world_size=2")
+    assert_same_loss(m, baseline)
+    assert_one_step_per_global_batch(m)
+    assert m["layout"]["ds_config"]["zero_optimization"]["leaf_module"] == {"classes": ["bench.model.Block"]}
+
+
 @pytest.mark.parametrize("reshard", [True, False])
 def test_fsdp2_matches_single(reshard, fsdp_runs, baseline):
     m = fsdp_runs[reshard]
@@ -197,6 +207,8 @@ def test_zero_autocast_follows_single_bf16(tmp_path_factory):
     (["precision=fp16"], "precision"),  # fp16 needs a GPU (global rule)
     (["world_size=2", "strategy.micro_batch_size=3"], "strategy.micro_batch_size"),
     (["strategy.autocast=true", "precision=fp32"], "strategy.autocast"),
+    (["strategy.zero_stage=2", "strategy.leaf_blocks=true"], "strategy.leaf_blocks"),
+    (["strategy.zero_stage=3", "strategy.deepcompile=true", "compile=true"], "strategy.deepcompile"),  # CPU
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v))
 def test_zero_config_errors(overrides, key):
     with pytest.raises(ConfigError) as e:
@@ -224,6 +236,28 @@ def test_compiled_zero3_on_cuda_is_refused():
     assert e.value.key == "compile" and "zero_stage 0-2" in str(e.value)
     assert plan_of("strategy=zero", "strategy.zero_stage=2", "compile=true", "device=cuda", gpus=1).strategy["zero_stage"] == 2
     assert plan_of("strategy=zero", "strategy.zero_stage=3", "compile=true", "device=cpu").cfg["compile"]
+
+
+@pytest.mark.parametrize("overrides,key,says", [
+    (["strategy.zero_stage=3"], "strategy.deepcompile", "compile=true"),
+    (["strategy.zero_stage=0", "compile=true"], "strategy.deepcompile", "stages 1-3"),
+    (["strategy.zero_stage=1", "compile=true", "compile_mode=reduce-overhead"], "compile_mode", "compile_mode=default"),
+], ids=lambda v: v if isinstance(v, str) else " ".join(v))
+def test_deepcompile_config_errors(overrides, key, says):
+    """DeepCompile is DeepSpeed's engine.compile backend: without compile=true or at stage 0 DeepSpeed
+    would quietly run something else, so bench refuses those before launch."""
+    with pytest.raises(ConfigError) as e:
+        plan_of("strategy=zero", "strategy.deepcompile=true", "device=cuda", "precision=bf16", *overrides, gpus=1)
+    assert e.value.key == key and says in str(e.value)
+
+
+def test_deepcompile_and_leaf_blocks_reach_the_ds_config():
+    p = plan_of("strategy=zero", "strategy.zero_stage=3", "strategy.deepcompile=true", "compile=true",
+                "strategy.leaf_blocks=true", "device=cuda", "precision=bf16", gpus=1)
+    ds = build_ds_config(p)  # compiled ZeRO-3 is allowed through DeepCompile (its own passes, not engine hooks)
+    assert ds["compile"] == {"deepcompile": True}
+    assert ds["zero_optimization"]["leaf_module"] == {"classes": ["bench.model.Block"]}
+    assert "compile" not in build_ds_config(plan_of("strategy=zero", "strategy.zero_stage=3", "device=cpu"))
 
 
 def test_valid_sharding_configs():

@@ -27,7 +27,7 @@ import torch
 
 from bench.data import SyntheticStream
 from bench.memory_model import predicted_model_state_mb
-from bench.model import build_model, lm_loss
+from bench.model import Block, build_model, lm_loss
 from bench.strategies.base import StepResult, Strategy, compile_kwargs, register
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,6 +90,8 @@ def build_ds_config(plan) -> dict:
         zo.update(stage3_prefetch_bucket_size=int(s["prefetch_bucket_size"]),
                   stage3_param_persistence_threshold=int(s["param_persistence_threshold"]),
                   stage3_max_live_parameters=int(s["max_live_parameters"]))
+        if s["leaf_blocks"]:  # DeepSpeed matches the class by its qualified name
+            zo["leaf_module"] = {"classes": [f"{Block.__module__}.{Block.__qualname__}"]}
     if s["offload_optimizer"] != "none":
         zo["offload_optimizer"] = {"device": s["offload_optimizer"], "pin_memory": pin}
     if s["offload_param"] != "none":
@@ -103,6 +105,8 @@ def build_ds_config(plan) -> dict:
         "wall_clock_breakdown": False,
         "zero_optimization": zo,
     }
+    if s["deepcompile"]:
+        cfg["compile"] = {"deepcompile": True}
     if s["autocast"] and c["precision"] in AUTOCAST_DTYPES:
         cfg["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_DTYPES[c["precision"]]}
     elif c["precision"] == "bf16":
@@ -234,6 +238,7 @@ class Zero(Strategy):
             "precision": PRECISION_NOTES[(prec, autocast)],
             "compile": bool(p.cfg["compile"]),
             "compiled": bool(engine.is_compiled) if engine is not None else False,
+            "deepcompile": bool(engine.is_deepcompile_active()) if engine is not None else False,
             "micro_batch_size": p.micro_batch_size,
             "grad_accum": p.grad_accum,
             "global_steps": engine.global_steps if engine is not None else None,
