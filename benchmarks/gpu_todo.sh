@@ -191,7 +191,8 @@ dc2_phase() {  # 1 GPU, after dc (300m ZeRO-3 DeepCompile: no first step in 240 
   build_dc_op
   run --multirun strategy=single model=300m compile=false,true $A hydra.sweep.dir=$R/single
   run --multirun strategy=zero strategy.zero_stage=3 model=300m strategy.leaf_blocks=true strategy.autocast=false $A hydra.sweep.dir=$R/z3_leaf_bf16
-  run --multirun strategy=zero strategy.zero_stage=3 model=10m strategy.autocast=true compile=true strategy.deepcompile=false,true run_timeout_s=150 $A hydra.sweep.dir=$R/z3_dc_10m
+  run --multirun strategy=zero strategy.zero_stage=3 model=10m strategy.autocast=true compile=true strategy.deepcompile=true run_timeout_s=150 $A hydra.sweep.dir=$R/z3_dc_10m
+  run --multirun strategy=zero strategy.zero_stage=3 model=10m strategy.autocast=true $A hydra.sweep.dir=$R/z3_10m
   run --multirun strategy=zero strategy.zero_stage=1 model=300m strategy.autocast=true compile=true strategy.deepcompile=true run_timeout_s=200 $A hydra.sweep.dir=$R/z1_dc
 }
 dc12_phase() {  # 1 GPU: DeepCompile for ZeRO-1/2; ZeRO-3 DeepCompile in DeepSpeed's bf16 and at batch 16
