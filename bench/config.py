@@ -599,6 +599,9 @@ def _rules_deepcompile(plan: Plan) -> None:
     if plan.device != "cuda":
         raise ConfigError("strategy.deepcompile", True, f"DeepCompile runs on CUDA only (this run's device is "
                           f"{plan.device}); set strategy.deepcompile=false")
+    if s["leaf_blocks"]:  # results/2026-11-23-h200-zero3-leaf-deepcompile: "'weight' must be 2-D" in the first forward
+        raise ConfigError("strategy.leaf_blocks", True, "DeepCompile gathers ZeRO-3 parameters in its graph and fails "
+                          "on leaf modules (DeepSpeed 0.19.8); use leaf_blocks=false with deepcompile, or deepcompile=false")
     if c["compile_mode"] != "default":
         raise ConfigError("compile_mode", c["compile_mode"], "DeepCompile compiles with its own Inductor backend, "
                           "which takes no mode; use compile_mode=default with strategy.deepcompile=true")

@@ -93,3 +93,19 @@ def test_zero_cuda_graphs_follow_single(bench_run):
         assert pz.returncode == 0, pz.stderr[-2000:]
         assert metrics_of(dz)["layout"]["compiled"] is True
         assert max(abs(x - y) for x, y in zip(loss_curve(d), loss_curve(dz))) < 2e-3, stage
+
+
+@pytest.mark.gpu
+def test_zero3_leaf_blocks_and_deepcompile_follow_single(bench_run):
+    """The two ways past ZeRO-3's per-module hooks keep single's losses on CUDA: blocks as leaf
+    modules (eager) and DeepSpeed's DeepCompile, past the step (5) where it adds its prefetch passes."""
+    a = ["device=cuda", "precision=bf16", "model=10m", "steps=10", "warmup_steps=3", "metrics.measure_matmul_peak=false"]
+    p, d = bench_run(*a)
+    assert p.returncode == 0, p.stderr[-2000:]
+    z3 = ["strategy=zero", "strategy.zero_stage=3", "strategy.autocast=true"]
+    for extra in (["strategy.leaf_blocks=true"], ["compile=true", "strategy.deepcompile=true"]):
+        pz, dz = bench_run(*a, *z3, *extra)
+        assert pz.returncode == 0, pz.stderr[-2000:]
+        lay = metrics_of(dz)["layout"]
+        assert lay["deepcompile"] is ("compile=true" in extra)
+        assert max(abs(x - y) for x, y in zip(loss_curve(d), loss_curve(dz))) < 2e-3, extra

@@ -242,6 +242,7 @@ def test_compiled_zero3_on_cuda_is_refused():
     (["strategy.zero_stage=3"], "strategy.deepcompile", "compile=true"),
     (["strategy.zero_stage=0", "compile=true"], "strategy.deepcompile", "stages 1-3"),
     (["strategy.zero_stage=1", "compile=true", "compile_mode=reduce-overhead"], "compile_mode", "compile_mode=default"),
+    (["strategy.zero_stage=3", "compile=true", "strategy.leaf_blocks=true"], "strategy.leaf_blocks", "leaf_blocks=false"),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v))
 def test_deepcompile_config_errors(overrides, key, says):
     """DeepCompile is DeepSpeed's engine.compile backend: without compile=true or at stage 0 DeepSpeed
@@ -253,10 +254,11 @@ def test_deepcompile_config_errors(overrides, key, says):
 
 def test_deepcompile_and_leaf_blocks_reach_the_ds_config():
     p = plan_of("strategy=zero", "strategy.zero_stage=3", "strategy.deepcompile=true", "compile=true",
-                "strategy.leaf_blocks=true", "device=cuda", "precision=bf16", gpus=1)
+                "device=cuda", "precision=bf16", gpus=1)
     ds = build_ds_config(p)  # compiled ZeRO-3 is allowed through DeepCompile (its own passes, not engine hooks)
-    assert ds["compile"] == {"deepcompile": True}
-    assert ds["zero_optimization"]["leaf_module"] == {"classes": ["bench.model.Block"]}
+    assert ds["compile"] == {"deepcompile": True} and "leaf_module" not in ds["zero_optimization"]
+    ds = build_ds_config(plan_of("strategy=zero", "strategy.zero_stage=3", "strategy.leaf_blocks=true", "device=cpu"))
+    assert ds["zero_optimization"]["leaf_module"] == {"classes": ["bench.model.Block"]} and "compile" not in ds
     assert "compile" not in build_ds_config(plan_of("strategy=zero", "strategy.zero_stage=3", "device=cpu"))
 
 
