@@ -561,7 +561,8 @@ def _rules_zero(plan: Plan) -> None:
         # (fp32, bf16, autocast, overlap on/off) left single's loss curve from its second step
         raise ConfigError("compile", True, "with strategy.zero_stage=3 on CUDA, DeepSpeed 0.19.8's engine.compile "
                           "trains a different model (measured on an H200: 300m fp32 loss after 8 steps 9.153 against "
-                          "9.095 eager and single); use compile=false, or zero_stage 0-2")
+                          "9.095 eager and single); use compile=false, zero_stage 0-2, or strategy.deepcompile=true "
+                          "(DeepSpeed's own compiler for ZeRO-3, which kept the losses)")
     f = s["fp16"]
     if s["autocast"] and plan.cfg["precision"] == "fp32":
         raise ConfigError("strategy.autocast", True, "autocast runs the forward in bf16 or fp16; set precision=bf16 "

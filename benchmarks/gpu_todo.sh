@@ -16,8 +16,10 @@
 #   autocast issue 3 (1 GPU): ZeRO-0 300m bf16 and gpt2 fp16 with DeepSpeed's torch_autocast
 #            (fp32 weights, forward under autocast, as single) vs its bf16/fp16 wrappers; single
 #   zero2    issue 3 (2 GPUs): ZeRO-0/1/2 with strategy.autocast=true at 2 GPUs (1 GPU: autocast1,
-#            zero1), ZeRO-1/2 with overlap and 5e7 buckets, ZeRO-3 with two prefetch sizes, DeepSpeed's own bf16 beside
-#            them, ZeRO-1/2 with CUDA graphs (compile_mode=reduce-overhead); then the distopt phase
+#            zero1), ZeRO-1/2 with CUDA graphs (compile_mode=reduce-overhead), ZeRO-3 with leaf blocks (two
+#            prefetch sizes), ZeRO-1/2 with overlap and 5e7 buckets, DeepSpeed's own bf16
+#            beside them; then the distopt phase
+#   zero2dc  issue 3 (2 GPUs): ZeRO-3 with DeepCompile (its compile alone needs most of a call)
 #   autocast1 issue 3 (1 GPU): ZeRO-0..3 and gpt2 fp16 through strategy.autocast=true
 #   cmode    issue 3 (1 GPU): gpt2 fp16 single / ZeRO-0 autocast with compile_mode=reduce-overhead,
 #            single with max-autotune-no-cudagraphs
@@ -32,7 +34,7 @@
 #   distopt  issue 4: Megatron DDP=2 (graph) with the distributed optimizer (param gather overlapped
 #            or not), fp32 vs bf16 reduction, bucket sizes; torch single / DDP=2; 30 timed steps
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
-#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1|zero1b|zero3c|dc|dc12|dc2|dc3 [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1|zero1b|zero3c|dc|dc12|dc2|dc3|zero2dc [seconds]
 set -u
 OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
@@ -118,12 +120,18 @@ zero2_phase() {  # 2 GPUs: ZeRO-1/2/3 with strategy.autocast=true against the 2-
   run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=1,2 compile=true \
     compile_mode=reduce-overhead $A hydra.sweep.dir=$R/zero_autocast_ro
   run --multirun strategy=single compile=true compile_mode=reduce-overhead $A hydra.sweep.dir=$R/single_ro
-  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=3 strategy.prefetch_bucket_size=5e7,2e8 \
-    $A hydra.sweep.dir=$R/zero3_autocast
+  # dc / dc3 (1 GPU, batch 8): ZeRO-3 with blocks as leaf modules 2x, with DeepCompile 3x (compiles ~230 s)
+  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=3 strategy.leaf_blocks=true \
+    strategy.prefetch_bucket_size=5e7,2e8 $A hydra.sweep.dir=$R/zero3_leaf
   run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=1,2 strategy.overlap_comm=true \
     strategy.reduce_bucket_size=5e7 $A hydra.sweep.dir=$R/zero_autocast_overlap
   run --multirun strategy=zero world_size=2 strategy.zero_stage=1,2,3 $A hydra.sweep.dir=$R/zero_ds
   distopt_phase
+}
+zero2dc_phase() {  # 2 GPUs: ZeRO-3 with DeepCompile (~230 s of compiling in its warm-up on one GPU), its own call
+  A="model=300m model.global_batch=16 steps=20 warmup_steps=8 strategy=zero strategy.autocast=true"
+  build_dc_op
+  run --multirun world_size=2 strategy.zero_stage=3 compile=true strategy.deepcompile=true run_timeout_s=450 $A hydra.sweep.dir=$R/zero3_dc
 }
 autocast1_phase() {  # 1 GPU: the same through strategy.autocast (no 2-GPU machine)
   A="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=150"
@@ -209,7 +217,7 @@ dc12_phase() {  # 1 GPU: DeepCompile for ZeRO-1/2; ZeRO-3 DeepCompile in DeepSpe
   run --multirun strategy=zero strategy.zero_stage=3 strategy.autocast=false model.global_batch=8 $A hydra.sweep.dir=$R/z3_dc_bf16
   run --multirun strategy=zero strategy.zero_stage=3 strategy.autocast=true model.global_batch=16 $A hydra.sweep.dir=$R/z3_dc_16
 }
-export -f build_dc_op dc_phase dc2_phase dc3_phase dc12_phase zero3c_phase zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
+export -f zero2dc_phase build_dc_op dc_phase dc2_phase dc3_phase dc12_phase zero3c_phase zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null
