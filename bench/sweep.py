@@ -67,7 +67,8 @@ ATTEMPTS = ".attempts"
 # Keys ("key" or "group.key") added after sweeps were first recorded, with the default that does
 # what runs did before them: at that default they are left out of the key, so an earlier sweep
 # folder still resumes.
-ADDED_AT_DEFAULT = {"compile_mode": "default", "strategy.autocast": False}
+ADDED_AT_DEFAULT = {"compile_mode": "default", "strategy.autocast": False, "strategy.leaf_blocks": False,
+                    "strategy.deepcompile": False}
 
 
 def run_key(cfg: dict) -> str:

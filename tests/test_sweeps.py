@@ -191,7 +191,7 @@ def test_completed_result_is_never_overwritten_and_ctrl_c_stops_the_sweep(tmp_pa
 
 
 @pytest.mark.parametrize("run", [
-    "results/2026-11-23-h200x2-ddp-ceiling-graph-exit/runs/paper_zero/22",  # zero (strategy.autocast added since)
+    "results/2026-11-23-h200x2-ddp-ceiling-graph-exit/runs/paper_zero/22",  # zero (autocast, leaf_blocks, deepcompile added since)
     "results/2026-11-23-h200x2-graph-teardown-paper-sweeps/runs/paper_megatron/12",
 ])
 def test_recorded_runs_keep_their_key(run):
@@ -216,5 +216,6 @@ def test_recorded_runs_keep_their_key(run):
     assert run_key({**cfg, "compile_mode": "reduce-overhead"}) != recorded
     assert cfg["compile_mode"] == "default"  # run_key does not alter its argument
     if cfg["strategy"]["name"] == "zero":
-        assert run_key({**cfg, "strategy": {**cfg["strategy"], "autocast": True}}) != recorded
-        assert cfg["strategy"]["autocast"] is False
+        for knob in ("autocast", "leaf_blocks", "deepcompile"):  # added after the run was recorded
+            assert run_key({**cfg, "strategy": {**cfg["strategy"], knob: True}}) != recorded, knob
+            assert cfg["strategy"][knob] is False
