@@ -1,0 +1,96 @@
+"""Host cost of torch-native TP's pieces, without communication or compute: bench's GPT at micro
+dimensions (d_model 32, 24 blocks, 8 x 16 tokens) on CPU, a 1-rank gloo mesh, so every millisecond
+is framework time. Compares plain and DTensor (TP-planned) blocks, eager and compiled per block,
+for forward+backward, AdamW (foreach, and fused as on GPUs) over the DTensor parameters vs over
+their local shards, and gradient clipping. Usage: python benchmarks/tp_host_cost.py   (about a minute; prints one line per case)
+"""
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29556")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from bench.model import GPT, lm_loss
+    from bench.strategies.torch_tp import local_tensor, parallelize_blocks
+
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    x, y = torch.randint(0, 256, (8, 16)), torch.randint(0, 256, (8, 16))
+
+    def ms(f, n=10) -> float:
+        for _ in range(3):
+            f()
+        t = time.perf_counter()
+        for _ in range(n):
+            f()
+        return (time.perf_counter() - t) / n * 1e3
+
+    for tp in (False, True):
+        for compiled in (False, True):
+            m = GPT(32, 2, 24, 128, 256, 16)
+            if tp:
+                parallelize_blocks(m, mesh["tp"])
+            if compiled:
+                for b in m.blocks.values():
+                    b.compile()
+            params = list(m.parameters())
+            from torch.distributed.tensor import DTensor
+            # DTensor and plain parameters in separate groups: the foreach / fused kernels refuse mixed lists
+            groups = [[q for q in params if isinstance(q, DTensor)], [q for q in params if not isinstance(q, DTensor)]]
+            opt = torch.optim.AdamW([{"params": g} for g in groups if g], lr=1e-3)  # foreach (CPU default)
+            opt_fused = torch.optim.AdamW([{"params": g} for g in groups if g], lr=1e-3, fused=True)  # as on GPU
+            local = [local_tensor(q.detach()) for q in params]
+            assert all(lp.data_ptr() == local_tensor(q).data_ptr() for lp, q in zip(local, params))
+            opt_local = torch.optim.AdamW(local, lr=1e-3)
+            opt_local_fused = torch.optim.AdamW(local, lr=1e-3, fused=True)
+
+            def fwd_bwd():
+                for q in params:
+                    q.grad = None
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = lm_loss(m(x), y)
+                loss.backward()
+
+            fwd_bwd()
+            t_fb = ms(fwd_bwd)
+            t_opt = ms(opt.step)
+
+            def local_step():
+                for lp, q in zip(local, params):
+                    lp.grad = local_tensor(q.grad)
+                opt_local.step()
+
+            t_local = ms(local_step)
+            t_fused = ms(opt_fused.step)
+
+            def local_step_fused():
+                for lp, q in zip(local, params):
+                    lp.grad = local_tensor(q.grad)
+                opt_local_fused.step()
+
+            t_local_fused = ms(local_step_fused)
+            grads = [q.grad for q in params]
+
+            def clip_loop():  # bench's _clip_grads: a norm and a scale per gradient
+                total = torch.zeros(())
+                for g in grads:
+                    total += local_tensor(g).float().pow(2).sum()
+                coef = (1.0 / (total.sqrt() + 1e-6)).clamp(max=1.0)
+                for g in grads:
+                    local_tensor(g).mul_(coef)
+
+            print(f"tp={tp!s:5} compiled={compiled!s:5}  forward+backward {t_fb:6.1f} ms   "
+                  f"AdamW (foreach / fused) over the parameters {t_opt:5.1f} / {t_fused:5.1f} ms, "
+                  f"over local shards {t_local:5.1f} / {t_local_fused:5.1f} ms   clip {ms(clip_loop):4.1f} ms", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
