@@ -30,11 +30,12 @@
 #            leaf modules (strategy.leaf_blocks), 300m batch 8 (the 2-GPU per-rank batch), profiled; single
 #   dc2      issue 3 (1 GPU): after dc: DeepCompile ZeRO-3 on 10m, ZeRO-1 on 300m; leaf blocks in DeepSpeed's bf16; single
 #   dc3      issue 3 (1 GPU): after dc2: leaf blocks at batch 16; 300m ZeRO-3 DeepCompile with a 420 s run limit
+#   dcz2     issue 3 (1 GPU): DeepCompile ZeRO-2, 300m batch 8
 #   dc12     issue 3 (1 GPU): the same for ZeRO-1/2 (DeepCompile), ZeRO-3 DeepCompile in DeepSpeed's bf16, batch 16
 #   distopt  issue 4: Megatron DDP=2 (graph) with the distributed optimizer (param gather overlapped
 #            or not), fp32 vs bf16 reduction, bucket sizes; torch single / DDP=2; 30 timed steps
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
-#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1|zero1b|zero3c|dc|dc12|dc2|dc3|zero2dc [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1|zero1b|zero3c|dc|dc12|dc2|dc3|dcz2|zero2dc [seconds]
 set -u
 OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
@@ -210,6 +211,11 @@ dc3_phase() {  # 1 GPU, after dc2: ZeRO-3 leaf blocks at batch 16; 300m ZeRO-3 D
   run --multirun strategy.leaf_blocks=true model.global_batch=16 $A hydra.sweep.dir=$R/z3_leaf_16
   run --multirun compile=true strategy.deepcompile=true model.global_batch=8 run_timeout_s=420 $A hydra.sweep.dir=$R/z3_dc_300m
 }
+dcz2_phase() {  # 1 GPU, the device time left after dc3: DeepCompile ZeRO-2 (ZeRO-1's was slower than eager)
+  build_dc_op
+  run --multirun strategy=zero strategy.zero_stage=2 strategy.autocast=true model=300m model.global_batch=8 steps=24 warmup_steps=8 \
+    compile=true strategy.deepcompile=true run_timeout_s=200 hydra.sweep.dir=$R/z2_dc
+}
 dc12_phase() {  # 1 GPU: DeepCompile for ZeRO-1/2; ZeRO-3 DeepCompile in DeepSpeed's bf16 and at batch 16
   A="model=300m steps=24 warmup_steps=8 run_timeout_s=240 metrics.profile_steps=2 compile=true strategy.deepcompile=true"
   build_dc_op
@@ -217,7 +223,7 @@ dc12_phase() {  # 1 GPU: DeepCompile for ZeRO-1/2; ZeRO-3 DeepCompile in DeepSpe
   run --multirun strategy=zero strategy.zero_stage=3 strategy.autocast=false model.global_batch=8 $A hydra.sweep.dir=$R/z3_dc_bf16
   run --multirun strategy=zero strategy.zero_stage=3 strategy.autocast=true model.global_batch=16 $A hydra.sweep.dir=$R/z3_dc_16
 }
-export -f zero2dc_phase build_dc_op dc_phase dc2_phase dc3_phase dc12_phase zero3c_phase zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
+export -f dcz2_phase zero2dc_phase build_dc_op dc_phase dc2_phase dc3_phase dc12_phase zero3c_phase zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null
