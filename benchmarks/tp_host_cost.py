@@ -44,12 +44,20 @@ def main() -> None:
             from torch.distributed.tensor import DTensor
             # DTensor and plain parameters in separate groups: the foreach / fused kernels refuse mixed lists
             groups = [[q for q in params if isinstance(q, DTensor)], [q for q in params if not isinstance(q, DTensor)]]
-            opt = torch.optim.AdamW([{"params": g} for g in groups if g], lr=1e-3)  # foreach (CPU default)
-            opt_fused = torch.optim.AdamW([{"params": g} for g in groups if g], lr=1e-3, fused=True)  # as on GPU
             local = [local_tensor(q.detach()) for q in params]
             assert all(lp.data_ptr() == local_tensor(q).data_ptr() for lp, q in zip(local, params))
-            opt_local = torch.optim.AdamW(local, lr=1e-3)
-            opt_local_fused = torch.optim.AdamW(local, lr=1e-3, fused=True)
+
+            def on_params(fused: bool):  # foreach is the CPU default; fused is what bench runs on GPUs
+                return torch.optim.AdamW([{"params": g} for g in groups if g], lr=1e-3, fused=fused).step
+
+            def on_local_shards(fused: bool):  # what bench's torch TP / PP do (torch_pp.py)
+                opt = torch.optim.AdamW(local, lr=1e-3, fused=fused)
+
+                def step():
+                    for lp, q in zip(local, params):
+                        lp.grad = local_tensor(q.grad)
+                    opt.step()
+                return step
 
             def fwd_bwd():
                 for q in params:
@@ -60,22 +68,8 @@ def main() -> None:
 
             fwd_bwd()
             t_fb = ms(fwd_bwd)
-            t_opt = ms(opt.step)
-
-            def local_step():
-                for lp, q in zip(local, params):
-                    lp.grad = local_tensor(q.grad)
-                opt_local.step()
-
-            t_local = ms(local_step)
-            t_fused = ms(opt_fused.step)
-
-            def local_step_fused():
-                for lp, q in zip(local, params):
-                    lp.grad = local_tensor(q.grad)
-                opt_local_fused.step()
-
-            t_local_fused = ms(local_step_fused)
+            t_opt, t_fused = (ms(on_params(fused)) for fused in (False, True))
+            t_local, t_local_fused = (ms(on_local_shards(fused)) for fused in (False, True))
             grads = [q.grad for q in params]
 
             def clip_loop():  # bench's _clip_grads: a norm and a scale per gradient
