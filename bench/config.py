@@ -180,7 +180,8 @@ class FSDPConfig(StrategyConfig):
     reshard_after_forward: bool = True  # true ~ ZeRO-3, false ~ ZeRO-2
     reduce_dtype: str = "fp32"  # fp32 | param (gradient reduce-scatter dtype under bf16/fp16)
     cpu_offload: bool = False  # CPUOffloadPolicy: sharded params, grads, optimizer on the host
-    prefetch: int = 0  # 0: FSDP2's implicit prefetching; k >= 1: explicitly prefetch the next k blocks
+    prefetch: int = 0  # 0: FSDP2's implicit prefetching; k >= 1: explicitly prefetch the next k units
+    blocks_per_unit: int = 1  # consecutive transformer blocks per FSDP unit (one all-gather / reduce-scatter each)
 
 
 @dataclass
@@ -613,7 +614,11 @@ def _rules_fsdp(plan: Plan) -> None:
     _choice("strategy.reduce_dtype", s["reduce_dtype"], FSDP_REDUCE_DTYPES)
     if s["prefetch"] < 0:
         raise ConfigError("strategy.prefetch", s["prefetch"],
-                          "must be >= 0 (0: FSDP2's implicit prefetching, k: the next k blocks explicitly)")
+                          "must be >= 0 (0: FSDP2's implicit prefetching, k: the next k units explicitly)")
+    n = plan.model["n_layers"]
+    if not 1 <= s["blocks_per_unit"] <= n:
+        raise ConfigError("strategy.blocks_per_unit", s["blocks_per_unit"],
+                          f"must be 1..model.n_layers={n} (consecutive blocks per FSDP unit; 1 = one unit per block)")
 
 
 STRATEGY_RULES: dict[str, Callable[[Plan], None]] = {

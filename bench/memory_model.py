@@ -23,11 +23,12 @@ Per parameter, by where the master weights live:
 ZeRO stage s over dp ranks: stage >= 1 divides the optimizer by dp, >= 2 also the grads,
 3 also the params.  FSDP2 maps to stage 3; with ``reshard_after_forward=false`` the gathered
 (unsharded) parameters of every block stay alive from forward through backward, so the full
-parameter copy is counted as well (ZeRO-2-like peak).  With reshard the transient is one block,
-which is not counted.  Offload moves the optimizer states (``offload_optimizer``/FSDP
-``cpu_offload``) and, for ``offload_param`` / FSDP ``cpu_offload``, the parameter shards to the
-host; FSDP ``cpu_offload`` also moves the gradient shards; DeepSpeed optimizer offload keeps the
-16-bit gradients on the device and adds an fp32 gradient partition (4 Psi / dp) on the host.
+parameter copy is counted as well (ZeRO-2-like peak).  With reshard the transient is one unit
+(``blocks_per_unit`` blocks), which is not counted.  Offload moves the optimizer states
+(``offload_optimizer``/FSDP ``cpu_offload``) and, for ``offload_param`` / FSDP ``cpu_offload``,
+the parameter shards to the host; FSDP ``cpu_offload`` also moves the gradient shards; DeepSpeed
+optimizer offload keeps the 16-bit gradients on the device and adds an fp32 gradient partition
+(4 Psi / dp) on the host.
 Tensor/pipeline parallel plans are approximated by dividing Psi evenly over tp x pp.
 """
 from __future__ import annotations

@@ -109,3 +109,22 @@ def test_zero3_leaf_blocks_and_deepcompile_follow_single(bench_run):
         lay = metrics_of(dz)["layout"]
         assert lay["deepcompile"] is ("compile=true" in extra)
         assert max(abs(x - y) for x, y in zip(loss_curve(d), loss_curve(dz))) < 2e-3, extra
+
+
+@pytest.mark.gpu
+def test_fsdp2_units_and_local_shard_adamw_follow_single(bench_run):
+    """FSDP2 on CUDA steps fused AdamW over each rank's local shards, per block and in units of
+    2 blocks (compiled): single's losses in fp32. In fp16 (FSDP computes in fp16, not autocast)
+    the ShardedGradScaler path steps the same optimizer and stays near single's curve."""
+    a = ["device=cuda", "model=10m", "steps=8", "warmup_steps=2", "metrics.measure_matmul_peak=false"]
+    for prec, tol in (("fp32", 5e-4), ("fp16", 5e-2)):
+        p, d = bench_run(*a, f"precision={prec}")
+        assert p.returncode == 0, p.stderr[-2000:]
+        for extra in ([], ["strategy.blocks_per_unit=2", "compile=true"]):
+            pf, df = bench_run(*a, f"precision={prec}", "strategy=fsdp", *extra)
+            assert pf.returncode == 0, pf.stderr[-2000:]
+            lay = metrics_of(df)["layout"]
+            assert lay["optimizer"] == "torch.optim.AdamW(fused=True) over each rank's local shards"
+            assert lay["blocks_per_unit"] == (2 if extra else 1)
+            diff = max(abs(x - y) for x, y in zip(loss_curve(d), loss_curve(df)))
+            assert diff < tol, (prec, extra, diff)

@@ -125,6 +125,21 @@ def test_fsdp2_matches_single(reshard, fsdp_runs, baseline):
     assert lay["predicted_memory_mb"]["device"]["total"] > 0
 
 
+def test_fsdp2_block_units_and_uneven_shards_match_single(tmp_path_factory):
+    """Units of 3 blocks (4 layers: units of 3 and 1) with explicit prefetch, and a vocabulary of
+    8001, whose embedding and head split 4001 / 4000 rows over 2 ranks: rank 1's shards are
+    views into padded storage, which the local-shard optimizer steps in place."""
+    odd = "model.vocab_size=8001"
+    want = single_run(tmp_path_factory, "single_v8001", "strategy=single", odd)
+    m = single_run(tmp_path_factory, "fsdp_units", "strategy=fsdp", "world_size=2", "strategy.blocks_per_unit=3",
+                   "strategy.prefetch=1", odd)
+    assert_same_loss(m, want)
+    assert_one_step_per_global_batch(m)
+    lay = m["layout"]
+    assert lay["blocks_per_unit"] == 3 and lay["wrap"].startswith("units of 3")
+    assert lay["optimizer"].endswith("over each rank's local shards")
+
+
 @pytest.mark.parametrize("strategy", [
     ("strategy=zero", "strategy.zero_stage=2"),
     ("strategy=fsdp", "strategy.reshard_after_forward=true", "strategy.prefetch=2"),
@@ -219,6 +234,8 @@ def test_zero_config_errors(overrides, key):
 @pytest.mark.parametrize("overrides,key", [
     (["strategy.reduce_dtype=fp8"], "strategy.reduce_dtype"),
     (["strategy.prefetch=-1"], "strategy.prefetch"),
+    (["strategy.blocks_per_unit=0"], "strategy.blocks_per_unit"),
+    (["strategy.blocks_per_unit=5"], "strategy.blocks_per_unit"),  # tiny has 4 layers
     (["precision=fp16"], "precision"),
     (["world_size=3"], "model.global_batch"),  # 8 sequences do not split over 3 ranks
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v))

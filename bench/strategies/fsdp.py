@@ -1,14 +1,17 @@
 """PyTorch FSDP2 (``fully_shard``) on a 1-D DeviceMesh over all ranks.
 
-Every transformer block is its own FSDP unit, then the root (embeddings, final norm, head; it
-keeps its parameters gathered from forward to backward, FSDP2's default for the root).
+Every transformer block is its own FSDP unit (or every ``blocks_per_unit`` consecutive blocks:
+fewer, larger collectives and fewer hooks, whose host time bounds small per-rank batches), then
+the root (embeddings, final norm, head; it keeps its parameters gathered from forward to
+backward, FSDP2's default for the root).
 ``reshard_after_forward`` true frees a block's gathered parameters after its forward and gathers
 them again in backward (the ZeRO-3 analogue); false keeps them until backward (ZeRO-2 analogue).
 precision=bf16|fp16 is FSDP's MixedPrecisionPolicy (sharded fp32 master parameters, gathered
 and computed in the 16-bit dtype, gradients reduce-scattered in ``reduce_dtype``), not
 autocast; fp16 adds a ShardedGradScaler (found-inf agreed over ranks).  Gradient accumulation
 turns the reduce-scatter off (``set_requires_gradient_sync(False)``) for all but the last
-micro-batch of a step.
+micro-batch of a step.  AdamW steps each rank's local shards (LocalShardAdamW, the same update
+without DTensor dispatch per optimizer op).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from bench.data import SyntheticStream
 from bench.memory_model import predicted_model_state_mb
 from bench.model import build_model, lm_loss
 from bench.strategies.base import StepResult, Strategy, compile_kwargs, register
+from bench.strategies.local_adamw import LocalShardAdamW
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -46,25 +50,29 @@ class FSDP(Strategy):
         kw = dict(mesh=self.mesh, reshard_after_forward=s["reshard_after_forward"], mp_policy=self.mp,
                   offload_policy=offload)
         blocks = list(self.raw_model.blocks.values())
-        for i, block in enumerate(blocks):
-            if cfg["compile"]:
-                block.compile(**compile_kwargs(cfg))  # per block, before sharding: FSDP's hooks stay outside the graphs
-            # the last block's backward starts right after its forward: resharding it would only
+        if cfg["compile"]:
+            for block in blocks:  # per block, before sharding: FSDP's hooks stay outside the graphs
+                block.compile(**compile_kwargs(cfg))
+        k = s["blocks_per_unit"]
+        units = [blocks[i:i + k] for i in range(0, len(blocks), k)]
+        for i, unit in enumerate(units):
+            # the last unit's backward starts right after its forward: resharding it would only
             # add an all-gather (as torchtitan does)
-            fully_shard(block, **{**kw, "reshard_after_forward": kw["reshard_after_forward"] and i < len(blocks) - 1})
+            fully_shard(unit if len(unit) > 1 else unit[0],
+                        **{**kw, "reshard_after_forward": kw["reshard_after_forward"] and i < len(units) - 1})
         # The root (embeddings, final norm, head) is not resharded after forward: the head is the
         # first thing backward needs (FSDP2's own heuristic for the root when left unset).
         self.model = fully_shard(self.raw_model, **{**kw, "reshard_after_forward": False})
-        k = s["prefetch"]
-        if k > 0:  # issue the next k blocks' all-gathers from the CPU early (helps when CPU-bound)
-            for i, block in enumerate(blocks):
-                block.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + k])
-                block.set_modules_to_backward_prefetch(blocks[max(0, i - k):i][::-1])
-        o = cfg["optim"]
+        n = s["prefetch"]
+        if n > 0:  # issue the next n units' all-gathers from the CPU early (helps when CPU-bound)
+            heads = [unit[0] for unit in units]  # a unit's FSDP state lives on its first block
+            for i, head in enumerate(heads):
+                head.set_modules_to_forward_prefetch(heads[i + 1:i + 1 + n])
+                head.set_modules_to_backward_prefetch(heads[max(0, i - n):i][::-1])
         self.fused = dev.type == "cuda" and not self.offload
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o["lr"], betas=(o["beta1"], o["beta2"]),
-            weight_decay=o["weight_decay"], fused=self.fused)
+        # built after the first backward: FSDP2's lazy init (first forward) may give a shard a new
+        # local tensor (reset_sharded_param), and the optimizer must hold the live ones
+        self.optimizer = None
         self.scaler = None
         if prec == "fp16":
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -74,7 +82,8 @@ class FSDP(Strategy):
                                       dp_rank=self.dist.rank, dp_size=p.dp_size, device=dev)
 
     def step(self, n: int) -> StepResult:
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.optimizer is not None:
+            self.optimizer.zero_grad()
         micro = self.stream.micro_batches(n, self.plan.micro_batch_size)
         total = torch.zeros((), device=self.dist.device)
         for i, (x, y) in enumerate(micro):
@@ -82,17 +91,20 @@ class FSDP(Strategy):
             loss = lm_loss(self.model(x), y) / len(micro)
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
-        clip = self.plan.cfg["optim"]["grad_clip"]
+        if self.optimizer is None:
+            self.optimizer = LocalShardAdamW(self.model.parameters(), self.plan.cfg["optim"], fused=self.fused)
+        self.optimizer.point_grads()
+        clip, opt = self.plan.cfg["optim"]["grad_clip"], self.optimizer.optimizer
         if self.scaler is None:
             if clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-            self.optimizer.step()
+            opt.step()
             return StepResult(loss=total)
         if clip > 0:
-            self.scaler.unscale_(self.optimizer)
+            self.scaler.unscale_(opt)  # the local gradients are the DTensor gradients' storage
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         before = self.scaler.get_scale()
-        self.scaler.step(self.optimizer)
+        self.scaler.step(opt)
         self.scaler.update()
         return StepResult(loss=total, skipped=self.scaler.get_scale() < before)
 
@@ -104,12 +116,14 @@ class FSDP(Strategy):
             "impl": "torch.distributed.fsdp.fully_shard (FSDP2)",
             "dp": p.dp_size,
             "mesh": f"1-D DeviceMesh ({p.device}, {p.world_size} ranks)",
-            "wrap": "each transformer block, then the root",
+            "wrap": (f"units of {s['blocks_per_unit']} transformer block(s), then the root"
+                     if s["blocks_per_unit"] > 1 else "each transformer block, then the root"),
+            "blocks_per_unit": s["blocks_per_unit"],
             "reshard_after_forward": s["reshard_after_forward"],
             "reshard_note": "root and last block never reshard after forward (backward needs them first)",
             "prefetch": s["prefetch"] or "implicit (FSDP2 default)",
             "cpu_offload": s["cpu_offload"],
-            "optimizer": f"torch.optim.AdamW(fused={getattr(self, 'fused', None)})",
+            "optimizer": f"torch.optim.AdamW(fused={getattr(self, 'fused', None)}) over each rank's local shards",
             "precision": "fp32" if prec == "fp32" else
                          f"FSDP MixedPrecisionPolicy(param_dtype={prec}, reduce_dtype={rdt}) over fp32 sharded "
                          f"master weights (not autocast)" + (" + ShardedGradScaler" if prec == "fp16" else ""),

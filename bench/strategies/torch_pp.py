@@ -31,6 +31,7 @@ from bench.data import SyntheticStream
 from bench.layout import TOKEN_RULE, Layout, local_stages, resolve_schedule, stage_layers
 from bench.model import GPT, build_model, lm_loss
 from bench.strategies.base import Precision, StepResult, Strategy, compile_kwargs
+from bench.strategies.local_adamw import LocalShardAdamW
 from bench.strategies.torch_tp import TP_PLAN_TEXT, is_sharded, local_tensor, parallelize_blocks
 
 DP_BUCKET_ELEMENTS = 25_000_000  # gradient elements per all-reduce (100 MB in fp32)
@@ -115,15 +116,9 @@ class TorchModelParallel(Strategy):
         self.tp_group = self.mesh["tp"].get_group() if p.tp > 1 else None
         self.pp_group = self.mesh["pp"].get_group() if p.pp > 1 else None
 
-        o = cfg["optim"]
         self.fused = dev.type == "cuda"
-        # AdamW is elementwise, so each rank steps its own shards as plain tensors: the same update
-        # without DTensor dispatch in every optimizer op (24 blocks at micro dimensions on CPU, host
-        # time per step: foreach 54-71 -> 15-23 ms, fused 9-17 -> 5-10 ms; results/2026-11-23-cpu-tp-host-cost.md)
-        self.local_params = [local_tensor(q.detach()) for q in self.params]
         with self.setup_phase("optimizer"):
-            self.optimizer = torch.optim.AdamW(self.local_params, lr=o["lr"], betas=(o["beta1"], o["beta2"]),
-                                               weight_decay=o["weight_decay"], fused=self.fused)
+            self.optimizer = LocalShardAdamW(self.params, cfg["optim"], fused=self.fused)
         self.stream = SyntheticStream(p.model, seed=cfg["seed"], steps=cfg["steps"], dp_rank=c.dp,
                                       dp_size=p.dp_size, device=dev)
 
@@ -147,8 +142,7 @@ class TorchModelParallel(Strategy):
 
     # ------------------------------------------------------------------ step
     def step(self, n: int) -> StepResult:
-        for q in self.params:
-            q.grad = None
+        self.optimizer.zero_grad()
         if self.schedule is None:
             micro = self.stream.micro_batches(n, self.plan.micro_batch_size)
             loss = torch.zeros((), device=self.dist.device)
@@ -168,8 +162,6 @@ class TorchModelParallel(Strategy):
         self._average_dp_grads()
         if self.plan.cfg["optim"]["grad_clip"] > 0:
             self._clip_grads(self.plan.cfg["optim"]["grad_clip"])
-        for lp, q in zip(self.local_params, self.params):
-            lp.grad = local_tensor(q.grad) if q.grad is not None else None
         self.optimizer.step()
         return StepResult(loss=loss if self.layout.counts_tokens(self.coord) else None)
 
