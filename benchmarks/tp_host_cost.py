@@ -1,10 +1,15 @@
-"""Host cost of torch-native TP's pieces, without communication or compute: bench's GPT at micro
-dimensions (d_model 32, 24 blocks, 8 x 16 tokens) on CPU, a 1-rank gloo mesh, so every millisecond
-is framework time. Compares plain and DTensor (TP-planned) blocks, eager and compiled per block,
-for forward+backward, AdamW (foreach, and fused as on GPUs) over the DTensor parameters vs over
-their local shards, and gradient clipping. Usage: python benchmarks/tp_host_cost.py   (about a minute; prints one line per case)
+"""Host cost of torch-native TP's pieces, without communication: bench's GPT on a 1-rank mesh.
+Compares plain and DTensor (TP-planned) blocks, eager and compiled per block, for forward+backward,
+AdamW (foreach, and fused as on GPUs) over the DTensor parameters vs over their local shards, and
+gradient clipping.
+  python benchmarks/tp_host_cost.py            CPU, gloo, micro dimensions (d_model 32, 24 blocks, 8 x 16
+                                               tokens): almost no compute, so every ms is framework time
+  python benchmarks/tp_host_cost.py --cuda     one GPU, NCCL, the 300m model at batch 8 (wall time per
+                                               piece, synchronized: host time where it exceeds the GPU's)
+About a minute; prints one line per case.
 """
 import os
+import sys
 import time
 
 import torch
@@ -14,27 +19,35 @@ import torch.distributed as dist
 def main() -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29556")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    cuda = "--cuda" in sys.argv[1:]
+    dev = "cuda" if cuda else "cpu"
+    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1,
+                            **({"device_id": torch.device("cuda", 0)} if cuda else {}))
     from torch.distributed.device_mesh import init_device_mesh
 
     from bench.model import GPT, lm_loss
     from bench.strategies.torch_tp import local_tensor, parallelize_blocks
 
     torch.manual_seed(0)
-    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
-    x, y = torch.randint(0, 256, (8, 16)), torch.randint(0, 256, (8, 16))
+    mesh = init_device_mesh(dev, (1,), mesh_dim_names=("tp",))
+    # (d_model, n_heads, n_layers, d_ff, vocab, seq_len), batch: micro on CPU, conf/model/300m.yaml on a GPU
+    dims, batch = ((1024, 16, 24, 4096, 8000, 1024), 8) if cuda else ((32, 2, 24, 128, 256, 16), 8)
+    x, y = (torch.randint(0, dims[4], (batch, dims[5]), device=dev) for _ in range(2))
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     def ms(f, n=10) -> float:
         for _ in range(3):
             f()
+        sync()
         t = time.perf_counter()
         for _ in range(n):
             f()
+        sync()
         return (time.perf_counter() - t) / n * 1e3
 
     for tp in (False, True):
         for compiled in (False, True):
-            m = GPT(32, 2, 24, 128, 256, 16)
+            m = GPT(*dims).to(dev)
             if tp:
                 parallelize_blocks(m, mesh["tp"])
             if compiled:
@@ -62,7 +75,7 @@ def main() -> None:
             def fwd_bwd():
                 for q in params:
                     q.grad = None
-                with torch.autocast("cpu", dtype=torch.bfloat16):
+                with torch.autocast(dev, dtype=torch.bfloat16):
                     loss = lm_loss(m(x), y)
                 loss.backward()
 
@@ -73,7 +86,7 @@ def main() -> None:
             grads = [q.grad for q in params]
 
             def clip_loop():  # bench's _clip_grads: a norm and a scale per gradient
-                total = torch.zeros(())
+                total = torch.zeros((), device=dev)
                 for g in grads:
                     total += local_tensor(g).float().pow(2).sum()
                 coef = (1.0 / (total.sqrt() + 1e-6)).clamp(max=1.0)

@@ -236,6 +236,7 @@ def test_zero_config_errors(overrides, key):
     (["strategy.prefetch=-1"], "strategy.prefetch"),
     (["strategy.blocks_per_unit=0"], "strategy.blocks_per_unit"),
     (["strategy.blocks_per_unit=5"], "strategy.blocks_per_unit"),  # tiny has 4 layers
+    (["compile=true", "compile_mode=reduce-overhead"], "compile_mode"),  # 15-20x slower on an H200
     (["precision=fp16"], "precision"),
     (["world_size=3"], "model.global_batch"),  # 8 sequences do not split over 3 ranks
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v))
