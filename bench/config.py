@@ -616,9 +616,9 @@ def _rules_fsdp(plan: Plan) -> None:
         raise ConfigError("strategy.prefetch", s["prefetch"],
                           "must be >= 0 (0: FSDP2's implicit prefetching, k: the next k units explicitly)")
     if plan.cfg["compile_mode"] == "reduce-overhead":
-        # results/2026-11-23-h200-fsdp2-host: 5.1-6.2k tokens/s against 89-100k with compile_mode=default
+        # results/2026-11-23-h200-fsdp2-tp-host: 5.1-6.2k tokens/s against 89-100k with compile_mode=default
         raise ConfigError("compile_mode", "reduce-overhead", "CUDA graphs of FSDP2's blocks ran 15-20x slower than "
-                          "compile_mode=default (300m, one H200: 1.2-1.7 s per step); use compile_mode=default with "
+                          "compile_mode=default (300m, one H200: 1.25-1.66 s per step); use compile_mode=default with "
                           "strategy=fsdp (strategy.blocks_per_unit > 1 cuts its host time instead)")
     n = plan.model["n_layers"]
     if not 1 <= s["blocks_per_unit"] <= n:
