@@ -16,26 +16,31 @@ import torch
 import torch.distributed as dist
 
 
-def main() -> None:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29556")
-    cuda = "--cuda" in sys.argv[1:]
-    dev = "cuda" if cuda else "cpu"
-    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1,
-                            **({"device_id": torch.device("cuda", 0)} if cuda else {}))
-    from torch.distributed.device_mesh import init_device_mesh
+TORCH_ADAMW = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "weight_decay": 1e-2}  # torch.optim.AdamW's defaults
 
-    from bench.model import GPT, lm_loss
-    from bench.strategies.torch_tp import local_tensor, parallelize_blocks
 
-    torch.manual_seed(0)
-    mesh = init_device_mesh(dev, (1,), mesh_dim_names=("tp",))
-    # (d_model, n_heads, n_layers, d_ff, vocab, seq_len), batch: micro on CPU, conf/model/300m.yaml on a GPU
-    dims, batch = ((1024, 16, 24, 4096, 8000, 1024), 8) if cuda else ((32, 2, 24, 128, 256, 16), 8)
-    x, y = (torch.randint(0, dims[4], (batch, dims[5]), device=dev) for _ in range(2))
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+class OneRank:
+    """A 1-rank process group and mesh, bench's GPT dimensions and a batch, and a synchronized timer:
+    CPU (gloo, micro dimensions) by default, one GPU (NCCL, the 300m model) with --cuda."""
 
-    def ms(f, n=10) -> float:
+    def __init__(self, dim_name: str, port: str):
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", port)
+        self.cuda = "--cuda" in sys.argv[1:]
+        self.dev = "cuda" if self.cuda else "cpu"
+        dist.init_process_group("nccl" if self.cuda else "gloo", rank=0, world_size=1,
+                                **({"device_id": torch.device("cuda", 0)} if self.cuda else {}))
+        from torch.distributed.device_mesh import init_device_mesh
+
+        torch.manual_seed(0)
+        self.mesh = init_device_mesh(self.dev, (1,), mesh_dim_names=(dim_name,))
+        # (d_model, n_heads, n_layers, d_ff, vocab, seq_len), batch: micro on CPU, conf/model/300m.yaml on a GPU
+        self.dims, batch = ((1024, 16, 24, 4096, 8000, 1024), 8) if self.cuda else ((32, 2, 24, 128, 256, 16), 8)
+        self.x, self.y = (torch.randint(0, self.dims[4], (batch, self.dims[5]), device=self.dev) for _ in range(2))
+
+    def ms(self, f, n: int = 10) -> float:
+        """Mean wall ms of f over n calls after 3, synchronized around the window."""
+        sync = torch.cuda.synchronize if self.cuda else (lambda: None)
         for _ in range(3):
             f()
         sync()
@@ -45,6 +50,14 @@ def main() -> None:
         sync()
         return (time.perf_counter() - t) / n * 1e3
 
+
+def main() -> None:
+    r = OneRank("tp", "29556")
+    from bench.model import GPT, lm_loss
+    from bench.strategies.local_adamw import LocalShardAdamW
+    from bench.strategies.torch_tp import local_tensor, parallelize_blocks
+
+    mesh, dims, dev, x, y, ms = r.mesh, r.dims, r.dev, r.x, r.y, r.ms
     for tp in (False, True):
         for compiled in (False, True):
             m = GPT(*dims).to(dev)
@@ -57,20 +70,12 @@ def main() -> None:
             from torch.distributed.tensor import DTensor
             # DTensor and plain parameters in separate groups: the foreach / fused kernels refuse mixed lists
             groups = [[q for q in params if isinstance(q, DTensor)], [q for q in params if not isinstance(q, DTensor)]]
-            local = [local_tensor(q.detach()) for q in params]
-            assert all(lp.data_ptr() == local_tensor(q).data_ptr() for lp, q in zip(local, params))
 
             def on_params(fused: bool):  # foreach is the CPU default; fused is what bench runs on GPUs
                 return torch.optim.AdamW([{"params": g} for g in groups if g], lr=1e-3, fused=fused).step
 
-            def on_local_shards(fused: bool):  # what bench's torch TP / PP do (torch_pp.py)
-                opt = torch.optim.AdamW(local, lr=1e-3, fused=fused)
-
-                def step():
-                    for lp, q in zip(local, params):
-                        lp.grad = local_tensor(q.grad)
-                    opt.step()
-                return step
+            def on_local_shards(fused: bool):  # what bench's torch TP / PP and FSDP2 do
+                return LocalShardAdamW(params, TORCH_ADAMW, fused=fused).step
 
             def fwd_bwd():
                 for q in params:

@@ -1,0 +1,69 @@
+"""Where FSDP2's time per step goes, without the profiler (which doubles a 300m step's time):
+bench's GPT with FSDP2 as bench wraps it (blocks compiled, then units of k blocks, then the root)
+on a 1-rank mesh, forward+backward timed with FSDP2's work switched off piece by piece:
+  full         what bench runs: all-gather per unit, reduce-scatter and sharded gradients after backward
+  no-reduce    set_requires_gradient_sync(False): no reduce-scatter, no sharded gradients
+  no-comm      also no resharding after forward or backward: parameters stay gathered, no all-gather
+against the same compiled blocks without FSDP (autocast bf16, as `single`), and FSDP2's AdamW step
+(fused over local shards, bench's LocalShardAdamW).
+  python benchmarks/fsdp_host_cost.py          CPU, gloo, micro dimensions
+  python benchmarks/fsdp_host_cost.py --cuda   one GPU, NCCL, the 300m model at batch 8
+"""
+import torch
+import torch.distributed as dist
+from tp_host_cost import TORCH_ADAMW, OneRank
+
+
+def main() -> None:
+    r = OneRank("dp", "29557")
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from bench.model import GPT, lm_loss
+    from bench.strategies.local_adamw import LocalShardAdamW
+
+    def build(k: int | None, reshard: bool = False):
+        m = GPT(*r.dims).to(r.dev)
+        blocks = list(m.blocks.values())
+        for b in blocks:
+            b.compile()
+        if k is None:
+            return m
+        kw = dict(mesh=r.mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+        units = [blocks[i:i + k] for i in range(0, len(blocks), k)]
+        for i, u in enumerate(units):
+            fully_shard(u if len(u) > 1 else u[0], reshard_after_forward=reshard and i < len(units) - 1, **kw)
+        return fully_shard(m, reshard_after_forward=False, **kw)
+
+    def fwd_bwd(m, autocast: bool):
+        def f():
+            m.zero_grad(set_to_none=True)
+            with torch.autocast(r.dev, dtype=torch.bfloat16, enabled=autocast):
+                loss = lm_loss(m(r.x), r.y)
+            loss.backward()
+        return f
+
+    plain = build(None)
+    print(f"plain compiled blocks (autocast): forward+backward {r.ms(fwd_bwd(plain, True)):6.1f} ms", flush=True)
+    del plain
+    for k, reshard in ((1, False), (4, False), (24, False), (1, True), (4, True)):
+        times = {}
+        for mode in ("full", "no-reduce", "no-comm"):
+            m = build(k, reshard)
+            if mode != "full":
+                m.set_requires_gradient_sync(False)
+            if mode == "no-comm":
+                m.set_reshard_after_forward(False)
+                m.set_reshard_after_backward(False)
+            times[mode] = r.ms(fwd_bwd(m, False))
+            if mode == "full":
+                opt = LocalShardAdamW(m.parameters(), TORCH_ADAMW, fused=r.cuda)
+                times["AdamW"] = r.ms(opt.step)
+            del m
+        print(f"FSDP2 units of {k:2d} reshard={reshard!s:5}: forward+backward " +
+              "  ".join(f"{mode} {times[mode]:6.1f}" for mode in ("full", "no-reduce", "no-comm")) +
+              f" ms   AdamW {times['AdamW']:5.1f} ms", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
