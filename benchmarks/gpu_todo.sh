@@ -36,12 +36,14 @@
 #            blocks_per_unit 1 / 4 / 24, both reshard settings, profiled; single eager and compiled
 #   fsdp1b   issue 3 (1 GPU), after fsdp1: the FSDP2 GPU test; eager FSDP2 and FSDP2 with CUDA graphs
 #            (compile_mode=reduce-overhead) per unit size, profiled; single at 16 and compiled at 8, profiled
+#   fsdp1c   issue 3 (1 GPU), after fsdp1b: FSDP2 at batch 16 (is its extra time per step fixed?), units of 1 / 4,
+#            both reshard settings, compiled; single compiled at 16
 #   fsdp2    issue 3 (2 GPUs): FSDP2 against the 85% / 75% targets, compiled, units of 1 / 4 / 24 blocks
 #            (fsdp1: 1-GPU ceilings 59% / 55% at units of 24 / 4), explicit prefetch with resharding; single
 #   distopt  issue 4: Megatron DDP=2 (graph) with the distributed optimizer (param gather overlapped
 #            or not), fp32 vs bf16 reduction, bucket sizes; torch single / DDP=2; 30 timed steps
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
-#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1|zero1b|zero3c|dc|dc12|dc2|dc3|dcz2|zero2dc|fsdp1|fsdp1b|fsdp2 [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1|zero1b|zero3c|dc|dc12|dc2|dc3|dcz2|zero2dc|fsdp1|fsdp1b|fsdp1c|fsdp2 [seconds]
 set -u
 OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
@@ -206,6 +208,11 @@ fsdp1b_phase() {  # 1 GPU, after fsdp1 (units of 24 blocks: 81 ms per step for 4
   run --multirun strategy=fsdp model.global_batch=8 compile=true compile_mode=reduce-overhead \
     strategy.reshard_after_forward=false,true strategy.blocks_per_unit=4,24 $A hydra.sweep.dir=$R/fsdp_graphs
 }
+fsdp1c_phase() {  # 1 GPU: at batch 8 FSDP2 adds ~40 ms per step to 40 ms of GPU work; does it at 16?
+  A="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=150 compile=true"
+  run --multirun strategy=single $A hydra.sweep.dir=$R/single_c16
+  run --multirun strategy=fsdp strategy.reshard_after_forward=false,true strategy.blocks_per_unit=1,4 $A hydra.sweep.dir=$R/fsdp16
+}
 fsdp2_phase() {  # 2 GPUs, after fsdp1/fsdp1b (one GPU at batch 8: 99.6k tokens/s with units of 24 blocks, 92.1k with 4 and resharding)
   A="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=150"
   run --multirun strategy=single $A hydra.sweep.dir=$R/single
@@ -254,7 +261,7 @@ dc12_phase() {  # 1 GPU: DeepCompile for ZeRO-1/2; ZeRO-3 DeepCompile in DeepSpe
   run --multirun strategy=zero strategy.zero_stage=3 strategy.autocast=false model.global_batch=8 $A hydra.sweep.dir=$R/z3_dc_bf16
   run --multirun strategy=zero strategy.zero_stage=3 strategy.autocast=true model.global_batch=16 $A hydra.sweep.dir=$R/z3_dc_16
 }
-export -f fsdp2_phase fsdp1b_phase fsdp1_phase dcz2_phase zero2dc_phase build_dc_op dc_phase dc2_phase dc3_phase dc12_phase zero3c_phase zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
+export -f fsdp1c_phase fsdp2_phase fsdp1b_phase fsdp1_phase dcz2_phase zero2dc_phase build_dc_op dc_phase dc2_phase dc3_phase dc12_phase zero3c_phase zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null
