@@ -24,23 +24,20 @@ def main() -> None:
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 256)
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     from bench.model import GPT, lm_loss
+    from bench.strategies.fsdp import shard_blocks
     from bench.strategies.local_adamw import LocalShardAdamW
 
     def build(k: int | None, reshard: bool = False):
         m = GPT(*r.dims).to(r.dev)
-        blocks = list(m.blocks.values())
-        for b in blocks:
+        for b in m.blocks.values():
             b.compile()
-        if k is None:
-            return m
-        kw = dict(mesh=r.mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
-        units = [blocks[i:i + k] for i in range(0, len(blocks), k)]
-        for i, u in enumerate(units):
-            fully_shard(u if len(u) > 1 else u[0], reshard_after_forward=reshard and i < len(units) - 1, **kw)
-        return fully_shard(m, reshard_after_forward=False, **kw)
+        if k is not None:
+            shard_blocks(m, k, reshard, mesh=r.mesh,
+                         mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+        return m
 
     def fwd_bwd(m, autocast: bool):
         def f():

@@ -26,11 +26,28 @@ from bench.strategies.local_adamw import LocalShardAdamW
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def shard_blocks(model, k: int, reshard_after_forward: bool, **kw) -> list[list]:
+    """fully_shard every k consecutive blocks of bench's GPT as one unit, then the root; returns the units.
+
+    The last unit's backward starts right after its forward, so it never reshards (that would only
+    add an all-gather, as torchtitan notes), and neither does the root (embeddings, final norm,
+    head): the head is the first thing backward needs (FSDP2's own heuristic for the root)."""
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = list(model.blocks.values())
+    units = [blocks[i:i + k] for i in range(0, len(blocks), k)]
+    for i, unit in enumerate(units):
+        fully_shard(unit if len(unit) > 1 else unit[0],
+                    reshard_after_forward=reshard_after_forward and i < len(units) - 1, **kw)
+    fully_shard(model, reshard_after_forward=False, **kw)
+    return units
+
+
 @register("fsdp")
 class FSDP(Strategy):
     def setup(self) -> None:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
         p, dev = self.plan, self.dist.device
         cfg, s = p.cfg, p.strategy
@@ -46,23 +63,12 @@ class FSDP(Strategy):
         self.offload = s["cpu_offload"]
         # CPU offload needs the parameters materialized on the host; pinned memory needs CUDA
         offload = CPUOffloadPolicy(pin_memory=dev.type == "cuda") if self.offload else OffloadPolicy()
-        self.raw_model = build_model(p.model, cfg["seed"], "cpu" if self.offload else dev)
-        kw = dict(mesh=self.mesh, reshard_after_forward=s["reshard_after_forward"], mp_policy=self.mp,
-                  offload_policy=offload)
-        blocks = list(self.raw_model.blocks.values())
+        self.model = build_model(p.model, cfg["seed"], "cpu" if self.offload else dev)
         if cfg["compile"]:
-            for block in blocks:  # per block, before sharding: FSDP's hooks stay outside the graphs
+            for block in self.model.blocks.values():  # per block, before sharding: FSDP's hooks stay outside the graphs
                 block.compile(**compile_kwargs(cfg))
-        k = s["blocks_per_unit"]
-        units = [blocks[i:i + k] for i in range(0, len(blocks), k)]
-        for i, unit in enumerate(units):
-            # the last unit's backward starts right after its forward: resharding it would only
-            # add an all-gather (as torchtitan does)
-            fully_shard(unit if len(unit) > 1 else unit[0],
-                        **{**kw, "reshard_after_forward": kw["reshard_after_forward"] and i < len(units) - 1})
-        # The root (embeddings, final norm, head) is not resharded after forward: the head is the
-        # first thing backward needs (FSDP2's own heuristic for the root when left unset).
-        self.model = fully_shard(self.raw_model, **{**kw, "reshard_after_forward": False})
+        units = shard_blocks(self.model, s["blocks_per_unit"], reshard_after_forward=s["reshard_after_forward"],
+                             mesh=self.mesh, mp_policy=self.mp, offload_policy=offload)
         n = s["prefetch"]
         if n > 0:  # issue the next n units' all-gathers from the CPU early (helps when CPU-bound)
             heads = [unit[0] for unit in units]  # a unit's FSDP state lives on its first block
