@@ -55,7 +55,8 @@ def main() -> None:
     r = OneRank("tp", "29556")
     from bench.model import GPT, lm_loss
     from bench.strategies.local_adamw import LocalShardAdamW
-    from bench.strategies.torch_tp import local_tensor, parallelize_blocks
+    from bench.strategies.torch_pp import clip_grads_
+    from bench.strategies.torch_tp import parallelize_blocks
 
     mesh, dims, dev, x, y, ms = r.mesh, r.dims, r.dev, r.x, r.y, r.ms
     for tp in (False, True):
@@ -90,17 +91,12 @@ def main() -> None:
             t_local, t_local_fused = (ms(on_local_shards(fused)) for fused in (False, True))
             grads = [q.grad for q in params]
 
-            def clip_loop():  # bench's _clip_grads: a norm and a scale per gradient
-                total = torch.zeros((), device=dev)
-                for g in grads:
-                    total += local_tensor(g).float().pow(2).sum()
-                coef = (1.0 / (total.sqrt() + 1e-6)).clamp(max=1.0)
-                for g in grads:
-                    local_tensor(g).mul_(coef)
+            def clip():  # bench's torch TP / PP clipping on one rank
+                clip_grads_(grads, 1.0, dev)
 
             print(f"tp={tp!s:5} compiled={compiled!s:5}  forward+backward {t_fb:6.1f} ms   "
                   f"AdamW (foreach / fused) over the parameters {t_opt:5.1f} / {t_fused:5.1f} ms, "
-                  f"over local shards {t_local:5.1f} / {t_local_fused:5.1f} ms   clip {ms(clip_loop):4.1f} ms", flush=True)
+                  f"over local shards {t_local:5.1f} / {t_local_fused:5.1f} ms   clip {ms(clip):4.1f} ms", flush=True)
     dist.destroy_process_group()
 
 

@@ -84,6 +84,18 @@ def test_torch_native_matches_single(run_id, single_cpu, bench_run):
             assert r["compile"] is None
 
 
+def test_torch_tp_pp_gradient_clipping_matches_single(single_cpu, bench_run):
+    """optim.grad_clip with TP=2 x PP=2: the global norm sums the TP shards over tp and the stages
+    over pp, so the clipped curve equals single's clipped curve (and differs from the unclipped one)."""
+    clip = "optim.grad_clip=0.1"
+    p1, d1 = bench_run(*CPU_FAST, "strategy=single", clip)
+    p2, d2 = bench_run(*CPU_FAST, *RUNS["tp2_pp2"][0], clip)
+    assert p1.returncode == 0 and p2.returncode == 0, (p1.stderr[-3000:], p2.stderr[-3000:])
+    assert metrics_of(d2)["layout"]["grad_clip"] == "global norm over tp shards and pp stages"
+    assert _max_diff(loss_curve(d1), loss_curve(d2)) < 1e-5, (loss_curve(d1), loss_curve(d2))
+    assert _max_diff(loss_curve(d1), loss_curve(single_cpu)) > 1e-4  # clipping took effect
+
+
 # --------------------------------------------------------------------------- megatron-core on CPU
 def _free_port() -> int:
     with socket.socket() as s:

@@ -126,7 +126,7 @@ class FSDP(Strategy):
                      if s["blocks_per_unit"] > 1 else "each transformer block, then the root"),
             "blocks_per_unit": s["blocks_per_unit"],
             "reshard_after_forward": s["reshard_after_forward"],
-            "reshard_note": "root and last block never reshard after forward (backward needs them first)",
+            "reshard_note": "root and last unit never reshard after forward (backward needs them first)",
             "prefetch": s["prefetch"] or "implicit (FSDP2 default)",
             "cpu_offload": s["cpu_offload"],
             "optimizer": f"torch.optim.AdamW(fused={getattr(self, 'fused', None)}) over each rank's local shards",

@@ -53,6 +53,26 @@ def stage_module(model: GPT, stage: int, n_stages: int) -> GPT:
     return m
 
 
+@torch.no_grad()
+def clip_grads_(grads: list[torch.Tensor], max_norm: float, dev, tp_group=None, pp_group=None) -> None:
+    """clip_grad_norm_ over the whole model: TP shards summed over tp, stages over pp."""
+    sharded, replicated = torch.zeros((), device=dev), torch.zeros((), device=dev)
+    for g in grads:
+        sq = local_tensor(g).float().pow(2).sum()
+        if is_sharded(g):
+            sharded += sq
+        else:
+            replicated += sq
+    if tp_group is not None:
+        dist.all_reduce(sharded, group=tp_group)
+    total = sharded + replicated
+    if pp_group is not None:
+        dist.all_reduce(total, group=pp_group)
+    coef = (max_norm / (total.sqrt() + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        local_tensor(g).mul_(coef)
+
+
 def _buckets(tensors: list[torch.Tensor], cap: int):
     """Consecutive groups of same-dtype tensors of at most ``cap`` elements (at least one each)."""
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
@@ -177,26 +197,9 @@ class TorchModelParallel(Strategy):
             for g, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
                 g.copy_(synced)
 
-    @torch.no_grad()
     def _clip_grads(self, max_norm: float) -> None:
-        """clip_grad_norm_ over the whole model: TP shards summed over tp, stages over pp."""
-        dev = self.dist.device
-        sharded, replicated = torch.zeros((), device=dev), torch.zeros((), device=dev)
-        grads = [q.grad for q in self.params if q.grad is not None]
-        for g in grads:
-            sq = local_tensor(g).float().pow(2).sum()
-            if is_sharded(g):
-                sharded += sq
-            else:
-                replicated += sq
-        if self.tp_group is not None:
-            dist.all_reduce(sharded, group=self.tp_group)
-        total = sharded + replicated
-        if self.pp_group is not None:
-            dist.all_reduce(total, group=self.pp_group)
-        coef = (max_norm / (total.sqrt() + 1e-6)).clamp(max=1.0)
-        for g in grads:
-            local_tensor(g).mul_(coef)
+        clip_grads_([q.grad for q in self.params if q.grad is not None], max_norm, self.dist.device,
+                    self.tp_group, self.pp_group)
 
     # ------------------------------------------------------------------ accounting
     def tokens_this_rank(self) -> int:
