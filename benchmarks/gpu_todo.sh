@@ -40,10 +40,12 @@
 #            both reshard settings, compiled; single compiled at 16
 #   fsdp2    issue 3 (2 GPUs): FSDP2 against the 85% / 75% targets, compiled, units of 1 / 4 / 24 blocks
 #            (fsdp1: 1-GPU ceilings 59% / 55% at units of 24 / 4), explicit prefetch with resharding; single
+#   x2a      issue 3 (2 GPUs, session 12): the fsdp2 phase, then the zero2 phase's autocast / CUDA-graph / leaf-block runs
+#   x2b      issues 3-4 (2 GPUs, session 12): ZeRO overlap and DeepSpeed bf16; torch TP=2 / PP=2 compiled; the distopt phase
 #   distopt  issue 4: Megatron DDP=2 (graph) with the distributed optimizer (param gather overlapped
 #            or not), fp32 vs bf16 reduction, bucket sizes; torch single / DDP=2; 30 timed steps
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
-#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1|zero1b|zero3c|dc|dc12|dc2|dc3|dcz2|zero2dc|fsdp1|fsdp1b|fsdp1c|fsdp2 [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1|zero1b|zero3c|dc|dc12|dc2|dc3|dcz2|zero2dc|fsdp1|fsdp1b|fsdp1c|fsdp2|x2a|x2b [seconds]
 set -u
 OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
@@ -221,6 +223,35 @@ fsdp2_phase() {  # 2 GPUs, after fsdp1/fsdp1b (one GPU at batch 8: 99.6k tokens/
   run --multirun strategy=fsdp world_size=2 compile=true strategy.reshard_after_forward=true \
     strategy.blocks_per_unit=1,4 strategy.prefetch=0,1 $A hydra.sweep.dir=$R/fsdp_reshard
 }
+x2a_phase() {  # 2 GPUs, session 12, call 1: FSDP2 (fsdp2 phase), then ZeRO-0/1/2 autocast, ZeRO-1/2 with CUDA graphs,
+  # ZeRO-3 with leaf blocks (the zero2 phase's most valuable runs); single eager / compiled / CUDA graphs as baselines
+  A="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=150"
+  build_ds_ops
+  run --multirun strategy=single compile=false,true $A hydra.sweep.dir=$R/single
+  run --multirun strategy=fsdp world_size=2 compile=true strategy.reshard_after_forward=false \
+    strategy.blocks_per_unit=1,4,24 $A hydra.sweep.dir=$R/fsdp_keep
+  run --multirun strategy=fsdp world_size=2 compile=true strategy.reshard_after_forward=true \
+    strategy.blocks_per_unit=1,4 strategy.prefetch=0,1 $A hydra.sweep.dir=$R/fsdp_reshard
+  wait_ds_ops
+  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=0,1,2 $A hydra.sweep.dir=$R/zero_autocast
+  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=1,2 compile=true \
+    compile_mode=reduce-overhead $A hydra.sweep.dir=$R/zero_autocast_ro
+  run --multirun strategy=single compile=true compile_mode=reduce-overhead $A hydra.sweep.dir=$R/single_ro
+  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=3 strategy.leaf_blocks=true \
+    strategy.prefetch_bucket_size=5e7,2e8 $A hydra.sweep.dir=$R/zero3_leaf
+}
+x2b_phase() {  # 2 GPUs, session 12, call 2: ZeRO knobs and DeepSpeed's own bf16; torch TP=2 / PP=2 compiled
+  # (local-shard AdamW since session 10); then the distopt phase (Megatron DDP=2)
+  A="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=150"
+  build_ds_ops
+  run --multirun strategy=tp strategy.impl=torch world_size=2 compile=false,true $A hydra.sweep.dir=$R/torch_tp
+  run --multirun strategy=pp strategy.impl=torch world_size=2 strategy.microbatches=p,4p compile=true $A hydra.sweep.dir=$R/torch_pp
+  wait_ds_ops
+  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=1,2 strategy.overlap_comm=true \
+    strategy.reduce_bucket_size=5e7 $A hydra.sweep.dir=$R/zero_autocast_overlap
+  run --multirun strategy=zero world_size=2 strategy.zero_stage=1,2,3 $A hydra.sweep.dir=$R/zero_ds
+  distopt_phase
+}
 build_dc_op() {  # DeepCompile's CUDA op (JIT, into TORCH_EXTENSIONS_DIR), with FusedAdam
   build_ds_ops; wait_ds_ops
   python -c "from deepspeed.ops.op_builder import DeepCompileBuilder as D; D().load(); print('dc built')" > $R/dc_op.txt 2>&1
@@ -261,7 +292,7 @@ dc12_phase() {  # 1 GPU: DeepCompile for ZeRO-1/2; ZeRO-3 DeepCompile in DeepSpe
   run --multirun strategy=zero strategy.zero_stage=3 strategy.autocast=false model.global_batch=8 $A hydra.sweep.dir=$R/z3_dc_bf16
   run --multirun strategy=zero strategy.zero_stage=3 strategy.autocast=true model.global_batch=16 $A hydra.sweep.dir=$R/z3_dc_16
 }
-export -f fsdp1c_phase fsdp2_phase fsdp1b_phase fsdp1_phase dcz2_phase zero2dc_phase build_dc_op dc_phase dc2_phase dc3_phase dc12_phase zero3c_phase zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
+export -f x2a_phase x2b_phase fsdp1c_phase fsdp2_phase fsdp1b_phase fsdp1_phase dcz2_phase zero2dc_phase build_dc_op dc_phase dc2_phase dc3_phase dc12_phase zero3c_phase zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null
