@@ -5,7 +5,7 @@ from what every rank recorded, so that strategies that count tokens or time diff
 are still compared on the same footing.
 
 Experiment (group key): every config column except ``seed``, the measurement settings
-(``metrics.*``, ``dist_timeout_s``, ``run_timeout_s``, ``start_method``) and paths/commands, i.e. model x
+(``metrics.*``, ``dist_timeout_s``, ``run_timeout_s``, ``teardown_timeout_s``, ``start_method``) and paths/commands, i.e. model x
 strategy x every strategy knob x world_size x precision x compile x global_batch x seq_len
 x steps ...  Runs that differ only in seed (or are plain repeats) are repeats.
 
@@ -76,7 +76,7 @@ import pandas as pd
 from multirun_analysis.load import config_columns
 
 DEFINITIONS = __doc__  # the exact column definitions, also printed into report.md
-EXCLUDED_FROM_KEY = ("seed", "dist_timeout_s", "run_timeout_s", "start_method", "command", "_command", "resume",
+EXCLUDED_FROM_KEY = ("seed", "dist_timeout_s", "run_timeout_s", "teardown_timeout_s", "start_method", "command", "_command", "resume",
                      "rerun_failed")
 # bookkeeping, not what ran: sweeps resume and re-run the same experiment
 EXCLUDED_PREFIXES = ("metrics.", "hydra.", "cfg.metrics.", "vars.", "fault.")

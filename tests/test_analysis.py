@@ -302,3 +302,19 @@ def test_pipeline_microbatch_settings_p_and_4p_are_plotted_by_their_counts(tmp_p
     assert sorted(s["microbatches"]) == ["4p", "p"]
     assert dict(zip(s["microbatches"], s["n_microbatches"])) == {"p": 2, "4p": 8}
     assert isinstance(ma.plot_pp_microbatches(s), Figure)
+
+
+def test_runs_differing_only_in_their_deadlines_are_repeats(tmp_path):
+    """run_timeout_s / teardown_timeout_s say when to give up on a run, not what it measures: runs
+    that differ only there are repeats of one experiment (a 2-GPU session's analysis once split
+    `single` into two rows by teardown_timeout_s=15 / 30)."""
+    import multirun_analysis as ma
+
+    d = tmp_path / "deadlines"
+    p = run_bench("strategy=single", "teardown_timeout_s=15,20", "run_timeout_s=200,250", *CPU_FAST,
+                  run_dir=d, multirun=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    runs = ma.load_runs(d)
+    assert len(runs) == 4 and set(runs["status"]) == {"completed"}
+    s = ma.summarize(runs)
+    assert len(s) == 1 and s.iloc[0]["n_runs"] == 4
