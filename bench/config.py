@@ -624,6 +624,12 @@ def _rules_fsdp(plan: Plan) -> None:
     if not 1 <= s["blocks_per_unit"] <= n:
         raise ConfigError("strategy.blocks_per_unit", s["blocks_per_unit"],
                           f"must be 1..model.n_layers={n} (consecutive blocks per FSDP unit; 1 = one unit per block)")
+    units = -(-n // s["blocks_per_unit"])
+    if s["prefetch"] > units - 1:  # a unit prefetches the units after it: more would be a silent no-op
+        raise ConfigError("strategy.prefetch", s["prefetch"],
+                          f"must be 0..{units - 1}: strategy.blocks_per_unit={s['blocks_per_unit']} makes {units} FSDP "
+                          f"unit(s) of model.n_layers={n} blocks, and each unit can prefetch only the units after it"
+                          + (" (one unit: nothing to prefetch; use 0)" if units == 1 else ""))
 
 
 STRATEGY_RULES: dict[str, Callable[[Plan], None]] = {

@@ -236,6 +236,8 @@ def test_zero_config_errors(overrides, key):
     (["strategy.prefetch=-1"], "strategy.prefetch"),
     (["strategy.blocks_per_unit=0"], "strategy.blocks_per_unit"),
     (["strategy.blocks_per_unit=5"], "strategy.blocks_per_unit"),  # tiny has 4 layers
+    (["strategy.blocks_per_unit=4", "strategy.prefetch=1"], "strategy.prefetch"),  # one unit: a no-op
+    (["strategy.blocks_per_unit=2", "strategy.prefetch=2"], "strategy.prefetch"),  # two units: at most 1
     (["compile=true", "compile_mode=reduce-overhead"], "compile_mode"),  # 15-20x slower on an H200
     (["precision=fp16"], "precision"),
     (["world_size=3"], "model.global_batch"),  # 8 sequences do not split over 3 ranks
