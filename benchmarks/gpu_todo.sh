@@ -43,12 +43,13 @@
 #   x2a      issue 3 (2 GPUs, session 12): the fsdp2 phase, then the zero2 phase's autocast / CUDA-graph / leaf-block runs
 #   x2b      issues 3-4 (2 GPUs, session 12): ZeRO overlap and DeepSpeed bf16; torch TP=2 / PP=2 compiled; the distopt phase
 #   x2c      issue 4 (2 GPUs, session 12): Megatron TP=2 / PP=2 (graphs) and torch TP=2 / PP=2 (compiled), profiled
-#   x2g      issues 3-4 (2 GPUs, prepared for the next session): FSDP2 units / prefetch twice within one call;
-#            ZeRO-1/2 graphs and Megatron DDP=2 (+ distributed optimizer) repeated with their 1-GPU runs
+#   x2g      issue 3 (2 GPUs, prepared for the next session): FSDP2 units / prefetch, each twice within one call
+#   x2h      issues 3-4 (2 GPUs, prepared for the next session): ZeRO-1/2 graphs (also without DeepSpeed's per-step
+#            gradient norm) and Megatron DDP=2 (+ distributed optimizer), repeated with their 1-GPU runs
 #   distopt  issue 4: Megatron DDP=2 (graph) with the distributed optimizer (param gather overlapped
 #            or not), fp32 vs bf16 reduction, bucket sizes; torch single / DDP=2; 30 timed steps
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
-#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1|zero1b|zero3c|dc|dc12|dc2|dc3|dcz2|zero2dc|fsdp1|fsdp1b|fsdp1c|fsdp2|x2a|x2b|x2c|x2g [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1|zero1b|zero3c|dc|dc12|dc2|dc3|dcz2|zero2dc|fsdp1|fsdp1b|fsdp1c|fsdp2|x2a|x2b|x2c|x2g|x2h [seconds]
 set -u
 OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
@@ -264,10 +265,8 @@ x2c_phase() {  # 2 GPUs, session 12, call 3: why TP=2 / PP=2 m=4p fall short: Me
   run --multirun strategy=megatron world_size=1 strategy.cuda_graph=true $S hydra.sweep.dir=$R/megatron1
 }
 x2g_phase() {  # 2 GPUs, prepared in session 12 for the next: FSDP2 settings compared within one call (session 12 saw
-  # a 15% spread between calls for one configuration), each setting twice; the near-target ZeRO-1/2 and
-  # Megatron DDP=2 runs repeated beside their one-GPU references
+  # a 15% spread between calls for one configuration), each setting twice
   A="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=150 teardown_timeout_s=15"
-  build_ds_ops
   for rep in 1 2; do
     run --multirun strategy=single compile=false,true $A hydra.sweep.dir=$R/single_$rep
     run --multirun strategy=fsdp world_size=2 compile=true strategy.reshard_after_forward=false \
@@ -275,9 +274,19 @@ x2g_phase() {  # 2 GPUs, prepared in session 12 for the next: FSDP2 settings com
     run --multirun strategy=fsdp world_size=2 compile=true strategy.reshard_after_forward=false \
       strategy.blocks_per_unit=4 strategy.prefetch=1,2 $A hydra.sweep.dir=$R/fsdp_keep_prefetch_$rep
   done
+}
+x2h_phase() {  # 2 GPUs, prepared in session 12 for the next (after x2g): the near-target ZeRO-1/2 and Megatron DDP=2
+  # runs repeated beside their one-GPU references
+  A="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=150 teardown_timeout_s=15"
+  build_ds_ops
+  run --multirun strategy=single compile=false,true $A hydra.sweep.dir=$R/single
   wait_ds_ops
   run --multirun strategy=zero strategy.autocast=true world_size=1,2 strategy.zero_stage=1,2 compile=true \
     compile_mode=reduce-overhead $A hydra.sweep.dir=$R/zero_ro
+  # DeepSpeed 0.19.8's ZeRO-1/2 step computes the global gradient norm even with gradient_clipping=0 and checks
+  # it on the host (is_invalid_grad_norm: a device sync per step); zero_optimization.compute_grad_norm=false skips both
+  run --multirun strategy=zero strategy.autocast=true world_size=1,2 strategy.zero_stage=1,2 compile=true \
+    compile_mode=reduce-overhead +strategy.ds_config.zero_optimization.compute_grad_norm=false $A hydra.sweep.dir=$R/zero_ro_nonorm
   run --multirun strategy=megatron world_size=1,2 strategy.cuda_graph=true strategy.use_distributed_optimizer=false,true \
     $A hydra.sweep.dir=$R/megatron
 }
@@ -321,7 +330,7 @@ dc12_phase() {  # 1 GPU: DeepCompile for ZeRO-1/2; ZeRO-3 DeepCompile in DeepSpe
   run --multirun strategy=zero strategy.zero_stage=3 strategy.autocast=false model.global_batch=8 $A hydra.sweep.dir=$R/z3_dc_bf16
   run --multirun strategy=zero strategy.zero_stage=3 strategy.autocast=true model.global_batch=16 $A hydra.sweep.dir=$R/z3_dc_16
 }
-export -f x2g_phase x2c_phase x2a_phase x2b_phase fsdp1c_phase fsdp2_phase fsdp1b_phase fsdp1_phase dcz2_phase zero2dc_phase build_dc_op dc_phase dc2_phase dc3_phase dc12_phase zero3c_phase zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
+export -f x2h_phase x2g_phase x2c_phase x2a_phase x2b_phase fsdp1c_phase fsdp2_phase fsdp1b_phase fsdp1_phase dcz2_phase zero2dc_phase build_dc_op dc_phase dc2_phase dc3_phase dc12_phase zero3c_phase zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null
