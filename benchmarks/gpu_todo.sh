@@ -129,19 +129,25 @@ zero2_phase() {  # 2 GPUs: ZeRO-1/2/3 with strategy.autocast=true against the 2-
   build_ds_ops
   run --multirun strategy=single $A hydra.sweep.dir=$R/single
   wait_ds_ops
+  zero2_runs
+  zero2_knob_runs
+  distopt_phase
+}
+zero2_runs() {  # the zero2 phase's ZeRO runs, most valuable first (after build_ds_ops / wait_ds_ops; uses $A)
   run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=0,1,2 $A hydra.sweep.dir=$R/zero_autocast
   # zero1b (1 GPU, batch 8) put ZeRO-1/2 with CUDA graphs at 85% / 83% of single: the 2-GPU check,
-  # with compiled single in the same mode as the like-for-like baseline (most valuable first)
+  # with compiled single in the same mode as the like-for-like baseline
   run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=1,2 compile=true \
     compile_mode=reduce-overhead $A hydra.sweep.dir=$R/zero_autocast_ro
   run --multirun strategy=single compile=true compile_mode=reduce-overhead $A hydra.sweep.dir=$R/single_ro
   # dc / dc3 (1 GPU, batch 8): ZeRO-3 with blocks as leaf modules 2x, with DeepCompile 3x (compiles ~230 s)
   run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=3 strategy.leaf_blocks=true \
     strategy.prefetch_bucket_size=5e7,2e8 $A hydra.sweep.dir=$R/zero3_leaf
+}
+zero2_knob_runs() {  # ZeRO-1/2 with overlap and 5e7 buckets, and DeepSpeed's own bf16 (uses $A)
   run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=1,2 strategy.overlap_comm=true \
     strategy.reduce_bucket_size=5e7 $A hydra.sweep.dir=$R/zero_autocast_overlap
   run --multirun strategy=zero world_size=2 strategy.zero_stage=1,2,3 $A hydra.sweep.dir=$R/zero_ds
-  distopt_phase
 }
 zero2dc_phase() {  # 2 GPUs: ZeRO-3 with DeepCompile (~230 s of compiling in its warm-up on one GPU), its own call
   A="model=300m model.global_batch=16 steps=20 warmup_steps=8 strategy=zero strategy.autocast=true"
@@ -221,39 +227,26 @@ fsdp1c_phase() {  # 1 GPU: at batch 8 FSDP2 adds ~40 ms per step to 40 ms of GPU
 }
 fsdp2_phase() {  # 2 GPUs, after fsdp1/fsdp1b (one GPU at batch 8: 99.6k tokens/s with units of 24 blocks, 92.1k with 4 and resharding)
   A="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=150"
-  run --multirun strategy=single $A hydra.sweep.dir=$R/single
-  run --multirun strategy=fsdp world_size=2 compile=true strategy.reshard_after_forward=false \
-    strategy.blocks_per_unit=1,4,24 $A hydra.sweep.dir=$R/fsdp_keep
-  run --multirun strategy=fsdp world_size=2 compile=true strategy.reshard_after_forward=true \
-    strategy.blocks_per_unit=1,4 strategy.prefetch=0,1 $A hydra.sweep.dir=$R/fsdp_reshard
-}
-x2a_phase() {  # 2 GPUs, session 12, call 1: FSDP2 (fsdp2 phase), then ZeRO-0/1/2 autocast, ZeRO-1/2 with CUDA graphs,
-  # ZeRO-3 with leaf blocks (the zero2 phase's most valuable runs); single eager / compiled / CUDA graphs as baselines
-  A="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=150"
-  build_ds_ops
   run --multirun strategy=single compile=false,true $A hydra.sweep.dir=$R/single
   run --multirun strategy=fsdp world_size=2 compile=true strategy.reshard_after_forward=false \
     strategy.blocks_per_unit=1,4,24 $A hydra.sweep.dir=$R/fsdp_keep
   run --multirun strategy=fsdp world_size=2 compile=true strategy.reshard_after_forward=true \
     strategy.blocks_per_unit=1,4 strategy.prefetch=0,1 $A hydra.sweep.dir=$R/fsdp_reshard
-  wait_ds_ops
-  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=0,1,2 $A hydra.sweep.dir=$R/zero_autocast
-  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=1,2 compile=true \
-    compile_mode=reduce-overhead $A hydra.sweep.dir=$R/zero_autocast_ro
-  run --multirun strategy=single compile=true compile_mode=reduce-overhead $A hydra.sweep.dir=$R/single_ro
-  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=3 strategy.leaf_blocks=true \
-    strategy.prefetch_bucket_size=5e7,2e8 $A hydra.sweep.dir=$R/zero3_leaf
 }
-x2b_phase() {  # 2 GPUs, session 12, call 2: ZeRO knobs and DeepSpeed's own bf16; torch TP=2 / PP=2 compiled
-  # (local-shard AdamW since session 10); then the distopt phase (Megatron DDP=2)
+x2a_phase() {  # 2 GPUs, session 12, call 1: the fsdp2 phase, then the zero2 phase's ZeRO runs
+  build_ds_ops
+  fsdp2_phase
+  wait_ds_ops
+  zero2_runs
+}
+x2b_phase() {  # 2 GPUs, session 12, call 2: torch TP=2 / PP=2 compiled (local-shard AdamW since session 10); the zero2
+  # phase's knob runs; the distopt phase (Megatron DDP=2)
   A="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=150"
   build_ds_ops
   run --multirun strategy=tp strategy.impl=torch world_size=2 compile=false,true $A hydra.sweep.dir=$R/torch_tp
   run --multirun strategy=pp strategy.impl=torch world_size=2 strategy.microbatches=p,4p compile=true $A hydra.sweep.dir=$R/torch_pp
   wait_ds_ops
-  run --multirun strategy=zero strategy.autocast=true world_size=2 strategy.zero_stage=1,2 strategy.overlap_comm=true \
-    strategy.reduce_bucket_size=5e7 $A hydra.sweep.dir=$R/zero_autocast_overlap
-  run --multirun strategy=zero world_size=2 strategy.zero_stage=1,2,3 $A hydra.sweep.dir=$R/zero_ds
+  zero2_knob_runs
   distopt_phase
 }
 x2c_phase() {  # 2 GPUs, session 12, call 3: why TP=2 / PP=2 m=4p fall short: Megatron (graphs) and torch (compiled), profiled
@@ -330,7 +323,7 @@ dc12_phase() {  # 1 GPU: DeepCompile for ZeRO-1/2; ZeRO-3 DeepCompile in DeepSpe
   run --multirun strategy=zero strategy.zero_stage=3 strategy.autocast=false model.global_batch=8 $A hydra.sweep.dir=$R/z3_dc_bf16
   run --multirun strategy=zero strategy.zero_stage=3 strategy.autocast=true model.global_batch=16 $A hydra.sweep.dir=$R/z3_dc_16
 }
-export -f x2h_phase x2g_phase x2c_phase x2a_phase x2b_phase fsdp1c_phase fsdp2_phase fsdp1b_phase fsdp1_phase dcz2_phase zero2dc_phase build_dc_op dc_phase dc2_phase dc3_phase dc12_phase zero3c_phase zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
+export -f zero2_runs zero2_knob_runs x2h_phase x2g_phase x2c_phase x2a_phase x2b_phase fsdp1c_phase fsdp2_phase fsdp1b_phase fsdp1_phase dcz2_phase zero2dc_phase build_dc_op dc_phase dc2_phase dc3_phase dc12_phase zero3c_phase zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null
