@@ -612,9 +612,6 @@ def _rules_deepcompile(plan: Plan) -> None:
 def _rules_fsdp(plan: Plan) -> None:
     s = plan.strategy
     _choice("strategy.reduce_dtype", s["reduce_dtype"], FSDP_REDUCE_DTYPES)
-    if s["prefetch"] < 0:
-        raise ConfigError("strategy.prefetch", s["prefetch"],
-                          "must be >= 0 (0: FSDP2's implicit prefetching, k: the next k units explicitly)")
     if plan.cfg["compile_mode"] == "reduce-overhead":
         # results/2026-11-23-h200-fsdp2-tp-host: 5.1-6.2k tokens/s against 89-100k with compile_mode=default
         raise ConfigError("compile_mode", "reduce-overhead", "CUDA graphs of FSDP2's blocks ran 15-20x slower than "
@@ -625,11 +622,11 @@ def _rules_fsdp(plan: Plan) -> None:
         raise ConfigError("strategy.blocks_per_unit", s["blocks_per_unit"],
                           f"must be 1..model.n_layers={n} (consecutive blocks per FSDP unit; 1 = one unit per block)")
     units = -(-n // s["blocks_per_unit"])
-    if s["prefetch"] > units - 1:  # a unit prefetches the units after it: more would be a silent no-op
+    if not 0 <= s["prefetch"] <= units - 1:  # a unit prefetches only the units after it: more is a silent no-op
         raise ConfigError("strategy.prefetch", s["prefetch"],
-                          f"must be 0..{units - 1}: strategy.blocks_per_unit={s['blocks_per_unit']} makes {units} FSDP "
-                          f"unit(s) of model.n_layers={n} blocks, and each unit can prefetch only the units after it"
-                          + (" (one unit: nothing to prefetch; use 0)" if units == 1 else ""))
+                          f"must be 0..{units - 1} (0: FSDP2's implicit prefetching, k: the next k units explicitly): "
+                          f"strategy.blocks_per_unit={s['blocks_per_unit']} makes {units} FSDP unit(s) of "
+                          f"model.n_layers={n} blocks" + (", nothing to prefetch" if units == 1 else ""))
 
 
 STRATEGY_RULES: dict[str, Callable[[Plan], None]] = {

@@ -5,7 +5,8 @@ from what every rank recorded, so that strategies that count tokens or time diff
 are still compared on the same footing.
 
 Experiment (group key): every config column except ``seed``, the measurement settings
-(``metrics.*``, ``dist_timeout_s``, ``run_timeout_s``, ``teardown_timeout_s``, ``start_method``) and paths/commands, i.e. model x
+(``metrics.*``, and what a sweep leaves out of a run's key: ``dist_timeout_s``, ``run_timeout_s``,
+``teardown_timeout_s``, ``start_method``, ``resume``, ...) and paths/commands, i.e. model x
 strategy x every strategy knob x world_size x precision x compile x global_batch x seq_len
 x steps ...  Runs that differ only in seed (or are plain repeats) are repeats.
 
@@ -73,12 +74,13 @@ from typing import Iterable, Optional
 
 import pandas as pd
 
+from bench.sweep import VOLATILE_KEYS
 from multirun_analysis.load import config_columns
 
 DEFINITIONS = __doc__  # the exact column definitions, also printed into report.md
-EXCLUDED_FROM_KEY = ("seed", "dist_timeout_s", "run_timeout_s", "teardown_timeout_s", "start_method", "command", "_command", "resume",
-                     "rerun_failed")
-# bookkeeping, not what ran: sweeps resume and re-run the same experiment
+# bookkeeping, not what ran: the keys a sweep's run key leaves out too (deadlines, resume, ...), and
+# seeds, whose runs are repeats of one experiment
+EXCLUDED_FROM_KEY = ("seed", "command") + VOLATILE_KEYS
 EXCLUDED_PREFIXES = ("metrics.", "hydra.", "cfg.metrics.", "vars.", "fault.")
 BASELINE = {"strategy": "single", "world_size": 1}
 BASELINE_MATCH = ("model", "global_batch", "seq_len", "precision", "compile", "device_type")
