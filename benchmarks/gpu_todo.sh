@@ -258,19 +258,22 @@ x2c_phase() {  # 2 GPUs, session 12, call 3: why TP=2 / PP=2 m=4p fall short: Me
   run --multirun strategy=megatron world_size=1 strategy.cuda_graph=true $S hydra.sweep.dir=$R/megatron1
 }
 x2g_phase() {  # 2 GPUs, prepared in session 12 for the next: FSDP2 settings compared within one call (session 12 saw
-  # a 15% spread between calls for one configuration), each setting twice
-  A="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=150 teardown_timeout_s=15"
+  # a 15% spread between calls for one configuration), each setting twice; 24 timed steps (session 12: 14)
+  A="model=300m model.global_batch=16 steps=30 warmup_steps=6 run_timeout_s=150 teardown_timeout_s=15"
+  F="strategy=fsdp world_size=2 compile=true"
   for rep in 1 2; do
     run --multirun strategy=single compile=false,true $A hydra.sweep.dir=$R/single_$rep
-    run --multirun strategy=fsdp world_size=2 compile=true strategy.reshard_after_forward=false \
-      strategy.blocks_per_unit=4,8,24 $A hydra.sweep.dir=$R/fsdp_keep_$rep
-    run --multirun strategy=fsdp world_size=2 compile=true strategy.reshard_after_forward=false \
-      strategy.blocks_per_unit=4 strategy.prefetch=1,2 $A hydra.sweep.dir=$R/fsdp_keep_prefetch_$rep
+    run --multirun strategy=ddp world_size=2 $A hydra.sweep.dir=$R/ddp_$rep  # the "plain DDP" reference
+    run --multirun $F strategy.reshard_after_forward=false strategy.blocks_per_unit=4,8,24 $A hydra.sweep.dir=$R/fsdp_keep_$rep
+    run --multirun $F strategy.reshard_after_forward=false strategy.blocks_per_unit=4 strategy.prefetch=1,2 $A hydra.sweep.dir=$R/fsdp_keep_prefetch_$rep
+    # gradients reduce-scattered in bf16: half the bytes, and no per-gradient cast to fp32 before the collective
+    run --multirun $F strategy.reshard_after_forward=false strategy.blocks_per_unit=4,24 strategy.reduce_dtype=param $A hydra.sweep.dir=$R/fsdp_keep_bf16_$rep
+    run --multirun $F strategy.reshard_after_forward=true strategy.blocks_per_unit=4,8 $A hydra.sweep.dir=$R/fsdp_reshard_$rep
   done
 }
 x2h_phase() {  # 2 GPUs, prepared in session 12 for the next (after x2g): the near-target ZeRO-1/2 and Megatron DDP=2
   # runs repeated beside their one-GPU references
-  A="model=300m model.global_batch=16 steps=20 warmup_steps=6 run_timeout_s=150 teardown_timeout_s=15"
+  A="model=300m model.global_batch=16 steps=30 warmup_steps=6 run_timeout_s=150 teardown_timeout_s=15"
   build_ds_ops
   run --multirun strategy=single compile=false,true $A hydra.sweep.dir=$R/single
   wait_ds_ops
