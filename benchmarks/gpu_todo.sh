@@ -55,6 +55,7 @@ OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs;
 . benchmarks/gpu_env.sh
 . benchmarks/gpu_lib.sh
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > $OUT/machine.txt 2>&1
+{ nvidia-smi topo -m; nvidia-smi nvlink -s; lscpu | grep -E "Model name|^CPU\(s\)|NUMA"; } >> $OUT/machine.txt 2>&1  # which link, which host
 exit_phase() {
   PYTHONUNBUFFERED=1 CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 200 python -m pytest -q --durations=0 tests/test_model_parallel.py \
     -k "test_gpu_megatron_cuda_graph_matches_single or (test_gpu2_fp32_matches_single and graph)" > $OUT/gpu_tests_graph.txt 2>&1
@@ -276,6 +277,7 @@ x2h_phase() {  # 2 GPUs, prepared in session 12 for the next (after x2g): the ne
   A="model=300m model.global_batch=16 steps=30 warmup_steps=6 run_timeout_s=150 teardown_timeout_s=15"
   build_ds_ops
   run --multirun strategy=single compile=false,true $A hydra.sweep.dir=$R/single
+  run --multirun strategy=ddp world_size=2 $A hydra.sweep.dir=$R/ddp  # this host's plain-DDP reference
   wait_ds_ops
   run --multirun strategy=zero strategy.autocast=true world_size=1,2 strategy.zero_stage=1,2 compile=true \
     compile_mode=reduce-overhead $A hydra.sweep.dir=$R/zero_ro
