@@ -163,6 +163,7 @@ class ZeroConfig(StrategyConfig):
     allgather_bucket_size: float = 5e8
     overlap_comm: Optional[bool] = None  # null = DeepSpeed's default: true for stage 3, else false
     contiguous_gradients: bool = True
+    compute_grad_norm: bool = True  # stages 1-2: false skips DeepSpeed's per-step global gradient norm (needs grad_clip=0)
     prefetch_bucket_size: float = 5e7  # stage 3
     param_persistence_threshold: float = 1e5  # stage 3
     max_live_parameters: float = 1e9  # stage 3
@@ -552,6 +553,8 @@ def _rules_zero(plan: Plan) -> None:
     for key in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters"):
         _whole_positive(f"strategy.{key}", s[key])
     _whole_positive("strategy.param_persistence_threshold", s["param_persistence_threshold"], allow_zero=True)
+    if not s["compute_grad_norm"]:
+        _rules_no_grad_norm(plan)
     if s["leaf_blocks"] and stage != 3:
         raise ConfigError("strategy.leaf_blocks", True, f"leaf modules are a ZeRO-3 notion (strategy.zero_stage={stage} "
                           "here); use zero_stage=3 or leaf_blocks=false")
@@ -586,6 +589,27 @@ def _rules_zero(plan: Plan) -> None:
         if key in (s["ds_config"] or {}):
             raise ConfigError(f"strategy.ds_config.{key}", s["ds_config"][key],
                               "is derived from model.global_batch and strategy.micro_batch_size; set those instead")
+
+
+def _rules_no_grad_norm(plan: Plan) -> None:
+    """DeepSpeed 0.19.8 accepts zero_optimization.compute_grad_norm=false only where nothing needs the norm;
+    it would raise these inside deepspeed.initialize on every rank."""
+    s, c = plan.strategy, plan.cfg
+    stage = s["zero_stage"]
+    if stage not in (1, 2):
+        raise ConfigError("strategy.compute_grad_norm", False, f"only ZeRO stages 1-2 can skip the gradient norm "
+                          f"(strategy.zero_stage={stage} here); use zero_stage=1 or 2, or compute_grad_norm=true")
+    if c["optim"]["grad_clip"] > 0:
+        raise ConfigError("strategy.compute_grad_norm", False, f"clipping needs the gradient norm "
+                          f"(optim.grad_clip={c['optim']['grad_clip']}); set optim.grad_clip=0 or compute_grad_norm=true")
+    if s["offload_optimizer"] != "none":
+        raise ConfigError("strategy.compute_grad_norm", False, "DeepSpeed's optimizer offload always computes the "
+                          "norm; use offload_optimizer=none or compute_grad_norm=true")
+    accum = ((s["ds_config"] or {}).get("data_types") or {}).get("grad_accum_dtype")
+    if stage == 1 and c["precision"] == "bf16" and not s["autocast"] and accum == "fp32":
+        raise ConfigError("strategy.compute_grad_norm", False, "ZeRO-1 in DeepSpeed's own bf16 with "
+                          "strategy.ds_config.data_types.grad_accum_dtype=fp32 runs its BF16_Optimizer, which always "
+                          "computes the norm; drop that grad_accum_dtype, use zero_stage=2, or compute_grad_norm=true")
 
 
 def _rules_deepcompile(plan: Plan) -> None:

@@ -68,7 +68,8 @@ ATTEMPTS = ".attempts"
 # what runs did before them: at that default they are left out of the key, so an earlier sweep
 # folder still resumes.
 ADDED_AT_DEFAULT = {"compile_mode": "default", "strategy.autocast": False, "strategy.leaf_blocks": False,
-                    "strategy.deepcompile": False, "strategy.blocks_per_unit": 1}
+                    "strategy.deepcompile": False, "strategy.blocks_per_unit": 1,
+                    "strategy.compute_grad_norm": True}
 
 
 def run_key(cfg: dict) -> str:

@@ -115,6 +115,18 @@ def test_zero3_leaf_blocks_matches_single(tmp_path_factory, baseline):
     assert m["layout"]["ds_config"]["zero_optimization"]["leaf_module"] == {"classes": ["bench.model.Block"]}
 
 
+def test_zero_without_grad_norm_matches_single(tmp_path_factory, baseline):
+    """strategy.compute_grad_norm=false (stages 1-2, no clipping) skips DeepSpeed's per-step norm and its host
+    sync: the same updates, so the same losses, and the knob reaches DeepSpeed's config."""
+    runs = sweep_runs(tmp_path_factory, "zero_no_norm", "strategy=zero", "world_size=2", "strategy.zero_stage=1,2",
+                      "strategy.compute_grad_norm=false")
+    assert sorted(m["config"]["strategy"]["zero_stage"] for m in runs.values()) == [1, 2]
+    for m in runs.values():
+        assert_same_loss(m, baseline)
+        assert_one_step_per_global_batch(m)
+        assert m["layout"]["ds_config"]["zero_optimization"]["compute_grad_norm"] is False
+
+
 @pytest.mark.parametrize("reshard", [True, False])
 def test_fsdp2_matches_single(reshard, fsdp_runs, baseline):
     m = fsdp_runs[reshard]
@@ -224,6 +236,12 @@ def test_zero_autocast_follows_single_bf16(tmp_path_factory):
     (["strategy.autocast=true", "precision=fp32"], "strategy.autocast"),
     (["strategy.zero_stage=2", "strategy.leaf_blocks=true"], "strategy.leaf_blocks"),
     (["strategy.zero_stage=3", "strategy.deepcompile=true", "compile=true"], "strategy.deepcompile"),  # CPU
+    (["strategy.zero_stage=3", "strategy.compute_grad_norm=false"], "strategy.compute_grad_norm"),
+    (["strategy.zero_stage=2", "strategy.compute_grad_norm=false", "optim.grad_clip=1.0"], "strategy.compute_grad_norm"),
+    (["strategy.zero_stage=1", "strategy.compute_grad_norm=false", "strategy.offload_optimizer=cpu"],
+     "strategy.compute_grad_norm"),
+    (["strategy.zero_stage=1", "strategy.compute_grad_norm=false", "precision=bf16",  # DeepSpeed's BF16_Optimizer
+      "+strategy.ds_config.data_types.grad_accum_dtype=fp32"], "strategy.compute_grad_norm"),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v))
 def test_zero_config_errors(overrides, key):
     with pytest.raises(ConfigError) as e:

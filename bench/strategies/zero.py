@@ -85,6 +85,7 @@ def build_ds_config(plan) -> dict:
         "overlap_comm": stage == 3 if s["overlap_comm"] is None else s["overlap_comm"],
         "reduce_bucket_size": int(s["reduce_bucket_size"]),
         "allgather_bucket_size": int(s["allgather_bucket_size"]),
+        "compute_grad_norm": s["compute_grad_norm"],
     }
     if stage == 3:
         zo.update(stage3_prefetch_bucket_size=int(s["prefetch_bucket_size"]),
