@@ -216,6 +216,7 @@ def test_recorded_runs_keep_their_key(run):
     assert run_key({**cfg, "compile_mode": "reduce-overhead"}) != recorded
     assert cfg["compile_mode"] == "default"  # run_key does not alter its argument
     if cfg["strategy"]["name"] == "zero":
-        for knob in ("autocast", "leaf_blocks", "deepcompile"):  # added after the run was recorded
-            assert run_key({**cfg, "strategy": {**cfg["strategy"], knob: True}}) != recorded, knob
-            assert cfg["strategy"][knob] is False
+        added = {"autocast": False, "leaf_blocks": False, "deepcompile": False, "compute_grad_norm": True}
+        for knob, default in added.items():  # added after the run was recorded
+            assert run_key({**cfg, "strategy": {**cfg["strategy"], knob: not default}}) != recorded, knob
+            assert cfg["strategy"][knob] is default
