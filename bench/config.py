@@ -9,6 +9,7 @@ would be valid, and are raised before any process is spawned.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -18,6 +19,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # torch.compile(mode=...)
 DEVICES = ("auto", "cuda", "cpu")
 START_METHODS = ("forkserver", "spawn")
+CPU_AFFINITIES = ("none", "split")
 FAULT_KINDS = ("none", "raise", "oom", "hang", "crash_at_exit", "hang_at_exit", "stuck_at_exit")
 DDP_COMM_HOOKS = ("none", "bf16_compress", "fp16_compress")
 STEP_TIMINGS = ("events", "sync")
@@ -237,6 +239,9 @@ class BenchConfig:
     # how a run's local ranks start (bench/launch.py): "forkserver" forks them from a server process
     # that imported torch and bench once (a sweep's later runs reuse it); "spawn" starts each afresh
     start_method: str = "forkserver"
+    # where a run's local ranks may run on the host's CPUs: "none" leaves it to the OS; "split" pins
+    # each local rank to its own equal, contiguous share of the CPUs the run may use (Linux)
+    cpu_affinity: str = "none"
     # sweeps (bench/sweep.py): neither changes what a run measures, so neither is part of a run's key
     resume: bool = False  # skip runs whose configuration already has a completed result in the sweep folder
     rerun_failed: bool = False  # with resume: run again those whose result is failed/oom/timeout/interrupted
@@ -322,6 +327,10 @@ def validate(cfg: DictConfig | dict, gpus: Optional[int] = None) -> Plan:
     _positive("world_size", c["world_size"])
     _positive("steps", c["steps"])
     _choice("start_method", c["start_method"], START_METHODS)
+    _choice("cpu_affinity", c["cpu_affinity"], CPU_AFFINITIES)
+    if c["cpu_affinity"] == "split" and not hasattr(os, "sched_setaffinity"):
+        raise ConfigError("cpu_affinity", "split", "pinning ranks to CPUs needs Linux (os.sched_setaffinity); "
+                          "use cpu_affinity=none")
     if c["run_timeout_s"] is not None and c["run_timeout_s"] <= 0:
         raise ConfigError("run_timeout_s", c["run_timeout_s"], "must be a positive number of seconds or null")
     _positive("teardown_timeout_s", c["teardown_timeout_s"])

@@ -32,6 +32,7 @@ Progress and summary are plain log lines (no carriage returns), fine in non-inte
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -69,7 +70,7 @@ ATTEMPTS = ".attempts"
 # folder still resumes.
 ADDED_AT_DEFAULT = {"compile_mode": "default", "strategy.autocast": False, "strategy.leaf_blocks": False,
                     "strategy.deepcompile": False, "strategy.blocks_per_unit": 1,
-                    "strategy.compute_grad_norm": True}
+                    "strategy.compute_grad_norm": True, "cpu_affinity": "none"}
 
 
 def run_key(cfg: dict) -> str:
@@ -86,6 +87,24 @@ def run_key(cfg: dict) -> str:
                 c = rest
     blob = json.dumps(c, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def with_added_defaults(cfg: dict) -> dict:
+    """A recorded run's configuration with the knobs added since, at the defaults that do what it did
+    (only the strategy knobs its strategy has): the reading side of run_key's rule, so that an older
+    and a newer run of one configuration are one experiment (multirun_analysis)."""
+    from bench.config import STRATEGY_SCHEMAS
+
+    out, strategy = dict(cfg), cfg.get("strategy")
+    schema = STRATEGY_SCHEMAS.get(strategy.get("name")) if isinstance(strategy, dict) else None
+    knobs = {f.name for f in dataclasses.fields(schema)} if schema else set()
+    for dotted, default in ADDED_AT_DEFAULT.items():
+        group, _, leaf = dotted.rpartition(".")
+        if not group:
+            out.setdefault(leaf, default)
+        elif group == "strategy" and leaf in knobs and leaf not in strategy:
+            out["strategy"] = strategy = {**strategy, leaf: default}
+    return out
 
 
 def identity(cfg: dict) -> dict:

@@ -100,6 +100,24 @@ def inject_fault(fault: dict, rank: int, step: int) -> None:
             time.sleep(1)
 
 
+def _pin_cpus(plan: Plan, local_rank: int) -> list[int]:
+    """cpu_affinity=split: this rank (and the threads it starts later: NCCL, NVML, torch's pools) runs on its own
+    contiguous share of the CPUs the run may use; returns the CPUs this rank may run on."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if plan.cfg["cpu_affinity"] != "split":
+        return allowed
+    if "SLURM_JOB_ID" in os.environ:  # each task's CPUs are SLURM's to bind; splitting them again would be wrong
+        raise RuntimeError("cpu_affinity=split is for runs bench launches itself; under SLURM bind each task "
+                           "with SLURM (hydra.launcher.cpus_per_task, srun --cpu-bind) and use cpu_affinity=none")
+    local_ws = int(os.environ.get("LOCAL_WORLD_SIZE", plan.world_size))
+    share = len(allowed) // local_ws
+    if share < 1:
+        raise RuntimeError(f"cpu_affinity=split: {len(allowed)} CPU(s) for {local_ws} local ranks; use cpu_affinity=none")
+    mine = allowed[local_rank * share:(local_rank + 1) * share]
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
 def _device(plan: Plan, local_rank: int) -> torch.device:
     if plan.device == "cuda":
         if torch.cuda._is_in_bad_fork():  # the fork server started CUDA (it must not: bench/launch.py)
@@ -126,6 +144,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
     preloaded = [m for m in sweep_preloads(plan.strategy) if m in sys.modules]
     os.environ.update(strategy_cls.process_env(plan))  # before CUDA starts (e.g. CUDA_DEVICE_MAX_CONNECTIONS)
     startup_phases: dict[str, float] = {}  # before setup (metrics.json ranks[].startup_phases_s)
+    cpus = _pin_cpus(plan, local_rank)  # before any thread of this rank starts
     with phase(startup_phases, "device_and_process_group"):
         device = _device(plan, local_rank)
         dist.init_process_group(plan.backend, rank=rank, world_size=world_size,
@@ -229,6 +248,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         "max_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "max_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20 if device.type == "cuda" else None,
         "host_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "cpus": cpus,  # the CPUs this rank's threads may run on (config cpu_affinity)
         "profile": profile,
         **sampler.summary(),
     }

@@ -23,6 +23,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from bench.sweep import with_added_defaults
+
 SCHEMA_VERSION = 1  # the metrics.json schema this module was written against
 STATUSES = ("completed", "failed", "oom", "invalid", "timeout", "interrupted")
 RUN_MARKERS = (".hydra/config.yaml", "metrics.json", "status.json")
@@ -160,6 +162,8 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
     cfg = m.get("config") if m is not None and isinstance(m.get("config"), dict) else None
     if cfg is None:
         cfg = _read_hydra_config(d, problems)
+    if cfg is not None:  # knobs added to bench since the run was recorded, at the defaults it ran with
+        cfg = with_added_defaults(cfg)
     if cfg is None and m is not None and isinstance(m.get("run"), dict):
         r = m["run"]  # older/partial metrics: the run identity still says what ran
         cfg = {"model": {"name": r.get("model"), "global_batch": r.get("global_batch"),

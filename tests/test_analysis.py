@@ -304,17 +304,31 @@ def test_pipeline_microbatch_settings_p_and_4p_are_plotted_by_their_counts(tmp_p
     assert isinstance(ma.plot_pp_microbatches(s), Figure)
 
 
-def test_runs_differing_only_in_their_deadlines_are_repeats(tmp_path):
+def test_runs_differing_only_in_their_deadlines_or_bench_version_are_repeats(tmp_path):
     """run_timeout_s / teardown_timeout_s say when to give up on a run, not what it measures: runs
     that differ only there are repeats of one experiment (a 2-GPU session's analysis once split
-    `single` into two rows by teardown_timeout_s=15 / 30)."""
+    `single` into two rows by teardown_timeout_s=15 / 30).  So are runs recorded before a knob was
+    added (bench.sweep.ADDED_AT_DEFAULT): here two runs lose `cpu_affinity` from their records, as
+    runs from before it existed have no such key."""
+    import yaml
+
     import multirun_analysis as ma
 
     d = tmp_path / "deadlines"
     p = run_bench("strategy=single", "teardown_timeout_s=15,20", "run_timeout_s=200,250", *CPU_FAST,
                   run_dir=d, multirun=True)
     assert p.returncode == 0, p.stderr[-3000:]
+    for job in ("0", "1"):
+        mpath, hpath = d / job / "metrics.json", d / job / ".hydra" / "config.yaml"
+        m = json.loads(mpath.read_text())
+        del m["config"]["cpu_affinity"]
+        mpath.write_text(json.dumps(m))
+        h = yaml.safe_load(hpath.read_text())
+        del h["cpu_affinity"]
+        hpath.write_text(yaml.safe_dump(h))
     runs = ma.load_runs(d)
     assert len(runs) == 4 and set(runs["status"]) == {"completed"}
+    assert list(runs["cpu_affinity"]) == ["none"] * 4
+    assert "autocast" not in runs.columns  # a ZeRO knob: not given to single's runs
     s = ma.summarize(runs)
     assert len(s) == 1 and s.iloc[0]["n_runs"] == 4

@@ -57,6 +57,7 @@ def test_ddp_plan_splits_batch_and_accumulates():
     (["model.n_heads=3"], 0, "model.n_heads"),
     (["strategy=ddp", "strategy.bucket_cap_mb=0"], 0, "strategy.bucket_cap_mb"),
     (["start_method=fork"], 0, "start_method"),
+    (["cpu_affinity=numa"], 0, "cpu_affinity"),
     (["metrics.step_timing=cupti"], 0, "metrics.step_timing"),
     (["teardown_timeout_s=0"], 0, "teardown_timeout_s"),
     (["compile=true", "compile_mode=fast"], 0, "compile_mode"),

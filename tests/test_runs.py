@@ -65,6 +65,20 @@ def test_spawned_ranks_equal_forkserver_ranks(single_cpu, bench_run):
     assert max(abs(a - b) for a, b in zip(loss_curve(single_cpu), loss_curve(d))) < 1e-5
 
 
+def test_split_cpu_affinity_pins_each_rank_to_its_own_cpus(single_cpu, bench_run):
+    """cpu_affinity=split: each local rank runs on its own share of the CPUs (recorded per rank), and
+    trains exactly as before."""
+    import os
+
+    p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2", "cpu_affinity=split")
+    assert p.returncode == 0, p.stderr[-3000:]
+    cpus = [set(r["cpus"]) for r in metrics_of(d)["ranks"]]
+    share = len(os.sched_getaffinity(0)) // 2
+    assert all(len(c) == share for c in cpus) and not cpus[0] & cpus[1]
+    assert cpus[0] | cpus[1] <= os.sched_getaffinity(0)
+    assert max(abs(a - b) for a, b in zip(loss_curve(single_cpu), loss_curve(d))) < 1e-5
+
+
 def test_gradient_accumulation_is_the_same_optimizer_step(single_cpu, bench_run):
     p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2", "strategy.micro_batch_size=1")
     assert p.returncode == 0, p.stderr[-3000:]

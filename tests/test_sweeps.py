@@ -215,6 +215,7 @@ def test_recorded_runs_keep_their_key(run):
     assert cfg["compile_mode"] == ADDED_AT_DEFAULT["compile_mode"]
     assert run_key({**cfg, "compile_mode": "reduce-overhead"}) != recorded
     assert cfg["compile_mode"] == "default"  # run_key does not alter its argument
+    assert cfg["cpu_affinity"] == "none" and run_key({**cfg, "cpu_affinity": "split"}) != recorded
     if cfg["strategy"]["name"] == "zero":
         added = {"autocast": False, "leaf_blocks": False, "deepcompile": False, "compute_grad_norm": True}
         for knob, default in added.items():  # added after the run was recorded
