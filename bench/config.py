@@ -165,7 +165,7 @@ class ZeroConfig(StrategyConfig):
     allgather_bucket_size: float = 5e8
     overlap_comm: Optional[bool] = None  # null = DeepSpeed's default: true for stage 3, else false
     contiguous_gradients: bool = True
-    compute_grad_norm: bool = True  # stages 1-2: false skips DeepSpeed's per-step global gradient norm (needs grad_clip=0)
+    compute_grad_norm: bool = True  # stages 1-2: false skips DeepSpeed's per-step gradient norm (no clipping)
     prefetch_bucket_size: float = 5e7  # stage 3
     param_persistence_threshold: float = 1e5  # stage 3
     max_live_parameters: float = 1e9  # stage 3

@@ -101,8 +101,8 @@ def inject_fault(fault: dict, rank: int, step: int) -> None:
 
 
 def _pin_cpus(plan: Plan, local_rank: int) -> list[int]:
-    """cpu_affinity=split: this rank (and the threads it starts later: NCCL, NVML, torch's pools) runs on its own
-    contiguous share of the CPUs the run may use; returns the CPUs this rank may run on."""
+    """cpu_affinity=split: this rank (and the threads it starts later: NCCL, NVML, torch's pools) runs on
+    its own contiguous share of the CPUs the run may use; returns the CPUs this rank may run on."""
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if plan.cfg["cpu_affinity"] != "split":
         return allowed
@@ -112,7 +112,8 @@ def _pin_cpus(plan: Plan, local_rank: int) -> list[int]:
     local_ws = int(os.environ.get("LOCAL_WORLD_SIZE", plan.world_size))
     share = len(allowed) // local_ws
     if share < 1:
-        raise RuntimeError(f"cpu_affinity=split: {len(allowed)} CPU(s) for {local_ws} local ranks; use cpu_affinity=none")
+        raise RuntimeError(f"cpu_affinity=split: {len(allowed)} CPU(s) for {local_ws} local ranks; "
+                           "use cpu_affinity=none")
     mine = allowed[local_rank * share:(local_rank + 1) * share]
     os.sched_setaffinity(0, mine)
     return mine
