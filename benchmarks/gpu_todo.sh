@@ -43,8 +43,8 @@
 #   x2a      issue 3 (2 GPUs, session 12): the fsdp2 phase, then the zero2 phase's autocast / CUDA-graph / leaf-block runs
 #   x2b      issues 3-4 (2 GPUs, session 12): ZeRO overlap and DeepSpeed bf16; torch TP=2 / PP=2 compiled; the distopt phase
 #   x2c      issue 4 (2 GPUs, session 12): Megatron TP=2 / PP=2 (graphs) and torch TP=2 / PP=2 (compiled), profiled
-#   x2g      issue 3 (2 GPUs, prepared for the next session): FSDP2 units / prefetch, each twice within one call
-#   x2h      issues 3-4 (2 GPUs, prepared for the next session): ZeRO-1/2 graphs (also without DeepSpeed's per-step
+#   x2g      issue 3 (2 GPUs, session 13): FSDP2 units / prefetch, each twice within one call
+#   x2h      issues 3-4 (2 GPUs, session 13): ZeRO-1/2 graphs (also without DeepSpeed's per-step
 #            gradient norm) and Megatron DDP=2 (+ distributed optimizer), repeated with their 1-GPU runs
 #   x2i      issues 3-4 (2 GPUs, session 13): ZeRO-1/2 with strategy.compute_grad_norm=false, FSDP2 units of 8,
 #            Megatron DDP=2 with the distributed optimizer
