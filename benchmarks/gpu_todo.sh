@@ -49,11 +49,13 @@
 #   x2i      issues 3-4 (2 GPUs, session 13): ZeRO-1/2 with strategy.compute_grad_norm=false, FSDP2 units of 8,
 #            Megatron DDP=2 with the distributed optimizer
 #   x2j      issue 3 (2 GPUs, session 13): FSDP2 units of 8 at global batch 32 against single / DDP there; units 6, 12
-#   x2k      issue 3 (2 GPUs, prepared in session 13): FSDP2 units of 8 and DDP=2 with cpu_affinity=none,split, twice
+#   x2k      issue 3 (2 GPUs, session 14): FSDP2 units of 8 and DDP=2 with cpu_affinity=none,split, twice
+#   x2l      issue 3 (2 GPUs, session 14): FSDP2 units of 8 (reshard off / on) and DDP=2 profiled per rank
+#            (metrics.profile_steps=2), twice; single compiled at batch 8 profiled
 #   distopt  issue 4: Megatron DDP=2 (graph) with the distributed optimizer (param gather overlapped
 #            or not), fp32 vs bf16 reduction, bucket sizes; torch single / DDP=2; 30 timed steps
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
-#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1|zero1b|zero3c|dc|dc12|dc2|dc3|dcz2|zero2dc|fsdp1|fsdp1b|fsdp1c|fsdp2|x2a|x2b|x2c|x2g|x2h|x2i|x2j|x2k [seconds]
+#   bash benchmarks/gpu_todo.sh OUTDIR exit|verify|megatron|zero|resume|ddp|distopt|autocast|zero2|autocast1|cmode|zero1|zero1b|zero3c|dc|dc12|dc2|dc3|dcz2|zero2dc|fsdp1|fsdp1b|fsdp1c|fsdp2|x2a|x2b|x2c|x2g|x2h|x2i|x2j|x2k|x2l [seconds]
 set -u
 OUT=${1:-/tmp/out}; PHASE=${2:-exit}; R=/tmp/runs_$PHASE; RESULTS=${PHASE}_runs; mkdir -p $OUT $R
 . benchmarks/gpu_env.sh
@@ -319,7 +321,7 @@ x2j_phase() {  # 2 GPUs, session 13 after x2i: is FSDP2's gap its fixed per-step
   run --multirun strategy=fsdp world_size=2 compile=true strategy.reshard_after_forward=false strategy.blocks_per_unit=6,12 \
     model.global_batch=16 $A hydra.sweep.dir=$R/fsdp_units
 }
-x2k_phase() {  # 2 GPUs, prepared in session 13: FSDP2 at global batch 16 had one rank's GPU busy 41-58% and the other's
+x2k_phase() {  # 2 GPUs, session 14 (prepared in 13): FSDP2 at global batch 16 had one rank's GPU busy 41-58% and the other's
   # 76-98% (one host sets the pace?): each rank pinned to its own CPUs (cpu_affinity=split) against the OS's placement
   A="model=300m model.global_batch=16 steps=30 warmup_steps=6 run_timeout_s=150 teardown_timeout_s=15"
   run --multirun strategy=single compile=false,true $A hydra.sweep.dir=$R/single
@@ -328,6 +330,18 @@ x2k_phase() {  # 2 GPUs, prepared in session 13: FSDP2 at global batch 16 had on
       cpu_affinity=none,split $A hydra.sweep.dir=$R/fsdp_$rep
     run --multirun strategy=ddp world_size=2 cpu_affinity=none,split $A hydra.sweep.dir=$R/ddp_$rep
   done
+}
+x2l_phase() {  # 2 GPUs, after x2k (pinning did not even out FSDP2's ranks): is each rank's GPU work the same and one
+  # rank's NCCL kernels waiting for the other (a phase offset between two host-bound ranks), or is one GPU doing more?
+  python -c "import torch, torch._dynamo.config as c; print('torch', torch.__version__, 'skip_fsdp_hooks' in dir(c))" >> $OUT/progress.txt 2>&1
+  A="model=300m model.global_batch=16 steps=24 warmup_steps=6 run_timeout_s=150 teardown_timeout_s=15"
+  run --multirun strategy=single compile=false $A hydra.sweep.dir=$R/single16
+  run --multirun strategy=single compile=true model.global_batch=8 metrics.profile_steps=2 $A hydra.sweep.dir=$R/single8_prof
+  for rep in 1 2; do
+    run --multirun strategy=fsdp world_size=2 compile=true strategy.blocks_per_unit=8 strategy.reshard_after_forward=false,true \
+      metrics.profile_steps=2 $A hydra.sweep.dir=$R/fsdp_prof_$rep
+  done
+  run --multirun strategy=ddp world_size=2 metrics.profile_steps=2 $A hydra.sweep.dir=$R/ddp_prof
 }
 build_dc_op() {  # DeepCompile's CUDA op (JIT, into TORCH_EXTENSIONS_DIR), with FusedAdam
   build_ds_ops; wait_ds_ops
@@ -369,7 +383,7 @@ dc12_phase() {  # 1 GPU: DeepCompile for ZeRO-1/2; ZeRO-3 DeepCompile in DeepSpe
   run --multirun strategy=zero strategy.zero_stage=3 strategy.autocast=false model.global_batch=8 $A hydra.sweep.dir=$R/z3_dc_bf16
   run --multirun strategy=zero strategy.zero_stage=3 strategy.autocast=true model.global_batch=16 $A hydra.sweep.dir=$R/z3_dc_16
 }
-export -f zero2_runs zero2_knob_runs x2k_phase x2j_phase x2i_phase x2h_phase x2g_phase x2c_phase x2a_phase x2b_phase fsdp1c_phase fsdp2_phase fsdp1b_phase fsdp1_phase dcz2_phase zero2dc_phase build_dc_op dc_phase dc2_phase dc3_phase dc12_phase zero3c_phase zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
+export -f zero2_runs zero2_knob_runs x2l_phase x2k_phase x2j_phase x2i_phase x2h_phase x2g_phase x2c_phase x2a_phase x2b_phase fsdp1c_phase fsdp2_phase fsdp1b_phase fsdp1_phase dcz2_phase zero2dc_phase build_dc_op dc_phase dc2_phase dc3_phase dc12_phase zero3c_phase zero1b_phase zero1_phase exit_phase distopt_phase autocast_phase zero2_phase autocast1_phase cmode_phase verify_phase megatron_phase zero_phase resume_phase ddp_phase; export R OUT RESULTS
 timeout ${3:-520} bash -c "${PHASE}_phase"
 finish
 tar czf $OUT/sweeps.tgz -C $R $(cd $R && find . -name status.json -o -name metrics.json -o -name summary.json -o -name '.hydra' -type d -o -name 'rank*.log') 2>/dev/null
