@@ -51,7 +51,7 @@
 #   x2j      issue 3 (2 GPUs, session 13): FSDP2 units of 8 at global batch 32 against single / DDP there; units 6, 12
 #   x2k      issue 3 (2 GPUs, session 14): FSDP2 units of 8 and DDP=2 with cpu_affinity=none,split, twice
 #   x2l      issue 3 (2 GPUs, session 14): FSDP2 units of 8 (reshard off / on) and DDP=2 profiled per rank
-#            (metrics.profile_steps=2), twice; single compiled at batch 8 profiled
+#            (metrics.profile_steps=2), twice; single compiled profiled (at batch 16: see the phase)
 #   distopt  issue 4: Megatron DDP=2 (graph) with the distributed optimizer (param gather overlapped
 #            or not), fp32 vs bf16 reduction, bucket sizes; torch single / DDP=2; 30 timed steps
 # Earlier phases (graphs, timing, teardown) are this file at commit 0a90dc6.
