@@ -336,8 +336,9 @@ x2l_phase() {  # 2 GPUs, after x2k (pinning did not even out FSDP2's ranks): is 
   python -c "import torch, torch._dynamo.config as c; print('torch', torch.__version__, 'skip_fsdp_hooks' in dir(c))" >> $OUT/progress.txt 2>&1
   A="model=300m model.global_batch=16 steps=24 warmup_steps=6 run_timeout_s=150 teardown_timeout_s=15"
   run --multirun strategy=single compile=false $A hydra.sweep.dir=$R/single16
-  # (as run in session 14: $A's model.global_batch=16 comes last and wins, so this profiles compiled single at 16)
-  run --multirun strategy=single compile=true model.global_batch=8 metrics.profile_steps=2 $A hydra.sweep.dir=$R/single8_prof
+  # compiled single at batch 16, profiled (session 14 also passed model.global_batch=8 here, before $A, whose 16 won:
+  # hence the folder's name)
+  run --multirun strategy=single compile=true metrics.profile_steps=2 $A hydra.sweep.dir=$R/single8_prof
   for rep in 1 2; do
     run --multirun strategy=fsdp world_size=2 compile=true strategy.blocks_per_unit=8 strategy.reshard_after_forward=false,true \
       metrics.profile_steps=2 $A hydra.sweep.dir=$R/fsdp_prof_$rep
