@@ -1,4 +1,4 @@
-"""One Hydra job = one benchmark run: validate -> launch -> record.
+"""One Hydra job = one benchmark run: validate -> (memory plan) -> launch -> record.
 
 The run folder Hydra created holds everything of the run: ``status.json`` (pending - written by
 the sweeper -, running, then the final status; with the run key, model/strategy/world size, wall
@@ -18,20 +18,17 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from bench import metrics
-from bench.config import ConfigError, validate
-from bench.metrics.io import read_json_dict, write_json_atomic
-from bench.sweep import holds_completed, identity, run_key
+from bench.config import validate
+from bench.jsonio import read_json_dict, write_json_atomic
+from bench.runs import STATUSES, holds_completed, identity, read_result, run_key, write_status
+from bench.schema import ConfigError, Plan
 
 log = logging.getLogger("bench")
-
-
-def write_status(run_dir: Path, status: str, **extra) -> None:
-    write_json_atomic(run_dir / "status.json", {"status": status, "time": time.time(), **extra})
 
 
 def job_timing(run_dir: Path, t0: float, t_end: float) -> dict:
@@ -46,7 +43,7 @@ def job_timing(run_dir: Path, t0: float, t_end: float) -> dict:
 
 
 def finish(run_dir: Path, raw: dict, status: str, error: Optional[dict], failures: list, base: dict,
-           t0: float) -> str:
+           t0: float, plan: Optional[Plan] = None) -> str:
     """Write the final metrics.json (the workers' one when completed) and status.json."""
     mpath = run_dir / "metrics.json"
     m = read_json_dict(mpath) if status == "completed" else None
@@ -55,8 +52,12 @@ def finish(run_dir: Path, raw: dict, status: str, error: Optional[dict], failure
             status, error = "failed", {"rank": 0, "type": "MissingMetrics",
                                        "message": "all ranks exited 0 but metrics.json was not written",
                                        "traceback": None}
-        m = metrics.skeleton(raw, status if status in metrics.STATUSES else "failed", error)
+        m = metrics.skeleton(plan.cfg if plan else raw, status if status in STATUSES else "failed", error)
         m["failures"] = failures
+        if plan is not None:
+            from bench.memory_model import memory_plan
+
+            m["memory"]["plan"] = memory_plan(plan)
     timing = job_timing(run_dir, t0, time.time())
     m["job"] = {"key": base["key"], **timing}
     write_json_atomic(mpath, m)
@@ -71,48 +72,103 @@ def finish(run_dir: Path, raw: dict, status: str, error: Optional[dict], failure
     return m["status"]
 
 
-def begin(cfg: DictConfig, run_dir: Path) -> tuple[dict, dict]:
-    raw = OmegaConf.to_container(cfg, resolve=True)
-    base = {"key": run_key(raw), **identity(raw), "t_start": time.time()}
-    return raw, base
-
-
 def record_invalid(run_dir: Path, raw: dict, base: dict, e: ConfigError, t0: float) -> str:
     log.error("%s", e)
     return finish(run_dir, raw, "invalid", {"rank": None, "type": "ConfigError", "message": str(e),
                                            "traceback": None, "key": e.key, "value": e.value}, [], base, t0)
 
 
-def run(cfg: DictConfig, run_dir: Path, command: list[str], t0: Optional[float] = None) -> str:
+def mark_unfinished(d: Path, cfg: Optional[dict], status: str, err_type: str, message: str,
+                    failures: Optional[list] = None) -> None:
+    """Give a run that ended without recording a final status one (with the reason)."""
+    r = read_result(d)
+    if r is not None and r.status in STATUSES:
+        return
+    err = {"rank": None, "type": err_type, "message": message, "traceback": None}
+    if failures:  # the ranks' own records: the earliest is the root cause
+        root = failures[0]
+        err = {k: root.get(k) for k in ("rank", "type", "message", "traceback")}
+        status = "oom" if root.get("oom") else status
+    info = (r.info if r else {}) or {}
+    m = metrics.skeleton(cfg or {}, status, err)
+    m["failures"] = failures or []
+    m["job"] = {"key": info.get("key")}
+    write_json_atomic(d / "metrics.json", m)
+    write_json_atomic(d / "status.json", {**info, "status": status, "reason": message, "time": time.time()})
+
+
+def plan_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = (),
+             gpus: Optional[int] = None) -> tuple[dict, dict, Optional[Plan], Optional[ConfigError]]:
+    """(raw config, status base, plan or None, the ConfigError or None): the run key is the plan's
+    (with tuning=best: the settings that will run), or the raw config's when it cannot run."""
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        plan, err = validate(cfg, gpus=gpus, explicit=explicit), None
+    except ConfigError as e:
+        plan, err = None, e
+    final = plan.cfg if plan else raw
+    return raw, {"key": run_key(final), **identity(final), "t_start": time.time()}, plan, err
+
+
+def run(cfg: DictConfig, run_dir: Path, command: list[str], t0: Optional[float] = None,
+        explicit: Iterable[str] = ()) -> str:
     """Run one benchmark into run_dir; returns its final status."""
-    from bench.launch import launch_local
+    from bench.launch import launch_local, read_failures
 
     t0 = time.time() if t0 is None else t0
     run_dir.mkdir(parents=True, exist_ok=True)
     if holds_completed(run_dir):
         log.error("%s already holds a completed result: not running into it (use another folder)", run_dir)
         return "refused"
-    raw, base = begin(cfg, run_dir)
+    raw, base, plan, err = plan_run(cfg, run_dir, explicit)
     write_status(run_dir, "running", **base)
+    if err is not None:
+        return record_invalid(run_dir, raw, base, err, t0)
     try:
-        try:
-            plan = validate(cfg)
-        except ConfigError as e:
-            return record_invalid(run_dir, raw, base, e, t0)
-        plan.cfg["_command"] = command
-        log.info("run %s: model=%s strategy=%s world_size=%d device=%s backend=%s precision=%s",
+        from bench.memory_model import fits, memory_plan
+
+        mem = memory_plan(plan)
+        log.info("run %s: model=%s strategy=%s world_size=%d device=%s backend=%s precision=%s; %s",
                  run_dir, plan.model["name"], plan.strategy["name"], plan.world_size, plan.device,
-                 plan.backend, raw["precision"])
+                 plan.backend, plan.cfg["precision"], mem["summary"])
+        if plan.tuning:
+            log.info("tuning=%s: %s", plan.tuning["profile"], plan.tuning["summary"])
+        verdict = fits(mem, plan)
+        if verdict is not None and not plan.cfg["force_run"]:
+            return finish(run_dir, raw, "skipped", {"rank": None, "type": "PredictedOOM", "message": verdict,
+                                                    "traceback": None}, [], base, t0, plan)
+        plan.cfg["_command"] = command
         outcome = launch_local(plan, run_dir)
         return finish(run_dir, raw, outcome.status, outcome.error, outcome.failures, base, t0)
     except KeyboardInterrupt:
-        from bench.launch import read_failures
-
         finish(run_dir, raw, "interrupted", {"rank": None, "type": "KeyboardInterrupt",
                                              "message": "interrupted (Ctrl-C)", "traceback": None},
                read_failures(run_dir), base, t0)
         raise
 
 
+def dry_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = ()) -> str:
+    """dry_run=true: validate, print and write the memory plan (run_dir/plan.json); start no process."""
+    from bench.memory_model import fits, memory_plan
+
+    raw, base, plan, err = plan_run(cfg, run_dir, explicit)
+    if err is not None:
+        log.error("%s", err)
+        return "invalid"
+    mem = memory_plan(plan)
+    verdict = fits(mem, plan)
+    lay = mem["layout"]
+    log.info("plan: model=%s (%.3gB parameters, %.3g GFLOP/token) strategy=%s world_size=%d tp=%d pp=%d dp=%d "
+             "micro-batch %d x %d, recompute=%s; %s%s", plan.model["name"], mem["parameters"] / 1e9,
+             mem["flops_per_token"] / 1e9, plan.strategy["name"], plan.world_size, lay["tp"], lay["pp"], lay["dp"],
+             lay["micro_batch_size"], lay["microbatches"], lay["recompute"], mem["summary"],
+             f" -> would be skipped: {verdict}" if verdict else "")
+    if plan.tuning:
+        log.info("tuning=%s: %s", plan.tuning["profile"], plan.tuning["summary"])
+    write_json_atomic(run_dir / "plan.json", {"key": base["key"], "config": plan.cfg, "memory": mem,
+                                              "tuning": plan.tuning, "fits": verdict is None})
+    return "skipped" if verdict else "planned"
+
+
 def exit_code(status: str) -> int:
-    return {"completed": 0, "invalid": 2, "interrupted": 130}.get(status, 1)
+    return {"completed": 0, "planned": 0, "invalid": 2, "skipped": 3, "interrupted": 130}.get(status, 1)

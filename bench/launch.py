@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from bench.config import Plan
-from bench.metrics.io import read_json_dict, write_json_atomic
+from bench.schema import Plan
+from bench.jsonio import read_json_dict, write_json_atomic
 
 log = logging.getLogger("bench.launch")
 

@@ -57,20 +57,6 @@ class Layout:
             raise ValueError(f"rank {rank} outside world of {self.world_size}")
         return Coord(dp=(rank // self.tp) % self.dp, pp=rank // (self.tp * self.dp), tp=rank % self.tp)
 
-    def rank(self, c: Coord) -> int:
-        return c.tp + self.tp * c.dp + self.tp * self.dp * c.pp
-
-    def groups(self, kind: str) -> list[list[int]]:
-        """All process groups of one kind ("tp", "dp" or "pp"), each a sorted rank list."""
-        if kind not in ("tp", "dp", "pp"):
-            raise ValueError(kind)
-        out: dict[tuple, list[int]] = {}
-        for r in range(self.world_size):
-            c = self.coords(r)
-            key = tuple(getattr(c, k) for k in ("tp", "dp", "pp") if k != kind)
-            out.setdefault(key, []).append(r)
-        return sorted(out.values())
-
     def counts_tokens(self, c: Coord) -> bool:
         """The one rank per data-parallel replica that reports tokens and loss."""
         return c.tp == 0 and c.pp == self.pp - 1

@@ -1,149 +1,255 @@
-"""Predicted model-state memory per rank (ZeRO paper, Rajbhandari et al. 2020, section 3/5).
+"""The memory plan: predicted peak device memory per rank, before anything is launched.
 
-Model states = parameters + gradients + optimizer states; activations, communication buffers,
-the allocator's fragmentation and the CUDA context are NOT included (compare this with
-metrics' ``max_allocated_mb`` as a lower bound).  Psi = ``bench.metrics.flops.total_params``.
+peak allocated (what ``torch.cuda.max_memory_allocated`` measures) =
+    model states (parameters + gradients + optimizer states of this rank)
+  + the larger of (activations of the in-flight micro-batches + the loss' logits buffers
+                   [+ the gradients, when they outlive a micro-batch: accumulation, pipelines]) and
+                  (the gradients: end of backward / optimizer step)
+  + the strategy's communication buffers (ZeRO buckets, FSDP2's gathered units)
 
-Per parameter, by where the master weights live:
+* Model states: the ZeRO paper's bytes per parameter (Rajbhandari et al. 2020) by how the strategy
+  holds them (``StrategySpec.model_states``): mixed 16-bit (2 + 2 + 12), fp32 weights with a torch
+  optimizer (4 + 4 + 8), ...; ZeRO stage s over dp ranks divides the optimizer (s >= 1), the
+  gradients (s >= 2) and the parameters (s = 3); offload moves parts to the host.  Parameters per
+  rank follow the layout: blocks / pp and their matrices / tp, the embedding on the first stage
+  and the head on the last (the largest stage is the peak rank).
+* Activations per transformer layer and micro-batch of b sequences of s tokens (Korthikanti et al.
+  2022, "Reducing Activation Recomputation in Large Transformer Models", section 4, counted for
+  bench's model: fused attention (no s x s scores), no dropout): the norm inputs, the projections'
+  inputs (one 16-bit copy per projection under autocast), q / k / v, the attention output and
+  the output projection's input, the MLP's intermediates (GELU: 2 x d_ff; SwiGLU: 4 x d_ff).
+  Tensor parallelism splits all but the norms' inputs and outputs.  ``recompute=full`` keeps one
+  block input per layer plus one layer recomputed in backward; ``selective`` recomputes only the
+  attention core, whose s x s scores the fused kernel never stores: the same prediction as none.
+  Pipelines hold several micro-batches: 1F1B min(m, pp) on the first stage, GPipe all m.
+* Logits: b x s x vocab per micro-batch on the last stage: the 16-bit logits, their fp32 copy
+  (log-softmax output, kept for backward) and its gradient: 10 bytes (12 in fp32) per element.
 
-* ``mixed`` (DeepSpeed bf16/fp16: 16-bit params and grads, fp32 master + Adam m, v in the
-  optimizer): params 2, grads 2, optimizer K = 12 bytes.
-* ``fp32`` (fp32 runs, and torch autocast over fp32 weights: single/DDP at bf16/fp16, ZeRO-0
-  and ZeRO-3 with ``autocast=true``): params 4, grads 4, optimizer 8 (Adam m, v; the params
-  are the master).
-* ``autocast_copy`` (ZeRO-1/2 with ``autocast=true``, and any stage with autocast and
-  optimizer offload): as ``fp32``, but DeepSpeed's ZeRO optimizer keeps its own fp32 copy of
-  the partition it steps: optimizer 12.
-* ``megatron_mixed`` (Megatron Float16Module, grad_reduce_in_fp32): params 2, grads 4 (fp32 main
-  grads), optimizer 12; the distributed optimizer is ZeRO-1 (optimizer / dp).
-* ``fsdp_mixed`` (FSDP2 MixedPrecisionPolicy: fp32 sharded params are the master, grads
-  reduced into fp32 shards): params 4, grads 4, optimizer 8, plus the unsharded 16-bit
-  parameters while they are gathered.
-
-ZeRO stage s over dp ranks: stage >= 1 divides the optimizer by dp, >= 2 also the grads,
-3 also the params.  FSDP2 maps to stage 3; with ``reshard_after_forward=false`` the gathered
-(unsharded) parameters of every block stay alive from forward through backward, so the full
-parameter copy is counted as well (ZeRO-2-like peak).  With reshard the transient is one unit
-(``blocks_per_unit`` blocks), which is not counted.  Offload moves the optimizer states
-(``offload_optimizer``/FSDP ``cpu_offload``) and, for ``offload_param`` / FSDP ``cpu_offload``,
-the parameter shards to the host; FSDP ``cpu_offload`` also moves the gradient shards; DeepSpeed
-optimizer offload keeps the 16-bit gradients on the device and adds an fp32 gradient partition
-(4 Psi / dp) on the host.
-Tensor/pipeline parallel plans are approximated by dividing Psi evenly over tp x pp.
+Not in the allocated peak, but in what must fit on the device (``needed``): the allocator's
+fragmentation (reserved over allocated: +10%) and the CUDA context, cuBLAS / NCCL workspaces
+(1 GiB).  Predictions are compared with the measured peaks in every completed run's metrics.json
+(``memory.plan`` beside ``memory.max_allocated_mb``) and per strategy by multirun_analysis.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
-from bench.metrics.flops import total_params
+from bench.registry import get_spec
+from bench.schema import Plan
 
+GIB = 2**30
 MB = 2**20
-_PARTS = ("params", "grads", "optimizer")
+FRAGMENTATION = 0.10  # reserved / allocated - 1 allowed for
+CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS workspace, NCCL buffers
 
 # bytes per parameter: (params, grads, optimizer)
 BYTES_PER_PARAM = {
-    "mixed": (2, 2, 12),
-    "fp32": (4, 4, 8),
-    "autocast_copy": (4, 4, 12),
-    "fsdp_mixed": (4, 4, 8),
-    "megatron_mixed": (2, 4, 12),
+    "mixed": (2, 2, 12),  # DeepSpeed 16-bit: 16-bit params and grads, fp32 master + Adam m, v
+    "fp32": (4, 4, 8),  # fp32 weights (fp32 runs, autocast): Adam m, v
+    "autocast_copy": (4, 4, 12),  # + the ZeRO optimizer's own fp32 copy of its partition
+    "fsdp_mixed": (4, 4, 8),  # fp32 shards are the master; + the gathered 16-bit parameters while gathered
+    "megatron_mixed": (2, 4, 12),  # Float16Module, fp32 main grads, fp32 main params + m, v
 }
+_PARTS = ("params", "grads", "optimizer")
 
 
-def _plan_fields(plan: Any) -> tuple[dict, int, int, int]:
-    """(cfg, dp, tp, pp) of a Plan or of its to_dict()."""
-    if isinstance(plan, dict):
-        return plan["cfg"], plan["dp_size"], plan.get("tp", 1), plan.get("pp", 1)
-    return plan.cfg, plan.dp_size, plan.tp, plan.pp
-
-
-def layout_of(cfg: dict) -> dict:
-    """How the strategy of cfg holds its model states: dtype scheme, ZeRO stage, offloads."""
-    s, prec = cfg["strategy"], cfg["precision"]
-    name = s["name"]
-    out = {"scheme": "fp32", "stage": 0, "offload_optimizer": False, "offload_param": False,
-           "offload_grads": False, "host_fp32_grad_partition": False, "unsharded_params_live": False,
-           "note": ""}
-    if name == "zero":
-        autocast = prec != "fp32" and s.get("autocast")
-        scheme = "fp32" if prec == "fp32" else "mixed"
-        if autocast:
-            copy = s["zero_stage"] in (1, 2) or s["offload_optimizer"] != "none"
-            scheme = "autocast_copy" if copy else "fp32"
-        out.update(scheme=scheme, stage=s["zero_stage"],
-                   offload_optimizer=s["offload_optimizer"] != "none",
-                   host_fp32_grad_partition=s["offload_optimizer"] != "none",
-                   offload_param=s["offload_param"] != "none",
-                   note=f"DeepSpeed ZeRO-{s['zero_stage']}" + (" torch_autocast" if autocast else ""))
-    elif name == "fsdp":
-        reshard = s["reshard_after_forward"]
-        out.update(scheme="fp32" if prec == "fp32" else "fsdp_mixed", stage=3,
-                   offload_optimizer=s["cpu_offload"], offload_grads=s["cpu_offload"],
-                   offload_param=s["cpu_offload"], unsharded_params_live=not reshard,
-                   note="FSDP2 reshard_after_forward=%s (%s analogue)" % (reshard, "ZeRO-3" if reshard else "ZeRO-2"))
-    elif s.get("impl") == "megatron":
-        # Megatron (Float16Module + DDP with grad_reduce_in_fp32): 16-bit params, fp32 main grads,
-        # fp32 main params + Adam m, v; the distributed optimizer shards the latter over dp
-        # (Megatron's docs: 18 bytes/param, or 6 + 12/dp with the distributed optimizer).
-        fp32_grads = s.get("grad_reduce_in_fp32", True)
-        out.update(scheme="fp32" if prec == "fp32" else ("megatron_mixed" if fp32_grads else "mixed"),
-                   stage=1 if s.get("use_distributed_optimizer") else 0,
-                   note=f"megatron tp={s.get('tp', 1)} pp={s.get('pp', 1)}"
-                        + (" distributed optimizer" if s.get("use_distributed_optimizer") else ""))
+# ------------------------------------------------------------------------------ parameters
+def param_groups(m: dict) -> dict[str, int]:
+    """Parameters by part: embedding (token + learned positions), one block, final norm, head (0 if tied)."""
+    d, ff, V, L = m["d_model"], m["d_ff"], m["vocab_size"], m["n_layers"]
+    hd = d // m["n_heads"]
+    q, kv = m["n_heads"] * hd, (m.get("n_kv_heads") or m["n_heads"]) * hd
+    if m.get("arch", "gpt") == "llama":
+        block = d * q + 2 * d * kv + q * d + 3 * d * ff + 2 * d
+        norm, emb = d, V * d
     else:
-        out["note"] = (f"{name}: model states replicated over data-parallel ranks, torch optimizer over "
-                       "fp32 weights"
-                       + (" (autocast)" if prec != "fp32" else ""))
-    return out
+        block = (d * q + 2 * d * kv + q * d) + (q + 2 * kv + d) + 2 * d * ff + ff + d + 4 * d
+        norm, emb = 2 * d, V * d + m["seq_len"] * d
+    head = 0 if m.get("tie_embeddings") else V * d
+    return {"embedding": emb, "block": block, "blocks": L * block, "norm": norm, "head": head}
 
 
-def predicted_model_state_bytes(plan: Any) -> dict:
-    """Model-state bytes per rank predicted for a Plan (or Plan.to_dict()), on device and host.
+def params_per_rank(plan: Plan, tp_splits_vocab: bool) -> dict[str, float]:
+    """Parameters on the largest pipeline stage of this layout, per tensor-parallel rank."""
+    m, tp, pp = plan.model, plan.tp, plan.pp
+    g = param_groups(m)
+    d = m["d_model"]
+    norms_per_block = (2 if m.get("arch", "gpt") == "llama" else 4) * d  # replicated over tp
+    block = (g["block"] - norms_per_block) / tp + norms_per_block
+    blocks = block * m["n_layers"] / pp
+    vocab_div = tp if tp_splits_vocab else 1
+    emb = g["embedding"] / vocab_div
+    head = (g["head"] or (g["embedding"] if pp > 1 and m.get("tie_embeddings") else 0)) / vocab_div
+    first = emb + blocks + (g["norm"] + head if pp == 1 else 0)
+    last = blocks + g["norm"] + head
+    return {"params": max(first, last), "stage": "first" if first >= last else "last",
+            "blocks": blocks, "embedding_and_head": max(first, last) - blocks}
 
-    Returns {"psi", "scheme", "stage", "dp", "note", "formula",
-             "device": {params, grads, optimizer, total}, "host": {...}, "total"}."""
-    cfg, dp, tp, pp = _plan_fields(plan)
-    psi_all = total_params(cfg["model"])
-    psi = psi_all / (tp * pp)
-    lay = layout_of(cfg)
-    bp, bg, bo = BYTES_PER_PARAM[lay["scheme"]]
-    stage = lay["stage"]
-    size = {
-        "params": bp * psi / (dp if stage >= 3 else 1),
-        "grads": bg * psi / (dp if stage >= 2 else 1),
-        "optimizer": bo * psi / (dp if stage >= 1 else 1),
-    }
-    where = {"params": "host" if lay["offload_param"] else "device",
-             "grads": "host" if lay["offload_grads"] else "device",
-             "optimizer": "host" if lay["offload_optimizer"] else "device"}
-    device = {k: 0.0 for k in _PARTS}
-    host = {k: 0.0 for k in _PARTS}
-    for k in _PARTS:
-        (host if where[k] == "host" else device)[k] += size[k]
-    if lay["unsharded_params_live"]:
-        # FSDP2 without reshard: every block's gathered compute-dtype params live through the step
-        compute_bytes = 4 if lay["scheme"] == "fp32" else 2
-        device["params"] += compute_bytes * psi
-    if lay["host_fp32_grad_partition"]:
-        # DeepSpeed optimizer offload: the 16-bit gradients stay on the device (per stage) and the
-        # fp32 gradient partition the CPU optimizer steps on is kept on the host
+
+# ------------------------------------------------------------------------------ model states
+def model_state_bytes(plan: Plan, psi: float) -> tuple[dict, dict, Any]:
+    """(device bytes, host bytes, ModelStates) of this rank's model states, psi parameters on it."""
+    lay = get_spec(plan.strategy["name"]).model_states(plan.cfg)
+    bp, bg, bo = BYTES_PER_PARAM[lay.scheme]
+    dp, stage = plan.dp_size, lay.stage
+    size = {"params": bp * psi / (dp if stage >= 3 else 1), "grads": bg * psi / (dp if stage >= 2 else 1),
+            "optimizer": bo * psi / (dp if stage >= 1 else 1)}
+    where = {"params": lay.offload_param, "grads": lay.offload_grads, "optimizer": lay.offload_optimizer}
+    device = {k: 0.0 if where[k] else size[k] for k in _PARTS}
+    host = {k: size[k] if where[k] else 0.0 for k in _PARTS}
+    if lay.unsharded_params_live:  # FSDP2 without reshard: every unit's gathered params live through the step
+        device["params"] += (4 if lay.scheme == "fp32" else 2) * psi
+    if lay.host_fp32_grad_partition:  # DeepSpeed optimizer offload: the fp32 gradient partition on the host
         host["grads"] += 4 * psi / dp
-    device = {k: int(round(v)) for k, v in device.items()}
-    host = {k: int(round(v)) for k, v in host.items()}
-    device["total"] = sum(device[k] for k in _PARTS)
-    host["total"] = sum(host[k] for k in _PARTS)
+    return device, host, lay
+
+
+# ------------------------------------------------------------------------------ activations
+def _act_dtypes(plan: Plan) -> tuple[int, int, int]:
+    """(bytes of a saved activation, bytes of a norm input, projection-input copies per consumer (1: one
+    16-bit cast per projection under autocast, 0: one shared tensor)) for how this run computes."""
+    prec, s = plan.cfg["precision"], plan.strategy
+    if prec == "fp32":
+        return 4, 4, 0
+    sixteen_bit_model = (s["name"] == "fsdp" or (s["name"] == "zero" and not s.get("autocast"))
+                         or s.get("impl") == "megatron")
+    return (2, 2, 0) if sixteen_bit_model else (2, 4, 1)
+
+
+def layer_activation_bytes(plan: Plan, b: int) -> dict[str, float]:
+    """Saved activations of one transformer layer for a micro-batch of b sequences (module docstring)."""
+    m, tp = plan.model, plan.tp
+    s, d, ff = m["seq_len"], m["d_model"], m["d_ff"]
+    hd = d // m["n_heads"]
+    q, kv = m["n_heads"] * hd, (m.get("n_kv_heads") or m["n_heads"]) * hd
+    llama = m.get("arch", "gpt") == "llama"
+    act, norm_in, per_consumer = _act_dtypes(plan)
+    attn_consumers, mlp_consumers = 3, (2 if llama else 1)
+    tokens = s * b
+    # replicated over tp: the two norms' inputs and the projections' inputs
+    norms = 2 * d * norm_in
+    inputs = ((attn_consumers + mlp_consumers) if per_consumer else 2) * d * act
+    # split over tp: q, k, v, the attention output (saved by the kernel) and o_proj's input, the MLP
+    attn = (q + 2 * kv + 2 * q) * act / tp
+    mlp = (4 if llama else 2) * ff * act / tp
+    return {"per_token": norms + inputs + attn + mlp, "tokens": tokens,
+            "bytes": tokens * (norms + inputs + attn + mlp), "block_input": tokens * d * norm_in}
+
+
+def in_flight_microbatches(plan: Plan) -> int:
+    """Micro-batches whose activations one rank holds at the peak (the first pipeline stage's)."""
+    if plan.pp == 1:
+        return 1
+    m = plan.grad_accum
+    sched = plan.strategy.get("schedule", "auto")
+    v = plan.strategy.get("virtual_pipeline", 1)
+    if sched == "gpipe":
+        return m
+    if v > 1:  # interleaved 1F1B: (pp - 1) * 2 warm-up chunks plus the running one, in chunks of 1/v of the layers
+        return min(m, -(-(2 * (plan.pp - 1) + 1 + (v - 1) * plan.pp) // v))
+    return min(m, plan.pp)
+
+
+def activation_bytes(plan: Plan) -> dict[str, Any]:
+    m, b = plan.model, plan.micro_batch_size
+    layer = layer_activation_bytes(plan, b)
+    layers = m["n_layers"] / plan.pp
+    k = in_flight_microbatches(plan)
+    mode = plan.cfg["recompute"]
+    if mode == "full":
+        per_mb = layers * layer["block_input"]
+        total = k * per_mb + layer["bytes"]  # + the layer being recomputed
+    else:
+        per_mb = layers * layer["bytes"]
+        total = k * per_mb
+    s_impl = plan.strategy.get("impl")
+    vocab = m["vocab_size"] / (plan.tp if s_impl == "megatron" else 1)
+    logits = b * m["seq_len"] * vocab * (12 if plan.cfg["precision"] == "fp32" else 10)
+    return {"layers_on_rank": layers, "microbatches_in_flight": k, "per_layer_per_microbatch": layer["bytes"],
+            "recompute": mode, "activations": total, "logits": logits}
+
+
+# ------------------------------------------------------------------------------ buffers
+def buffer_bytes(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
+    """Communication / gather buffers the strategy allocates beside the model states."""
+    s, name = plan.strategy, plan.strategy["name"]
+    if name == "zero" and s["zero_stage"] in (1, 2) and plan.dp_size >= 1:
+        gb = 2 if plan.cfg["precision"] != "fp32" and not s["autocast"] else 4
+        n = min(float(s["reduce_bucket_size"]), psi)
+        return n * gb, "ZeRO reduce bucket (min(reduce_bucket_size, parameters) x gradient bytes)"
+    if name == "zero" and s["zero_stage"] == 3:
+        n = min(float(s["prefetch_bucket_size"]) + per_block, psi)
+        return 2 * n, "ZeRO-3 gathered parameters (prefetch bucket + one block, 16-bit)"
+    if name == "fsdp" and s["reshard_after_forward"]:
+        unit = per_block * s["blocks_per_unit"]
+        cb = 4 if plan.cfg["precision"] == "fp32" else 2
+        return (2 + s["prefetch"]) * unit * cb + unit * 4, \
+            "FSDP2: gathered units (current + next + prefetch) and one unit's unsharded gradients"
+    return 0.0, ""
+
+
+# ------------------------------------------------------------------------------ the plan
+def device_memory_gib(plan: Plan, gpu_memory_gib: Optional[float] = None) -> tuple[Optional[float], str]:
+    """The memory a rank may use: memory_gib, else the launcher's / the visible GPU's; None on CPU."""
+    if plan.cfg.get("memory_gib"):
+        return float(plan.cfg["memory_gib"]), "memory_gib"
+    if gpu_memory_gib:
+        return gpu_memory_gib, "launcher"
+    if plan.device != "cuda":
+        return None, "CPU run: no device memory to check"
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    return props.total_memory / GIB, props.name
+
+
+def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
+    """The predicted memory of the largest rank of a plan (module docstring), in MiB, with its parts."""
+    from bench.metrics.flops import flops_per_token, total_params
+
+    s = plan.strategy
+    ranks = params_per_rank(plan, tp_splits_vocab=s.get("impl") == "megatron")
+    psi = ranks["params"]
+    device, host, lay = model_state_bytes(plan, psi)
+    act = activation_bytes(plan)
+    per_block = ranks["blocks"] / max(1, plan.model["n_layers"] / plan.pp)
+    buf, buf_note = buffer_bytes(plan, psi, per_block)
+    grads_live = plan.grad_accum > 1 or plan.pp > 1 or s["name"] == "zero"
+    grads = device["grads"]
+    transient = max(act["activations"] + act["logits"] + (grads if grads_live else 0), grads)
+    allocated = device["params"] + device["optimizer"] + transient + buf
+    needed = allocated * (1 + FRAGMENTATION) + CONTEXT_BYTES
+    mem_gib, source = device_memory_gib(plan, gpu_memory_gib)
+    fits_ = None if mem_gib is None else needed <= mem_gib * GIB
+    mib = lambda x: round(x / MB, 1)  # noqa: E731
+    summary = (f"predicted peak {allocated / GIB:.1f} GiB allocated, {needed / GIB:.1f} GiB needed "
+               f"(states {(device['params'] + device['grads'] + device['optimizer']) / GIB:.1f}, activations "
+               f"{(act['activations'] + act['logits']) / GIB:.1f}, buffers {buf / GIB:.1f})"
+               + (f" of {mem_gib:.0f} GiB" if mem_gib else ""))
     return {
-        "psi": psi_all, "psi_per_tp_pp_shard": int(psi), "scheme": lay["scheme"], "stage": stage, "dp": dp,
-        "tp": tp, "pp": pp, "note": lay["note"],
-        "formula": "bytes/param (params, grads, optimizer) = %s; stage>=1: optimizer/dp, >=2: grads/dp, "
-                   "3: params/dp" % (BYTES_PER_PARAM[lay["scheme"]],),
-        "device": device, "host": host, "total": device["total"] + host["total"],
+        "parameters": total_params(plan.model), "parameters_on_rank": round(psi), "peak_stage": ranks["stage"],
+        "flops_per_token": flops_per_token(plan.model),
+        "layout": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp_size, "micro_batch_size": plan.micro_batch_size,
+                   "microbatches": plan.grad_accum, "recompute": plan.cfg["recompute"]},
+        "model_states": {"scheme": lay.scheme, "stage": lay.stage, "note": lay.note,
+                         "bytes_per_param": BYTES_PER_PARAM[lay.scheme],
+                         "device_mb": {k: mib(v) for k, v in device.items()},
+                         "host_mb": {k: mib(v) for k, v in host.items()}},
+        "activations": {**{k: v for k, v in act.items() if k not in ("activations", "logits")},
+                        "per_layer_per_microbatch_mb": mib(act["per_layer_per_microbatch"]),
+                        "activations_mb": mib(act["activations"]), "logits_mb": mib(act["logits"])},
+        "buffers_mb": mib(buf), "buffers_note": buf_note,
+        "predicted_peak_allocated_mb": mib(allocated),
+        "allowance": f"+{int(100 * FRAGMENTATION)}% allocator fragmentation, +{CONTEXT_BYTES / GIB:.0f} GiB CUDA "
+                     "context and library workspaces",
+        "needed_mb": mib(needed), "device_memory_gib": mem_gib, "device_memory_source": source,
+        "fits": fits_, "summary": summary,
     }
 
 
-def predicted_model_state_mb(plan: Any) -> dict:
-    """The same prediction in MiB (2**20 bytes, like metrics' max_allocated_mb), rounded to 0.1."""
-    b = predicted_model_state_bytes(plan)
-    mb = lambda d: {k: round(v / MB, 1) for k, v in d.items()}  # noqa: E731
-    return {**{k: b[k] for k in ("psi", "scheme", "stage", "dp", "tp", "pp", "note", "formula")},
-            "device": mb(b["device"]), "host": mb(b["host"]), "total": round(b["total"] / MB, 1)}
+def fits(mem: dict, plan: Plan) -> Optional[str]:
+    """None when the plan fits (or there is nothing to check), else the skip reason."""
+    if mem.get("fits") is not False:
+        return None
+    return (f"predicted OOM (needs {mem['needed_mb'] / 1024:.1f} GiB of {mem['device_memory_gib']:.1f}): "
+            f"{mem['summary']}; force_run=true runs it anyway")

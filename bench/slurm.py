@@ -49,7 +49,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher, SlurmLauncher
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from bench.metrics.io import write_json_atomic
+from bench.jsonio import write_json_atomic
 
 log = logging.getLogger("bench.slurm")
 
@@ -190,7 +190,8 @@ class _PerJobResources:
         return [out[num] for num, *_ in submitted]
 
     def _finish(self, num: int, overrides: list, sc: DictConfig, job) -> JobReturn:
-        from bench.sweep import FINAL, read_result
+        from bench.runs import STATUSES as FINAL
+        from bench.runs import read_result
 
         d = self._job_dir(sc, num)
         r = read_result(d) if d.is_dir() else None
@@ -219,7 +220,7 @@ class _PerJobResources:
 
 
 def mark_failed(d: Path, sc: DictConfig, message: str, info: dict) -> None:
-    from bench import metrics
+    from bench.job import mark_unfinished
     from bench.launch import read_failures
 
     d.mkdir(parents=True, exist_ok=True)
@@ -228,18 +229,9 @@ def mark_failed(d: Path, sc: DictConfig, message: str, info: dict) -> None:
         task.pop("hydra", None)
     except Exception:
         task = {}
-    failures = read_failures(d)
-    err = {"rank": None, "type": "JobFailure", "message": message, "traceback": None}
-    status = "failed"
-    if failures:
-        root = failures[0]
-        err = {k: root.get(k) for k in ("rank", "type", "message", "traceback")}
-        status = "oom" if root.get("oom") else "failed"
-    m = metrics.skeleton(task, status, err)
-    m["failures"] = failures
-    m["job"] = {"key": info.get("key")}
-    write_json_atomic(d / "metrics.json", m)
-    write_json_atomic(d / "status.json", {**info, "status": status, "reason": message, "time": time.time()})
+    if info and not (d / "status.json").exists():
+        write_json_atomic(d / "status.json", info)
+    mark_unfinished(d, task, "failed", "JobFailure", message, read_failures(d))
 
 
 class BenchSlurmLauncher(_PerJobResources, SlurmLauncher):
@@ -309,23 +301,25 @@ def _since_process_start(t: float) -> Optional[float]:
         return None
 
 
-def run_task(cfg: DictConfig, run_dir: Path, command: list[str], t0: float) -> str:
+def run_task(cfg: DictConfig, run_dir: Path, command: list[str], t0: float, explicit=()) -> str:
     """The task function body in a submitit task (see the module docstring)."""
     import submitit
 
-    from bench.config import ConfigError, cuda_device_count, validate
-    from bench.job import begin, finish, record_invalid, run, write_status
+    from bench.config import cuda_device_count
+    from bench.job import finish, plan_run, record_invalid, run
     from bench.launch import read_failures
-    from bench.sweep import holds_completed
+    from bench.runs import holds_completed, write_status
+    from bench.schema import ConfigError
 
     env = submitit.JobEnvironment()
     rank, ntasks = env.global_rank, env.num_tasks
     if ntasks == 1 and int(cfg.world_size) > 1:  # one task for all ranks: torch elastic inside the allocation
-        return run(cfg, run_dir, command, t0)
+        return run(cfg, run_dir, command, t0, explicit)
     if holds_completed(run_dir):  # every rank reads the same (metrics.json is written last)
         log.error("%s already holds a completed result: not running into it", run_dir)
         return "refused"
-    raw, base = begin(cfg, run_dir)
+    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    raw, base, plan, err = plan_run(cfg, run_dir, explicit, gpus=cuda_device_count() * env.num_nodes)
     base["submitit_job_id"] = env.job_id
     base["process_start_s"] = _since_process_start(t0)  # task process start -> task function (not in startup_s)
     if rank == 0:
@@ -334,12 +328,8 @@ def run_task(cfg: DictConfig, run_dir: Path, command: list[str], t0: float) -> s
         e = ConfigError("world_size", cfg.world_size, f"the job has {ntasks} tasks (one per rank is needed); "
                         "use hydra/launcher=slurm, which sizes each job by its world_size")
         return record_invalid(run_dir, raw, base, e, t0) if rank == 0 else "invalid"
-    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-    gpus = cuda_device_count()
-    try:
-        plan = validate(cfg, gpus=gpus * env.num_nodes)
-    except ConfigError as e:
-        return record_invalid(run_dir, raw, base, e, t0) if rank == 0 else "invalid"
+    if err is not None:
+        return record_invalid(run_dir, raw, base, err, t0) if rank == 0 else "invalid"
     plan.cfg["_command"] = command
     if rank == 0:
         log.info("run %s: %s, rank %d of %d (%d node(s)), master %s:%s", run_dir, env, rank, ntasks,

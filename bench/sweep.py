@@ -1,13 +1,15 @@
 """Sweeps: the plan of a multirun, resume, run folders, cost guard, progress and the summary.
 
-``hydra/sweeper=bench`` (the default, conf/hydra/sweeper/bench.yaml) is Hydra's basic sweeper
-(the same cartesian product of ``a=1,2 b=x,y`` and ``hydra.sweeper.params``) plus, before
+``hydra/sweeper=bench`` (the default, conf/hydra/sweeper/bench.yaml) sweeps like Hydra's basic
+sweeper (the same cartesian product of ``a=1,2 b=x,y`` and ``hydra.sweeper.params``) plus, before
 anything runs, a plan of every job:
 
-* its resolved configuration and **run key** (:func:`run_key`: a hash of the resolved
-  configuration minus :data:`VOLATILE_KEYS`; stored in the run's status.json and metrics.json);
+* its resolved configuration and **run key** (bench/runs.py: a hash of the resolved configuration
+  without the keys that do not change what runs; stored in the run's status.json and metrics.json);
 * a pre-check (``bench.config.validate``): a combination that cannot run is recorded right away
-  as status ``invalid`` with the reason, and no process (or SLURM job) is started for it;
+  as status ``invalid`` with the reason, and no process (or SLURM job) is started for it; one the
+  memory plan predicts will not fit is recorded ``skipped`` with the prediction (``force_run=true``
+  runs it);
 * with ``resume=true``: a job whose key already has a completed result anywhere in the sweep
   folder is skipped (so are failed/oom/timeout/interrupted ones unless ``rerun_failed=true``, and
   invalid ones that are still invalid);
@@ -22,22 +24,21 @@ Then it prints how many runs the sweep expands to and, where earlier results exi
 folder, ``<cwd>/multirun`` and ``hydra.sweeper.history``), an estimate of GPU time; launches the
 jobs one at a time (local launchers: one benchmark at a time, a live ``run i/N`` line each) or all
 at once (``hydra/launcher=slurm``); and stops after a run that ended ``interrupted`` (Ctrl-C).
-``hydra.sweeper.dry_run=true`` prints the plan and runs nothing.
+``dry_run=true`` (or ``hydra.sweeper.dry_run=true``) prints the plan, one memory-plan line per run,
+and runs nothing.
 
 :class:`SweepCallback` (``hydra.callbacks.bench_sweep``) prints the summary at the end of the
 multirun, writes ``<sweep dir>/summary.json`` and sets the exit code: 0 when every run completed
-or was invalid (a combination that cannot run does not fail a sweep), 130 when the sweep was
+or was invalid / skipped (a combination that cannot run does not fail a sweep), 130 when the sweep was
 interrupted, 1 when any run failed, ran out of memory, timed out or never reported a status.
 Progress and summary are plain log lines (no carriage returns), fine in non-interactive logs.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import json
+import itertools
 import logging
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -45,126 +46,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
+from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from bench.metrics.io import read_json_dict, write_json_atomic
+from bench.jsonio import read_json_dict, write_json_atomic
+from bench.runs import ATTEMPTS, FAILED, STATUSES, identity, move_aside, read_result, run_key, scan
 
 log = logging.getLogger("bench.sweep")
 
-# Top-level keys that do not change what a run measures: left out of the run key.
-VOLATILE_KEYS = ("resume", "rerun_failed", "run_timeout_s", "teardown_timeout_s", "dist_timeout_s", "start_method", "vars", "_command")
-FINAL = ("completed", "failed", "oom", "invalid", "timeout", "interrupted")
-FAILED = ("failed", "oom", "timeout", "interrupted")  # final, not completed, worth a re-run
 MANIFEST = "sweep.json"
 SUMMARY = "summary.json"
-ATTEMPTS = ".attempts"
-
-
-# ------------------------------------------------------------------------------ keys and results
-# Keys ("key" or "group.key") added after sweeps were first recorded, with the default that does
-# what runs did before them: at that default they are left out of the key, so an earlier sweep
-# folder still resumes.
-ADDED_AT_DEFAULT = {"compile_mode": "default", "strategy.autocast": False, "strategy.leaf_blocks": False,
-                    "strategy.deepcompile": False, "strategy.blocks_per_unit": 1,
-                    "strategy.compute_grad_norm": True, "cpu_affinity": "none"}
-
-
-def run_key(cfg: dict) -> str:
-    """Hash of a resolved run configuration (plain containers), volatile keys left out."""
-    c = {k: v for k, v in cfg.items() if k not in VOLATILE_KEYS}
-    for dotted, default in ADDED_AT_DEFAULT.items():
-        group, _, leaf = dotted.rpartition(".")
-        parent = c.get(group) if group else c
-        if isinstance(parent, dict) and leaf in parent and parent[leaf] == default:
-            rest = {k: v for k, v in parent.items() if k != leaf}  # a copy: cfg stays as it was
-            if group:
-                c[group] = rest
-            else:
-                c = rest
-    blob = json.dumps(c, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def with_added_defaults(cfg: dict) -> dict:
-    """A recorded run's configuration with the knobs added since, at the defaults that do what it did
-    (only the strategy knobs its strategy has): the reading side of run_key's rule, so that an older
-    and a newer run of one configuration are one experiment (multirun_analysis)."""
-    from bench.config import STRATEGY_SCHEMAS
-
-    out, strategy = dict(cfg), cfg.get("strategy")
-    schema = STRATEGY_SCHEMAS.get(strategy.get("name")) if isinstance(strategy, dict) else None
-    knobs = {f.name for f in dataclasses.fields(schema)} if schema else set()
-    for dotted, default in ADDED_AT_DEFAULT.items():
-        group, _, leaf = dotted.rpartition(".")
-        if not group:
-            out.setdefault(leaf, default)
-        elif group == "strategy" and leaf in knobs and leaf not in strategy:
-            out["strategy"] = strategy = {**strategy, leaf: default}
-    return out
-
-
-def identity(cfg: dict) -> dict:
-    """What the cost estimate and the summary group runs by."""
-    m, s = cfg.get("model") or {}, cfg.get("strategy") or {}
-    return {"model": m.get("name"), "strategy": s.get("name"), "world_size": cfg.get("world_size"),
-            "precision": cfg.get("precision"), "steps": cfg.get("steps")}
-
-
-@dataclass
-class Result:
-    dir: Path
-    status: Optional[str]  # a FINAL status, pending, running, or None (unknown)
-    key: Optional[str]
-    info: dict = field(default_factory=dict)  # status.json
-
-
-def read_result(d: Path) -> Optional[Result]:
-    """What a run folder holds (None: no status.json and no metrics.json)."""
-    st, m = read_json_dict(d / "status.json"), read_json_dict(d / "metrics.json")
-    if st is None and m is None:
-        return None
-    status = (st or {}).get("status")
-    if status not in FINAL and m and m.get("status") in FINAL:
-        status = m["status"]  # status.json not updated (killed between the two writes)
-    key = (st or {}).get("key") or ((m or {}).get("job") or {}).get("key")
-    if key is None and m and isinstance(m.get("config"), dict):
-        key = run_key(m["config"])  # results written before run keys existed
-    return Result(d, status, key, st or {})
-
-
-def holds_completed(d: Path) -> bool:
-    r = read_result(d) if d.is_dir() else None
-    return r is not None and r.status == "completed"
-
-
-def scan(sweep_dir: Path) -> list[Result]:
-    out = []
-    if sweep_dir.is_dir():
-        for d in sorted(sweep_dir.iterdir()):
-            if d.is_dir() and not d.name.startswith("."):
-                r = read_result(d)
-                if r is not None:
-                    out.append(r)
-    return out
-
-
-def move_aside(d: Path) -> Optional[Path]:
-    """Move what a folder holds (a failed or stale attempt) into <d>/.attempts/<n>/."""
-    items = [p for p in d.iterdir() if p.name != ATTEMPTS] if d.is_dir() else []
-    if not items:
-        return None
-    n = 1
-    while (d / ATTEMPTS / str(n)).exists():
-        n += 1
-    dest = d / ATTEMPTS / str(n)
-    dest.mkdir(parents=True)
-    for p in items:
-        shutil.move(str(p), str(dest / p.name))
-    return dest
 
 
 # ------------------------------------------------------------------------------ cost estimate
@@ -223,14 +117,15 @@ def _fmt_s(s: float) -> str:
 class Job:
     num: int
     overrides: list[str]
-    cfg: Optional[dict] = None  # resolved task config (None: it could not be composed/resolved)
+    cfg: Optional[dict] = None  # resolved task config, tuning applied (None: it could not be composed/resolved)
     key: Optional[str] = None
     ident: dict = field(default_factory=dict)
-    action: str = "run"  # run | invalid (recorded without running) | skip
+    action: str = "run"  # run | invalid / skipped (recorded without running) | skip (resumed)
     reason: Optional[str] = None
-    error: Optional[dict] = None  # pre-check ConfigError, for invalid
+    error: Optional[dict] = None  # pre-check ConfigError (invalid) or predicted OOM (skipped)
     dir: Optional[str] = None  # folder name in the sweep dir
     estimate_s: Optional[float] = None
+    memory: Optional[dict] = None  # the memory plan (bench/memory_model.py)
 
     def record(self) -> dict:
         return {"num": self.num, "dir": self.dir, "key": self.key, "action": self.action, "reason": self.reason,
@@ -238,37 +133,55 @@ class Job:
                 **self.ident, "estimate_s": self.estimate_s}
 
 
-_STATE: dict[str, Any] = {}  # what the callback needs from the sweeper (same process)
+def override_key(override: str) -> str:
+    """The dotted key an override string sets ("+strategy.x=1" -> "strategy.x")."""
+    return override.split("=", 1)[0].lstrip("+~")
 
 
-class BenchSweeper(BasicSweeper):
-    """Hydra's basic sweeper with the plan described in the module docstring."""
+def expand(parser: OverridesParser, arguments: Sequence[str]) -> list[list[str]]:
+    """The cartesian product of a sweep's overrides (``a=1,2 b=x,y``), in Hydra's basic sweeper's order."""
+    lists: dict[str, list[str]] = {}
+    for o in parser.parse_overrides(list(arguments)):
+        key = o.get_key_element()
+        if o.is_sweep_override():
+            if not o.is_discrete_sweep():
+                raise ValueError(f"{o.input_line}: only lists (a=1,2) can be swept, not ranges or intervals")
+            lists[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+        else:
+            lists[key] = [f"{key}={o.get_value_element_as_str()}"]
+    return [list(x) for x in itertools.product(*lists.values())]
+
+
+class BenchSweeper(Sweeper):
+    """Hydra's sweep syntax with the plan described in the module docstring (Hydra's public
+    Sweeper interface; the launcher is Hydra's, instantiated as Hydra's basic sweeper does)."""
 
     def __init__(self, max_batch_size: Optional[int] = None, params: Optional[dict] = None,
                  dry_run: bool = False, sequential: Optional[bool] = None,
                  history: Optional[list] = None) -> None:
-        # (not super().__init__: Hydra's plugin scan re-executes basic_sweeper, whose __init__ calls
-        # super(BasicSweeper, self) with the re-created class; its body is these attributes)
-        self.overrides = None
-        self.batch_index = 0
-        self.max_batch_size = max_batch_size
+        self.max_batch_size = max_batch_size  # accepted for Hydra's basic-sweeper config; runs go one at a time
         self.params = dict(params or {})
-        self.hydra_context = None
-        self.config = None
-        self.launcher = None
         self.dry_run = dry_run
         self.sequential = sequential  # None: one at a time unless the launcher runs jobs in parallel
         self.history = list(history or [])
+        self.hydra_context = self.config = self.launcher = None
+        self._gpus: Optional[int] = None
+
+    def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.hydra_context, self.config = hydra_context, config
+        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
+                                                                task_function=task_function, config=config)
 
     # -- planning
     def _expand(self, arguments: list[str]) -> list[list[str]]:
-        params_conf = self._parse_config() + list(arguments)
-        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        overrides = parser.parse_overrides(params_conf)
-        return self.split_arguments(overrides, None)[0]
+        params = [f"{k}={v}" for k, v in self.params.items()]
+        return expand(OverridesParser.create(config_loader=self.hydra_context.config_loader), params + list(arguments))
 
     def _compose(self, job: Job) -> None:
-        from bench.config import ConfigError, validate
+        from bench.config import validate
+        from bench.schema import ConfigError
 
         try:
             sc = self.hydra_context.config_loader.load_sweep_config(self.config, list(job.overrides))
@@ -281,30 +194,44 @@ class BenchSweeper(BasicSweeper):
                          "key": None, "value": None}
             job.key = hashlib.sha256(" ".join(job.overrides).encode()).hexdigest()[:16]
             return
-        job.key, job.ident = run_key(job.cfg), identity(job.cfg)
         try:
-            validate(dict(job.cfg), gpus=self._gpus_for(job.cfg))
+            plan = validate(dict(job.cfg), gpus=self._gpus_for(job.cfg), explicit=map(override_key, job.overrides))
         except ConfigError as e:
+            job.key, job.ident = run_key(job.cfg), identity(job.cfg)
             job.action, job.reason = "invalid", str(e)
             job.error = {"rank": None, "type": "ConfigError", "message": str(e), "traceback": None,
                          "key": e.key, "value": e.value}
+            return
+        job.cfg = plan.cfg  # the settings that will run (tuning=best applied)
+        job.key, job.ident = run_key(job.cfg), identity(job.cfg)
+        from bench.memory_model import fits, memory_plan
+
+        job.memory = memory_plan(plan, gpu_memory_gib=self._gpu_memory_gib(job.cfg))
+        verdict = fits(job.memory, plan)
+        if verdict is not None and not job.cfg["force_run"]:
+            job.action, job.reason = "skipped", verdict
+            job.error = {"rank": None, "type": "PredictedOOM", "message": verdict, "traceback": None}
 
     def _gpus_for(self, cfg: dict) -> int:
         fn = getattr(self.launcher, "precheck_gpus", None)
         if fn is not None:
             return fn(cfg)
-        if "gpus" not in _STATE:
+        if self._gpus is None:
             from bench.config import cuda_device_count
 
-            _STATE["gpus"] = cuda_device_count()
-        return _STATE["gpus"]
+            self._gpus = cuda_device_count()
+        return self._gpus
 
-    def _decide(self, job: Job, results: list[Result], taken: set[str], resume: bool, rerun: bool) -> None:
+    def _gpu_memory_gib(self, cfg: dict) -> Optional[float]:
+        fn = getattr(self.launcher, "gpu_memory_gib", None)
+        return fn(cfg) if fn is not None else None
+
+    def _decide(self, job: Job, results: list, taken: set[str], resume: bool, rerun: bool) -> None:
         same = [r for r in results if r.key == job.key]
         if resume:
             done = [r for r in same if r.status == "completed"]
             failed = [r for r in same if r.status in FAILED]
-            invalid = [r for r in same if r.status == "invalid"]
+            unrun = [r for r in same if r.status in ("invalid", "skipped")]
             if done:
                 job.action, job.dir, job.reason = "skip", done[0].dir.name, f"completed earlier in {done[0].dir.name}/"
                 return
@@ -312,8 +239,8 @@ class BenchSweeper(BasicSweeper):
                 job.action, job.dir = "skip", failed[0].dir.name
                 job.reason = f"{failed[0].status} earlier in {failed[0].dir.name}/ (rerun_failed=true runs it again)"
                 return
-            if invalid and job.action == "invalid":
-                job.action, job.dir, job.reason = "skip", invalid[0].dir.name, f"still invalid: {job.reason}"
+            if unrun and job.action in ("invalid", "skipped"):
+                job.action, job.dir, job.reason = "skip", unrun[0].dir.name, f"still {job.action}: {job.reason}"
                 return
             if failed:  # rerun_failed: run it again in the folder of its failed attempt
                 job.reason = f"{failed[0].status} earlier in {failed[0].dir.name}/: running it again"
@@ -329,41 +256,39 @@ class BenchSweeper(BasicSweeper):
                 continue
             d = self.sweep_dir / name
             r = read_result(d) if d.is_dir() else None
-            if r is None or r.status not in FINAL:  # empty, or a stale pending/running attempt
+            if r is None or r.status not in STATUSES:  # empty, or a stale pending/running attempt
                 return name
             if r.status != "completed" and r.key == job.key:  # this configuration's failed/invalid attempt
                 return name
         raise RuntimeError(f"no free folder for job {job.num} in {self.sweep_dir}")
 
-    def _prepare(self, job: Job, resume: bool, rerun: bool) -> None:
+    def _prepare(self, job: Job) -> None:
         """Write what a planned job's folder shows before it runs."""
         from bench import metrics
 
         d = self.sweep_dir / job.dir
         old = read_result(d) if d.is_dir() else None
-        rerecord = job.action == "invalid" and old is not None and old.status == "invalid"  # nothing to keep
+        rerecord = job.action in ("invalid", "skipped") and old is not None and old.status == job.action
         if d.is_dir() and not rerecord and any(p.name != ATTEMPTS for p in d.iterdir()):
             dest = move_aside(d)
             log.info("[sweep] job #%d: earlier attempt in %s/ moved to %s", job.num, job.dir,
                      dest.relative_to(self.sweep_dir))
         d.mkdir(parents=True, exist_ok=True)
         base = {"key": job.key, **job.ident, "overrides": job.record()["overrides"], "time": time.time()}
-        if job.action == "invalid":
-            m = metrics.skeleton(job.cfg or {}, "invalid", job.error)
+        if job.action in ("invalid", "skipped"):
+            m = metrics.skeleton(job.cfg or {}, job.action, job.error)
+            if job.memory is not None:
+                m["memory"]["plan"] = job.memory
             m["job"] = {"key": job.key, "wall_s": 0.0, "startup_s": None, "teardown_s": None, "overhead_s": None,
                         "recorded_by": "sweep pre-check (no process started)"}
             write_json_atomic(d / "metrics.json", m)
-            write_json_atomic(d / "status.json", {"status": "invalid", **base, "reason": job.reason, "wall_s": 0.0})
+            write_json_atomic(d / "status.json", {"status": job.action, **base, "reason": job.reason, "wall_s": 0.0})
         else:
             write_json_atomic(d / "status.json", {"status": "pending", **base})
 
-    # -- the sweep
-    def sweep(self, arguments: list[str]) -> Any:
-        assert self.config is not None and self.launcher is not None and self.hydra_context is not None
-        t_plan = time.time()
-        self.sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        expanded = self._expand(arguments)
-        jobs = [Job(num=i, overrides=list(o)) for i, o in enumerate(expanded)]
+    def plan(self, arguments: list[str]) -> tuple[list[Job], bool, bool]:
+        """Every job of the sweep, composed, validated, keyed and given a folder (nothing written)."""
+        jobs = [Job(num=i, overrides=list(o)) for i, o in enumerate(self._expand(arguments))]
         resume = bool(OmegaConf.select(self.config, "resume", default=False))
         rerun = bool(OmegaConf.select(self.config, "rerun_failed", default=False))
         results = scan(self.sweep_dir)
@@ -373,18 +298,50 @@ class BenchSweeper(BasicSweeper):
             self._decide(job, results, taken, resume, rerun)
             if job.action != "skip":
                 taken.add(job.dir)
-        # cost guard
+        return jobs, resume, rerun
+
+    # -- the sweep
+    def sweep(self, arguments: list[str]) -> Any:
+        assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        t_plan = time.time()
+        self.sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        jobs, resume, rerun = self.plan(arguments)
+        dry = self.dry_run or bool(OmegaConf.select(self.config, "dry_run", default=False))
+        to_run = [j for j in jobs if j.action == "run"]
+        self._log_plan(jobs, to_run, resume, rerun, time.time() - t_plan, dry)
+        if dry:
+            log.info("[sweep] dry run: nothing written, nothing run")
+            return []
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
+        for j in jobs:
+            if j.action != "skip":
+                self._prepare(j)
+        self.manifest = {"started": time.time(), "sweep_dir": str(self.sweep_dir), "argv": sys.argv,
+                         "resume": resume, "rerun_failed": rerun, "launcher": type(self.launcher).__name__,
+                         "interrupted": False, "jobs": [j.record() for j in jobs]}
+        write_json_atomic(self.sweep_dir / MANIFEST, self.manifest)
+        for j in to_run:
+            j.overrides = list(j.overrides) + [f"hydra.sweep.subdir={j.dir}"]
+        _declare_preloads(to_run)
+        sequential = self.sequential
+        if sequential is None:
+            sequential = not getattr(self.launcher, "parallel_jobs", False)
+        if not to_run:
+            return []
+        return self._run_sequential(to_run) if sequential else self._run_parallel(to_run)
+
+    def _log_plan(self, jobs: list[Job], to_run: list[Job], resume: bool, rerun: bool, plan_s: float,
+                  dry: bool) -> None:
         cwd = Path(str(OmegaConf.select(self.config, "hydra.runtime.cwd", default=os.getcwd())))
         hist_dirs = [self.sweep_dir, cwd / "multirun", *[Path(str(h)) for h in self.history]]
         model = CostModel(_history_records(hist_dirs))
-        to_run = [j for j in jobs if j.action == "run"]
         for j in to_run:
             j.estimate_s = model.estimate(j.ident)
-        n_inv = sum(j.action == "invalid" for j in jobs)
-        n_skip = sum(j.action == "skip" for j in jobs)
-        log.info("[sweep] %d runs in %s: %d to run, %d invalid (recorded without running), %d skipped "
-                 "(resume=%s rerun_failed=%s); planned in %.1f s", len(jobs), self.sweep_dir, len(to_run), n_inv,
-                 n_skip, resume, rerun, time.time() - t_plan)
+        n = {a: sum(j.action == a for j in jobs) for a in ("invalid", "skipped", "skip")}
+        log.info("[sweep] %d runs in %s: %d to run, %d invalid and %d predicted not to fit (recorded without "
+                 "running), %d resumed (resume=%s rerun_failed=%s); planned in %.1f s", len(jobs), self.sweep_dir,
+                 len(to_run), n["invalid"], n["skipped"], n["skip"], resume, rerun, plan_s)
         known = [j for j in to_run if j.estimate_s is not None]
         if known:
             wall = sum(j.estimate_s for j in known)
@@ -396,36 +353,14 @@ class BenchSweeper(BasicSweeper):
         elif to_run:
             log.info("[sweep] no earlier results of these model/strategy/world sizes: no GPU time estimate")
         for j in jobs:
-            if j.action != "run" or self.dry_run:
-                log.info("[sweep]   #%d %s: %s%s", j.num, " ".join(j.record()["overrides"]) or "(defaults)",
-                         j.action, f" ({j.reason.splitlines()[0]})" if j.reason else "")
-        _STATE.update(sweep_dir=self.sweep_dir, dry_run=self.dry_run, interrupted=False)
-        if self.dry_run:
-            log.info("[sweep] dry run: nothing written, nothing run")
-            return []
+            if j.action != "run" or dry:
+                mem = f" | {j.memory['summary']}" if j.memory and dry else ""
+                log.info("[sweep]   #%d %s: %s%s%s", j.num, " ".join(j.record()["overrides"]) or "(defaults)",
+                         j.action, f" ({j.reason.splitlines()[0]})" if j.reason else "", mem)
 
-        self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
-        for j in jobs:
-            if j.action != "skip":
-                self._prepare(j, resume, rerun)
-        manifest = {"started": time.time(), "sweep_dir": str(self.sweep_dir), "argv": sys.argv,
-                    "resume": resume, "rerun_failed": rerun, "launcher": type(self.launcher).__name__,
-                    "jobs": [j.record() for j in jobs]}
-        write_json_atomic(self.sweep_dir / MANIFEST, manifest)
-        _STATE["manifest"] = manifest
-
-        for j in to_run:
-            j.overrides = list(j.overrides) + [f"hydra.sweep.subdir={j.dir}"]
-        _declare_preloads(to_run)
-        sequential = self.sequential
-        if sequential is None:
-            sequential = not getattr(self.launcher, "parallel_jobs", False)
-        if not to_run:
-            return []
-        if sequential:
-            return self._run_sequential(to_run)
-        return self._run_parallel(to_run)
+    def _stopped(self) -> None:
+        self.manifest["interrupted"] = True
+        write_json_atomic(self.sweep_dir / MANIFEST, self.manifest)
 
     def _counts(self, upto: list[Job]) -> str:
         c: dict[str, int] = {}
@@ -436,6 +371,8 @@ class BenchSweeper(BasicSweeper):
         return ", ".join(f"{v} {k}" for k, v in sorted(c.items())) or "none yet"
 
     def _run_sequential(self, to_run: list[Job]) -> list:
+        from bench.job import mark_unfinished
+
         returns = []
         for i, j in enumerate(to_run):
             est = f", estimate {_fmt_s(j.estimate_s)}" if j.estimate_s is not None else ""
@@ -445,8 +382,9 @@ class BenchSweeper(BasicSweeper):
             try:
                 returns.append(self.launcher.launch([j.overrides], initial_job_idx=j.num))
             except KeyboardInterrupt:
-                mark_interrupted(self.sweep_dir / j.dir, j.cfg, "Ctrl-C (KeyboardInterrupt) in the sweep process")
-                _STATE["interrupted"] = True
+                mark_unfinished(self.sweep_dir / j.dir, j.cfg, "interrupted", "KeyboardInterrupt",
+                                "Ctrl-C (KeyboardInterrupt) in the sweep process")
+                self._stopped()
                 log.error("[sweep] interrupted during run %d/%d: stopping the sweep", i + 1, len(to_run))
                 break
             ret = returns[-1][0] if returns[-1] else None
@@ -460,22 +398,25 @@ class BenchSweeper(BasicSweeper):
             log.info("[sweep] run %d/%d (job #%d) ended %s in %.1f s", i + 1, len(to_run), j.num, status,
                      time.time() - t0)
             if status == "interrupted":
-                _STATE["interrupted"] = True
+                self._stopped()
                 log.error("[sweep] run %d/%d was interrupted: stopping the sweep (%d runs not started; "
                           "resume=true continues it)", i + 1, len(to_run), len(to_run) - i - 1)
                 break
         return returns
 
     def _run_parallel(self, to_run: list[Job]) -> list:
+        from bench.job import mark_unfinished
+
         log.info("[sweep] launching %d runs at once through %s", len(to_run), type(self.launcher).__name__)
         if hasattr(self.launcher, "job_nums"):
             self.launcher.job_nums = [j.num for j in to_run]
         try:
             return [self.launcher.launch([j.overrides for j in to_run], initial_job_idx=0)]
         except KeyboardInterrupt:
-            _STATE["interrupted"] = True
+            self._stopped()
             for j in to_run:
-                mark_interrupted(self.sweep_dir / j.dir, j.cfg, "Ctrl-C in the sweep process: job cancelled")
+                mark_unfinished(self.sweep_dir / j.dir, j.cfg, "interrupted", "KeyboardInterrupt",
+                                "Ctrl-C in the sweep process: job cancelled")
             log.error("[sweep] interrupted: submitted jobs cancelled")
             return []
 
@@ -484,33 +425,13 @@ def _declare_preloads(to_run: list[Job]) -> None:
     """What the fork server should import once for all the runs (bench/launch.py), declared before
     the first run starts it: a Megatron run late in a sweep then finds megatron.core imported."""
     from bench.launch import preload
-    from bench.strategies.base import sweep_preloads
+    from bench.registry import sweep_preloads
 
     forked = [j for j in to_run if j.cfg and j.cfg.get("start_method") == "forkserver"]
     if len(forked) < 2:
         return
     for j in forked:
         preload(sweep_preloads(j.cfg["strategy"]))
-
-
-def mark_interrupted(d: Path, cfg: Optional[dict], message: str) -> None:
-    """A run that did not reach a final status because the sweep was stopped."""
-    mark_unfinished(d, cfg, "interrupted", "KeyboardInterrupt", message)
-
-
-def mark_unfinished(d: Path, cfg: Optional[dict], status: str, err_type: str, message: str) -> None:
-    """Give a run that ended without recording a final status one (with the reason)."""
-    from bench import metrics
-
-    r = read_result(d)
-    if r is not None and r.status in FINAL:
-        return
-    err = {"rank": None, "type": err_type, "message": message, "traceback": None}
-    info = (r.info if r else {}) or {}
-    m = metrics.skeleton(cfg or {}, status, err)
-    m["job"] = {"key": info.get("key")}
-    write_json_atomic(d / "metrics.json", m)
-    write_json_atomic(d / "status.json", {**info, "status": status, "reason": message, "time": time.time()})
 
 
 # ------------------------------------------------------------------------------ summary + exit code
@@ -531,8 +452,8 @@ def summarize(sweep_dir: Path) -> dict:
             rows.append({"num": None, "dir": r.dir.name, "key": r.key, "action": "run", "status": r.status,
                          "resumed": False, **{k: r.info.get(k) for k in ("model", "strategy", "world_size",
                                                                          "wall_s", "overhead_s", "reason")}})
-    counts = {s: 0 for s in ("completed", "invalid", "failed", "oom", "timeout", "interrupted", "pending",
-                             "unknown")}
+    counts = {s: 0 for s in ("completed", "invalid", "skipped", "failed", "oom", "timeout", "interrupted",
+                             "pending", "unknown")}
     for row in rows:
         # pending: never started (the sweep stopped); running/None: started but never reported its end
         counts[row["status"] if row["status"] in counts else "unknown"] += 1
@@ -552,7 +473,8 @@ def exit_code_of(summary: dict, interrupted: bool) -> int:
 def format_summary(s: dict, code: int) -> list[str]:
     c = s["counts"]
     lines = [f"[sweep] SUMMARY {s['runs']} runs: completed={c['completed']} invalid={c['invalid']} "
-             f"failed={c['failed']} oom={c['oom']} timeout={c['timeout']} interrupted={c['interrupted']} "
+             f"skipped={c['skipped']} failed={c['failed']} oom={c['oom']} timeout={c['timeout']} "
+             f"interrupted={c['interrupted']} "
              f"not_run={c['pending']} unknown={c['unknown']} (resumed={s['resumed']}, skipped as invalid="
              f"{c['invalid']}) exit={code}"]
     for r in s["rows"]:
@@ -569,14 +491,16 @@ def format_summary(s: dict, code: int) -> list[str]:
 
 
 class SweepCallback(Callback):
-    """Summary and exit code of a multirun (registered in conf/config.yaml, hydra.callbacks)."""
+    """Summary and exit code of a multirun (registered in conf/config.yaml, hydra.callbacks); what the
+    sweep did is read from its folder (the manifest), not from the sweeper's memory."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if _STATE.get("dry_run"):
+        if OmegaConf.select(config, "hydra.sweeper.dry_run", default=False) or config.get("dry_run"):
             return
-        sweep_dir = Path(str(_STATE.get("sweep_dir") or config.hydra.sweep.dir))
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        man = read_json_dict(sweep_dir / MANIFEST) or {}
         s = summarize(sweep_dir)
-        code = exit_code_of(s, bool(_STATE.get("interrupted")))
+        code = exit_code_of(s, bool(man.get("interrupted")))
         s["exit_code"] = code
         write_json_atomic(sweep_dir / SUMMARY, {k: v for k, v in s.items()})
         for line in format_summary(s, code):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from bench.job import exit_code, run
+from bench.job import dry_run, exit_code, run
 
 
 def main_task(cfg: DictConfig) -> str:
@@ -26,14 +26,18 @@ def main_task(cfg: DictConfig) -> str:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     # the command that repeats this one run (a sweep's argv would repeat the whole sweep)
-    command = [sys.executable, "-m", "bench", *list(hc.overrides.task)]
+    overrides = list(hc.overrides.task)
+    command = [sys.executable, "-m", "bench", *overrides]
+    explicit = [o.split("=", 1)[0].lstrip("+~") for o in overrides]  # with tuning=best these win
     try:
-        if os.environ.get("SUBMITIT_EXECUTOR"):  # this process is one rank of a submitit/SLURM task
+        if cfg.get("dry_run"):
+            status = dry_run(cfg, run_dir, explicit)
+        elif os.environ.get("SUBMITIT_EXECUTOR"):  # this process is one rank of a submitit/SLURM task
             from bench import slurm  # imports submitit: only needed here
 
-            status = slurm.run_task(cfg, run_dir, command, t0)
+            status = slurm.run_task(cfg, run_dir, command, t0, explicit)
         else:
-            status = run(cfg, run_dir, command, t0)
+            status = run(cfg, run_dir, command, t0, explicit)
     except KeyboardInterrupt:
         if hc.mode == RunMode.RUN:
             raise SystemExit(130)

@@ -24,14 +24,15 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from bench import metrics
-from bench.config import Plan
-from bench.memory_model import predicted_model_state_mb
+from bench.jsonio import write_json_atomic
+from bench.memory_model import memory_plan
 from bench.metrics import provenance
-from bench.metrics.io import write_json_atomic
 from bench.metrics.nvml import NvmlSampler
 from bench.metrics.profile import profile_steps
 from bench.metrics.timing import phase
-from bench.strategies.base import DistContext, get_strategy, sweep_preloads
+from bench.registry import get_spec, sweep_preloads
+from bench.schema import Plan
+from bench.strategies.base import DistContext
 
 log = logging.getLogger("bench.worker")
 
@@ -135,62 +136,61 @@ def _device(plan: Plan, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int,
-          teardown_deadline: bool = False) -> None:
-    """One run on this rank.
-    ``teardown_deadline``: end this process if its teardown outlasts teardown_timeout_s."""
-    cfg = plan.cfg
-    strategy_cls = get_strategy(plan.strategy["name"])
+def _setup(plan: Plan, rank: int, local_rank: int, world_size: int):
+    """Process group, device, strategy (set up), and the start-up phases: (ctx, strategy, record)."""
+    spec = get_spec(plan.strategy["name"])
     # imported before this rank's own code ran: by the fork server (start_method=forkserver)
     preloaded = [m for m in sweep_preloads(plan.strategy) if m in sys.modules]
-    os.environ.update(strategy_cls.process_env(plan))  # before CUDA starts (e.g. CUDA_DEVICE_MAX_CONNECTIONS)
-    startup_phases: dict[str, float] = {}  # before setup (metrics.json ranks[].startup_phases_s)
+    os.environ.update(spec.process_env(plan))  # before CUDA starts (e.g. CUDA_DEVICE_MAX_CONNECTIONS)
+    startup: dict[str, float] = {}  # before setup (metrics.json ranks[].startup_phases_s)
     cpus = _pin_cpus(plan, local_rank)  # before any thread of this rank starts
-    with phase(startup_phases, "device_and_process_group"):
+    with phase(startup, "device_and_process_group"):
         device = _device(plan, local_rank)
         dist.init_process_group(plan.backend, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=cfg["dist_timeout_s"]))
-    ctx = DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device,
-                      backend=plan.backend)
-    strategy = strategy_cls(plan, ctx)
-
+                                timeout=timedelta(seconds=plan.cfg["dist_timeout_s"]))
+    ctx = DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=plan.backend)
+    strategy = spec.implementation(plan)(plan, ctx)
     matmul_peak = None
-    if device.type == "cuda" and rank == 0 and cfg["metrics"]["measure_matmul_peak"]:
-        with phase(startup_phases, "matmul_peak"):
+    if device.type == "cuda" and rank == 0 and plan.cfg["metrics"]["measure_matmul_peak"]:
+        with phase(startup, "matmul_peak"):
             matmul_peak = measure_matmul_peak(device)
-
-    t_setup = time.perf_counter()
+    t = time.perf_counter()
     strategy.setup()
-    setup_s = time.perf_counter() - t_setup
+    setup_s = time.perf_counter() - t
     log.info("setup done in %.1f s: %s", setup_s, strategy.describe())
+    return ctx, strategy, {"setup_s": setup_s, "startup_phases_s": startup, "preloaded_modules": preloaded,
+                           "cpus": cpus, "matmul_peak": matmul_peak}
 
-    steps, warmup = cfg["steps"], cfg["warmup_steps"]
-    losses: list = []
-    skipped: list[bool] = []
-    t_first_step = time.time()  # bench/job.py: fixed overhead (launch -> first step)
-    t_warm = time.perf_counter()
-    for n in range(warmup):
+
+def _warmup(plan: Plan, strategy, rank: int, device, losses: list, skipped: list) -> dict:
+    """The untimed first steps (compilation, CUDA graph capture, allocator and NCCL set-up)."""
+    cfg = plan.cfg
+    t0_wall, t0 = time.time(), time.perf_counter()  # t_first_step: bench/job.py's fixed overhead
+    for n in range(cfg["warmup_steps"]):
         inject_fault(cfg["fault"], rank, n)
         res = strategy.step(n)
         losses.append(res.loss)
         skipped.append(res.skipped)
     _sync(device)
-    warmup_s = time.perf_counter() - t_warm
-    graphs_after_warmup = compile_counts()["graphs"] if cfg["compile"] else None
+    return {"t_first_step": t0_wall, "warmup_s": time.perf_counter() - t0,
+            "graphs_after_warmup": compile_counts()["graphs"] if cfg["compile"] else None}
 
-    # metrics.step_timing: a torch.cuda.synchronize after every step ("sync") keeps the host from
-    # running ahead into the next step, so on host-bound steps (launch overhead) it serialises host
-    # and GPU and understates what a real training loop gets.  "events" records a CUDA event after
-    # each step instead and synchronizes once, after the window.  CPU steps are synchronous: both
-    # time each step with perf_counter.
+
+def _timed_window(plan: Plan, strategy, rank: int, device, losses: list, skipped: list) -> dict:
+    """Barrier, then every remaining step timed on its own; the NVML sampler runs across the window.
+
+    metrics.step_timing: a torch.cuda.synchronize after every step ("sync") keeps the host from running
+    ahead into the next step, so on host-bound steps it serialises host and GPU and understates what a
+    real training loop gets; "events" records a CUDA event after each step and synchronizes once, after
+    the window.  CPU steps are synchronous: both time each step with perf_counter."""
+    cfg = plan.cfg
+    steps, warmup = cfg["steps"], cfg["warmup_steps"]
     use_events = device.type == "cuda" and cfg["metrics"]["step_timing"] == "events"
-    step_time_source = ("host_clock_cpu" if device.type != "cuda" else
-                        "cuda_events" if use_events else "host_sync_each_step")
+    source = "host_clock_cpu" if device.type != "cuda" else "cuda_events" if use_events else "host_sync_each_step"
     sampler = NvmlSampler(device.index if device.type == "cuda" else None, cfg["metrics"]["nvml_interval_ms"])
     dist.barrier()
     sampler.start()
-    step_times = []
-    events = []  # use_events: one before the first timed step, then one after each
+    step_times, events = [], []  # use_events: one before the first timed step, then one after each
     t_window = time.perf_counter()
     if use_events:
         events.append(_record_event())
@@ -208,64 +208,80 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         if rank == 0 and (n + 1 - warmup) % max(1, (steps - warmup) // 4) == 0:
             so_far = time.perf_counter() - t_window
             tps = (n + 1 - warmup) * cfg["model"]["global_batch"] * cfg["model"]["seq_len"] / so_far
-            if use_events:  # no sync here: the GPU may still be behind the host
-                log.info("step %d/%d  %.2f s so far (host clock, steps enqueued)  %.0f tokens/s so far (host clock)",
-                         n + 1, steps, so_far, tps)
-            else:
-                log.info("step %d/%d  %.1f ms  %.0f tokens/s so far", n + 1, steps, 1e3 * step_times[-1], tps)
+            log.info("step %d/%d  %.2f s so far  %.0f tokens/s so far (host clock%s)", n + 1, steps, so_far, tps,
+                     ", steps enqueued" if use_events else "")
     _sync(device)
     window_s = time.perf_counter() - t_window
     if use_events:
         step_times = [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
-    compiled = None
-    if cfg["compile"]:  # graphs compiled inside the timed window mean it timed compilation too
-        compiled = {**compile_counts(), "graphs_after_warmup": graphs_after_warmup}
-        if compiled["graphs"] > graphs_after_warmup:
-            log.warning("rank %d: torch.compile built %d graph(s) during the timed window (recompiles); "
-                        "raise warmup_steps", rank, compiled["graphs"] - graphs_after_warmup)
     sampler.stop()
-    profile = None
-    k = cfg["metrics"]["profile_steps"]
-    if k:  # after the timed window: profiling never slows a timed step
-        profile = profile_steps(strategy.step, range(steps - k, steps), device)
-    t_loop_end = time.time()  # bench/job.py: fixed overhead (last step, profiled ones included -> done)
+    return {"step_times": step_times, "step_time_source": source, "window_s": window_s, **sampler.summary()}
 
+
+def _compile_record(plan: Plan, rank: int, graphs_after_warmup) -> dict | None:
+    """Graphs compiled inside the timed window mean it timed compilation too."""
+    if not plan.cfg["compile"]:
+        return None
+    rec = {**compile_counts(), "graphs_after_warmup": graphs_after_warmup}
+    if rec["graphs"] > graphs_after_warmup:
+        log.warning("rank %d: torch.compile built %d graph(s) during the timed window (recompiles); "
+                    "raise warmup_steps", rank, rec["graphs"] - graphs_after_warmup)
+    return rec
+
+
+def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int,
+          teardown_deadline: bool = False) -> None:
+    """One run on this rank: set up, warm up, the timed window, an optional profile, then the records.
+    ``teardown_deadline``: end this process if its teardown outlasts teardown_timeout_s."""
+    cfg = plan.cfg
+    ctx, strategy, start = _setup(plan, rank, local_rank, world_size)
+    device = ctx.device
+    losses: list = []
+    skipped: list[bool] = []
+    warm = _warmup(plan, strategy, rank, device, losses, skipped)
+    timed = _timed_window(plan, strategy, rank, device, losses, skipped)
+    compiled = _compile_record(plan, rank, warm["graphs_after_warmup"])
+    k = cfg["metrics"]["profile_steps"]
+    profile = profile_steps(strategy.step, range(cfg["steps"] - k, cfg["steps"]), device) if k else None
     rec = {
         "rank": rank,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "tokens_per_step": strategy.tokens_this_rank(),
         "losses": [None if l is None else float(l) for l in losses],
         "skipped": skipped,
-        "step_times": step_times,
-        "step_time_source": step_time_source,  # cuda_events | host_sync_each_step | host_clock_cpu
-        "window_s": window_s,
-        "setup_s": setup_s,
-        "startup_phases_s": startup_phases,
-        "setup_phases_s": strategy.setup_phases_s,
-        "preloaded_modules": preloaded,
-        "compile": compiled,
-        "warmup_s": warmup_s,
-        "t_first_step": t_first_step, "t_loop_end": t_loop_end,  # wall clock, for bench/job.py
+        **{k: v for k, v in timed.items()},
+        "setup_s": start["setup_s"], "startup_phases_s": start["startup_phases_s"],
+        "setup_phases_s": strategy.setup_phases_s, "preloaded_modules": start["preloaded_modules"],
+        "compile": compiled, "warmup_s": warm["warmup_s"],
+        # wall clock, for bench/job.py: launch -> first step, last step (profiled ones included) -> done
+        "t_first_step": warm["t_first_step"], "t_loop_end": time.time(),
         "max_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "max_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20 if device.type == "cuda" else None,
         "host_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "cpus": cpus,  # the CPUs this rank's threads may run on (config cpu_affinity)
+        "cpus": start["cpus"],  # the CPUs this rank's threads may run on (config cpu_affinity)
         "profile": profile,
-        **sampler.summary(),
     }
     write_json_atomic(run_dir / f"rank{rank}.json", rec)
     gathered = [None] * world_size if rank == 0 else None
     dist.gather_object(rec, gathered, dst=0)
     if rank == 0:
-        prov = provenance.collect(cfg.get("_command", []), [r["device_name"] for r in gathered])
-        m = metrics.assemble(cfg, device.type, gathered, strategy.describe(), prov, matmul_peak)
-        m["memory"]["predicted_model_state_mb"] = predicted_model_state_mb(plan)
-        write_json_atomic(run_dir / "metrics.json", m)
-        log.info(metrics.one_line(m))
+        _write_metrics(plan, run_dir, device, gathered, strategy, start["matmul_peak"])
     dist.barrier()
     if teardown_deadline:
         arm_teardown_deadline(run_dir, rank, cfg["teardown_timeout_s"])
     strategy.close()
+
+
+def _write_metrics(plan: Plan, run_dir: Path, device, gathered: list, strategy, matmul_peak) -> None:
+    cfg = plan.cfg
+    prov = provenance.collect(cfg.get("_command", []), [r["device_name"] for r in gathered])
+    layout = strategy.describe()
+    if plan.tuning:
+        layout["tuning"] = plan.tuning
+    m = metrics.assemble(cfg, device.type, gathered, layout, prov, matmul_peak)
+    m["memory"]["plan"] = memory_plan(plan)
+    write_json_atomic(run_dir / "metrics.json", m)
+    log.info(metrics.one_line(m))
 
 
 TEARDOWN_TIMEOUT_HEADER = re.compile(r"^Timeout \(\d+:\d\d:\d\d(\.\d+)?\)!$", re.M)  # faulthandler's dump

@@ -23,10 +23,9 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from bench.sweep import with_added_defaults
+from bench.runs import STATUSES, with_added_defaults
 
 SCHEMA_VERSION = 1  # the metrics.json schema this module was written against
-STATUSES = ("completed", "failed", "oom", "invalid", "timeout", "interrupted")
 RUN_MARKERS = (".hydra/config.yaml", "metrics.json", "status.json")
 # metrics.json sections whose scalars become "<section>.<key>" columns
 METRIC_SECTIONS = ("throughput", "step_time_s", "loss", "skipped_steps", "flops", "memory",

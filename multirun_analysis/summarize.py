@@ -74,13 +74,13 @@ from typing import Iterable, Optional
 
 import pandas as pd
 
-from bench.sweep import VOLATILE_KEYS
+from bench.runs import volatile_keys
 from multirun_analysis.load import config_columns
 
 DEFINITIONS = __doc__  # the exact column definitions, also printed into report.md
 # bookkeeping, not what ran: the keys a sweep's run key leaves out too (deadlines, resume, ...), and
 # seeds, whose runs are repeats of one experiment
-EXCLUDED_FROM_KEY = ("seed", "command") + VOLATILE_KEYS
+EXCLUDED_FROM_KEY = ("seed", "command") + volatile_keys()
 EXCLUDED_PREFIXES = ("metrics.", "hydra.", "cfg.metrics.", "vars.", "fault.")
 BASELINE = {"strategy": "single", "world_size": 1}
 BASELINE_MATCH = ("model", "global_batch", "seq_len", "precision", "compile", "device_type")

@@ -6,6 +6,15 @@ import pytest
 
 from bench.layout import Coord, Layout, local_stages, resolve_microbatches, resolve_schedule, stage_layers
 
+
+def groups(lay: Layout, kind: str) -> list[list[int]]:
+    """All process groups of one kind ("tp", "dp" or "pp"): ranks equal in the other two coordinates."""
+    out: dict[tuple, list[int]] = {}
+    for r in range(lay.world_size):
+        c = lay.coords(r)
+        out.setdefault(tuple(getattr(c, k) for k in ("tp", "dp", "pp") if k != kind), []).append(r)
+    return sorted(out.values())
+
 # 8-rank 3D layouts, written tp x pp x dp
 LAYOUTS_8 = [(2, 2, 2), (2, 4, 1), (4, 2, 1), (1, 2, 4)]
 
@@ -14,17 +23,17 @@ def test_2x2x2_coordinates_follow_megatron_order_tp_fastest_then_dp_then_pp():
     lay = Layout(tp=2, pp=2, dp=2)
     table = [(lay.coords(r).tp, lay.coords(r).dp, lay.coords(r).pp) for r in range(8)]
     assert table == [(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0), (0, 0, 1), (1, 0, 1), (0, 1, 1), (1, 1, 1)]
-    assert lay.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert lay.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    assert lay.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert groups(lay, "tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert groups(lay, "dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert groups(lay, "pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
 
 
 def test_specific_8_rank_layouts():
-    assert Layout(tp=2, pp=4, dp=1).groups("pp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert groups(Layout(tp=2, pp=4, dp=1), "pp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert Layout(tp=2, pp=4, dp=1).coords(7) == Coord(dp=0, pp=3, tp=1)
-    assert Layout(tp=4, pp=2, dp=1).groups("tp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert groups(Layout(tp=4, pp=2, dp=1), "tp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert Layout(tp=4, pp=2, dp=1).coords(6) == Coord(dp=0, pp=1, tp=2)
-    assert Layout(tp=1, pp=2, dp=4).groups("dp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert groups(Layout(tp=1, pp=2, dp=4), "dp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert Layout(tp=1, pp=2, dp=4).coords(5) == Coord(dp=1, pp=1, tp=0)
 
 
@@ -34,13 +43,13 @@ def test_rank_coordinates_round_trip_and_partition(tp, pp, dp):
     assert lay.world_size == 8 and lay.mesh_shape == (pp, dp, tp)
     coords = [lay.coords(r) for r in range(8)]
     assert len(set(coords)) == 8
-    assert all(lay.rank(c) == r for r, c in enumerate(coords))
+    assert all(c.tp + tp * c.dp + tp * dp * c.pp == r for r, c in enumerate(coords))  # Megatron's order
     # row-major over the (pp, dp, tp) mesh = the rank order (what init_device_mesh uses)
     assert [(c.pp, c.dp, c.tp) for c in coords] == sorted((c.pp, c.dp, c.tp) for c in coords)
     for kind, size in (("tp", tp), ("pp", pp), ("dp", dp)):
-        groups = lay.groups(kind)
-        assert len(groups) == 8 // size and all(len(g) == size for g in groups)
-        assert sorted(r for g in groups for r in g) == list(range(8))
+        gs = groups(lay, kind)
+        assert len(gs) == 8 // size and all(len(g) == size for g in gs)
+        assert sorted(r for g in gs for r in g) == list(range(8))
 
 
 @pytest.mark.parametrize("tp,pp,dp", LAYOUTS_8)
@@ -50,7 +59,7 @@ def test_groups_equal_megatron_rank_generator(tp, pp, dp):
     gen = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=1, order="tp-cp-ep-dp-pp")
     lay = Layout(tp=tp, pp=pp, dp=dp)
     for kind in ("tp", "dp", "pp"):
-        assert sorted(gen.get_ranks(kind)) == lay.groups(kind), kind
+        assert sorted(gen.get_ranks(kind)) == groups(lay, kind), kind
 
 
 @pytest.mark.parametrize("tp,pp,dp", LAYOUTS_8 + [(1, 1, 8), (8, 1, 1), (1, 8, 1)])

@@ -47,7 +47,12 @@ RUNS = {  # id -> (overrides, expected layout fields)
                         dict(tp=1, pp=2, dp=1, pipeline_schedule="ScheduleInterleaved1F1B", pipeline_stages=4)),
     "tp2_pp2": (["strategy=tp", *TORCH, "world_size=4", "strategy.pp=2", "strategy.microbatches=p"],
                 dict(tp=2, pp=2, dp=1, pipeline_schedule="Schedule1F1B", microbatches=2)),
-    "tp2_dp2": (["strategy=tp", *TORCH, "world_size=4"], dict(tp=2, pp=1, dp=2, micro_batch_size=4)),
+    # torch DDP over pipeline stages (DDP x PP), FSDP2 over a tensor-parallel model (FSDP x TP), and 3-D
+    "pp2_dp2": (["strategy=pp", *TORCH, "world_size=4", "strategy.microbatches=p"],
+                dict(tp=1, pp=2, dp=2, pipeline_schedule="Schedule1F1B", microbatches=2, micro_batch_size=2)),
+    "fsdp_tp2_dp2": (["strategy=fsdp", "strategy.tp=2", "world_size=4"], dict(tp=2, pp=1, dp=2, micro_batch_size=4)),
+    "fsdp_pp2_dp2": (["strategy=fsdp", "strategy.pp=2", "world_size=4", "microbatches=p"],
+                     dict(tp=1, pp=2, dp=2, pipeline_schedule="Schedule1F1B", microbatches=2)),
     # torch.compile per block after DTensor TP (the cure for DTensor's eager dispatch cost)
     "tp2_compiled": (["strategy=tp", *TORCH, "world_size=2", "compile=true"],
                      dict(tp=2, pp=1, dp=1, compile="each transformer block (torch.compile, after TP)")),
@@ -74,7 +79,8 @@ def test_torch_native_matches_single(run_id, single_cpu, bench_run):
     assert len(counted) == layout["dp"]
     for r in m["ranks"]:  # the implementation's named setup parts reach metrics.json through tp / pp
         parts = set(r["setup_phases_s"])
-        assert {"device mesh", "bench model", "optimizer"} <= parts
+        fsdp = "strategy=fsdp" in overrides  # FSDP2 builds its optimizer after the first backward
+        assert {"device mesh", "bench model"} | (set() if fsdp else {"optimizer"}) <= parts
         assert ("parallelize_module (TP)" in parts) == (layout["tp"] > 1)
         assert ("pipeline schedule" in parts) == (layout["pp"] > 1)
         if "compile=true" in overrides:  # one graph for all TP blocks, built in warm-up, no break
@@ -195,7 +201,7 @@ def _torch_tp_comms_worker(rank: int, world: int, port: int) -> None:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from bench.model import build_model, lm_loss
-    from bench.strategies.torch_tp import parallelize_blocks
+    from bench.parallel.tp import apply_tp
 
     class AllReduces(TorchDispatchMode):
         def __init__(self):
@@ -210,10 +216,10 @@ def _torch_tp_comms_worker(rank: int, world: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    mesh = init_device_mesh("cpu", (2,))
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     ref = build_model(MC, 0, "cpu")
     model = copy.deepcopy(ref)
-    parallelize_blocks(model, mesh)
+    apply_tp(model, mesh)
     g = torch.Generator().manual_seed(1)
     batch = torch.randint(0, MC["vocab_size"], (2, MC["seq_len"] + 1), generator=g)
     x, y = batch[:, :-1], batch[:, 1:]
@@ -245,14 +251,14 @@ def _local_shard_adamw_worker(rank: int, world: int, port: int) -> None:
     from torch.distributed.tensor import DTensor
 
     from bench.model import build_model, lm_loss
-    from bench.strategies.local_adamw import LocalShardAdamW
-    from bench.strategies.torch_tp import local_tensor, parallelize_blocks
+    from bench.parallel.optim import LocalShardAdamW
+    from bench.parallel.tp import apply_tp, local_tensor
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     model = build_model(MC, 0, "cpu")
-    parallelize_blocks(model, init_device_mesh("cpu", (world,)))
+    apply_tp(model, init_device_mesh("cpu", (world,), mesh_dim_names=("tp",)))
     ref = copy.deepcopy(model)  # the same DTensors, stepped by torch AdamW over the DTensors
     assert any(isinstance(q, DTensor) for q in model.parameters())
     opt = LocalShardAdamW(model.parameters(), {"lr": 1e-2, "beta1": 0.9, "beta2": 0.95, "weight_decay": 0.1},
@@ -298,18 +304,21 @@ def _error(gpus: int, *overrides: str) -> ConfigError:
     return e.value
 
 
-def test_model_parallel_forwards_every_strategy_method():
-    """tp / pp / megatron wrap an implementation; a Strategy method the wrapper does not forward
-    silently runs the base default instead (close() did: CUDA graphs were never reset, and the
-    2-rank graph runs hung in destroy_process_group on 2 H200s)."""
-    import inspect
-
+def test_every_registered_strategy_has_a_runnable_class():
+    """The registry (bench/registry.py) finds each strategy module's spec; every spec names a Strategy
+    subclass for its implementations and a schema whose name default is the strategy's name."""
+    from bench.registry import specs
     from bench.strategies.base import Strategy
-    from bench.strategies.model_parallel import ModelParallel
-    methods = [n for n, f in vars(Strategy).items()  # setup_phase: a helper setup() uses on itself
-               if inspect.isfunction(f) and not n.startswith("_") and n != "setup_phase"]
-    assert "close" in methods and "step" in methods
-    assert [n for n in methods if n not in vars(ModelParallel)] == []
+
+    found = specs()
+    assert {"single", "ddp", "zero", "fsdp", "tp", "pp", "megatron"} <= set(found)
+    for name, spec in found.items():
+        assert spec.schema().name == name
+        impls = ("megatron", "torch") if "impl" in spec.schema.__dataclass_fields__ and name != "zero" else (None,)
+        for impl in impls:
+            plan = type("P", (), {"strategy": {"name": name, "impl": impl}})()
+            cls = spec.implementation(plan)
+            assert issubclass(cls, Strategy) and not getattr(cls, "__abstractmethods__", None), (name, impl)
 
 
 def test_megatron_without_cuda_names_impl_torch():
@@ -499,13 +508,12 @@ def test_fork_server_preloads_make_no_cuda_call():
     """The fork server imports these before it forks the ranks (start_method=forkserver); a rank
     forked from a process that has started CUDA cannot use CUDA, so none may touch it at import."""
     from bench.launch import _PRELOAD
-    from bench.strategies.base import SWEEP_PRELOAD
-    from bench.strategies import get_strategy
+    from bench.registry import SWEEP_PRELOAD, get_spec
 
-    modules = [*_PRELOAD, *SWEEP_PRELOAD, *get_strategy("megatron").preload_modules({"impl": "megatron"}),
-               *get_strategy("zero").preload_modules({})]
+    modules = [*_PRELOAD, *SWEEP_PRELOAD, *get_spec("megatron").preload({"impl": "megatron"}),
+               *get_spec("zero").preload({})]
     assert {"megatron.core.distributed", "torch._dynamo", "torch._inductor.compile_fx"} <= set(modules)
-    assert get_strategy("tp").preload_modules({"impl": "torch"}) == ()
+    assert get_spec("tp").preload({"impl": "torch"}) == ()
     p = subprocess.run([sys.executable, "-c", _CUDA_PROBE, *modules], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip().splitlines()[-1] == "[]", p.stdout[-2000:]

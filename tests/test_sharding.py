@@ -11,7 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from bench.config import ConfigError, register_configs, validate
-from bench.memory_model import predicted_model_state_bytes
+from bench.memory_model import model_state_bytes
 from bench.metrics.flops import total_params
 from bench.strategies.zero import build_ds_config, deep_merge, fix_cuda_arch_list
 from tests.conftest import CPU_FAST, REPO, metrics_of, run_bench
@@ -350,10 +350,13 @@ def test_cuda_arch_list_rewrite():
 def test_memory_model_follows_zero_paper():
     """Psi params, dp=4, mixed precision: 16 Psi replicated; stage 1: 4 Psi + 12 Psi/dp;
     stage 2: 2 Psi + 14 Psi/dp; stage 3: 16 Psi/dp; fp32: 4+4+8."""
-    def pred(*o, gpus=4):
-        return predicted_model_state_bytes(plan_of(*o, "world_size=4", "device=cuda", "model.global_batch=8", gpus=gpus))
-
     psi = total_params(composed("model=tiny").model)
+
+    def pred(*o, gpus=4):
+        device, host, lay = model_state_bytes(plan_of(*o, "world_size=4", "device=cuda", "model.global_batch=8",
+                                                      gpus=gpus), psi)
+        return {"device": {**device, "total": sum(device.values())}, "host": host, "stage": lay.stage}
+
     dp = 4
     totals = {s: pred("strategy=zero", f"strategy.zero_stage={s}", "precision=bf16")["device"]["total"] for s in range(4)}
     want = {0: 16 * psi, 1: 4 * psi + 12 * psi / dp, 2: 2 * psi + 14 * psi / dp, 3: 16 * psi / dp}
@@ -372,5 +375,3 @@ def test_memory_model_follows_zero_paper():
     f2 = pred("strategy=fsdp", "precision=bf16", "strategy.reshard_after_forward=false")["device"]
     assert f3["total"] == pytest.approx(16 * psi / dp, abs=3)
     assert f2["total"] == pytest.approx(16 * psi / dp + 2 * psi, abs=3)  # + gathered bf16 params
-    single = predicted_model_state_bytes(plan_of("strategy=single", "device=cpu"))
-    assert single["device"]["total"] == 16 * psi

@@ -10,20 +10,9 @@ from typing import Any, Optional
 
 from bench.metrics import flops as _flops
 from bench.metrics.timing import step_time_stats
+from bench.runs import STATUSES, identity
 
 SCHEMA_VERSION = 1
-STATUSES = ("completed", "failed", "oom", "invalid", "timeout", "interrupted")
-
-
-def run_identity(cfg: dict) -> dict:
-    """The columns that say what ran (flat, for tables)."""
-    m, s = cfg.get("model", {}), cfg.get("strategy", {})
-    return {
-        "model": m.get("name"), "strategy": s.get("name"), "impl": s.get("impl"),
-        "world_size": cfg.get("world_size"), "precision": cfg.get("precision"),
-        "compile": cfg.get("compile"), "steps": cfg.get("steps"), "warmup_steps": cfg.get("warmup_steps"),
-        "global_batch": m.get("global_batch"), "seq_len": m.get("seq_len"), "seed": cfg.get("seed"),
-    }
 
 
 def skeleton(cfg: dict, status: str, error: Optional[dict] = None) -> dict:
@@ -33,7 +22,7 @@ def skeleton(cfg: dict, status: str, error: Optional[dict] = None) -> dict:
         "schema_version": SCHEMA_VERSION,
         "status": status,
         "error": error,
-        "run": {**run_identity(cfg), "device_type": None, "timed_steps": None},
+        "run": {**identity(cfg), "device_type": None, "timed_steps": None},
         "layout": None,
         "throughput": {"tokens_per_step": None, "tokens_per_step_expected": None, "timed_window_s": None,
                        "applied_timed_steps": None, "tokens_timed": None, "tokens_per_s": None,
@@ -47,7 +36,7 @@ def skeleton(cfg: dict, status: str, error: Optional[dict] = None) -> dict:
                   "achieved_tflops_per_device": None, "peak_tflops": None, "peak_source": None, "mfu": None,
                   "matmul_peak_tflops_measured": None, "mfu_vs_measured_peak": None},
         "memory": {"max_allocated_mb": None, "max_reserved_mb": None, "nvml_used_peak_mb": None,
-                   "nvml_used_mean_mb": None, "host_peak_rss_mb": None, "predicted_model_state_mb": None},
+                   "nvml_used_mean_mb": None, "host_peak_rss_mb": None, "plan": None},  # plan: bench/memory_model.py
         "utilization": {"gpu_util_mean_pct": None},
         "energy": {"joules": None, "joules_per_token": None},
         "profile": None,  # metrics.profile_steps > 0: per rank, bench/metrics/profile.py

@@ -1,53 +1,81 @@
-"""The strategy interface and its registry.
+"""The strategy interface, the description every strategy registers, and the registry.
 
-A strategy owns how the model is built, wrapped, fed and stepped, and nothing more: the
-worker owns timing, synchronization, metrics and writing.  A strategy never times its steps; it
-only names the phases of its setup (``setup_phase``), so start-up cost can be attributed.
+A strategy is one module in this package that registers one :class:`StrategySpec`: its config
+schema (the only source of its defaults, with each knob's documentation and search candidates),
+its validation rules, how it holds model states (the memory plan), its tuning profile, what the
+fork server should preload, and its class.  Nothing outside the module names the strategy:
+bench.config, the memory plan, the run key and the knob search all ask bench/registry.py.
+
+A strategy owns how the model is built, wrapped, fed and stepped, and nothing more: the worker
+owns timing, synchronization, metrics and writing.  A strategy never times its steps; it only
+names the phases of its setup (``setup_phase``), so start-up cost can be attributed.
 """
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Callable, ClassVar, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 
-from bench.config import Plan
+from bench.data import SyntheticStream
 from bench.metrics.timing import phase
+from bench.schema import Plan
 
-REGISTRY: dict[str, type["Strategy"]] = {}
-
-
-def register(name: str) -> Callable[[type["Strategy"]], type["Strategy"]]:
-    def deco(cls: type["Strategy"]) -> type["Strategy"]:
-        cls.name = name
-        REGISTRY[name] = cls
-        return cls
-    return deco
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def get_strategy(name: str) -> type["Strategy"]:
-    import bench.strategies  # noqa: F401  (imports every strategy module, filling REGISTRY)
-    return REGISTRY[name]
+@dataclass(frozen=True)
+class ModelStates:
+    """How a strategy holds parameters, gradients and optimizer states (bench/memory_model.py).
+
+    ``scheme``: bytes per parameter, a key of memory_model.BYTES_PER_PARAM; ``stage``: ZeRO stage
+    (>= 1 optimizer / dp, >= 2 gradients / dp, 3 parameters / dp); the offloads move a part to the
+    host; ``unsharded_params_live``: the gathered 16-bit parameters of the whole model stay alive
+    from forward to backward (FSDP2 without resharding)."""
+
+    scheme: str
+    stage: int = 0
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    offload_grads: bool = False
+    host_fp32_grad_partition: bool = False
+    unsharded_params_live: bool = False
+    note: str = ""
 
 
-# What a sweep's fork server imports for every run (bench/launch.py): torch._dynamo, which
-# torch.optim and DDP import at their first use (1.1 s of DDP's setup on the 2-core CPU machine).
-# None of these, nor a strategy's own (Strategy.preload_modules), makes a CUDA call when imported,
-# so each forked rank still starts CUDA itself.
-SWEEP_PRELOAD = ("torch._dynamo",)
+def replicated_states(cfg: dict) -> ModelStates:
+    """A torch optimizer over fp32 weights (autocast or not), replicated over data-parallel ranks."""
+    return ModelStates("fp32", note="model states replicated over data-parallel ranks, torch AdamW over fp32 weights"
+                       + (" (autocast)" if cfg["precision"] != "fp32" else ""))
 
 
-def sweep_preloads(strategy_cfg: dict) -> tuple[str, ...]:
-    """What a sweep's fork server imports for a run of this strategy (the worker records which of
-    them it found imported)."""
-    return (*SWEEP_PRELOAD, *get_strategy(strategy_cfg["name"]).preload_modules(strategy_cfg))
+@dataclass(frozen=True)
+class StrategySpec:
+    """Everything bench knows about one strategy (module docstring)."""
+
+    name: str
+    schema: type  # its config dataclass: every knob, its default, doc, choices and search candidates
+    summary: str  # one line: what it is (README / docs table)
+    implementation: Callable[[Plan], type["Strategy"]]  # the class that runs a plan (lazy imports allowed)
+    rules: Callable[[Plan], None] = lambda plan: None  # its own cross-field rules; raise ConfigError
+    model_states: Callable[[dict], ModelStates] = replicated_states  # memory plan: how it holds model states
+    # tuning profiles (tuning=best): {dotted key: (value, evidence)}; bench/tuning.py applies them
+    profiles: dict[str, dict[str, tuple[Any, str]]] = field(default_factory=dict)
+    preload: Callable[[dict], tuple[str, ...]] = lambda strategy_cfg: ()  # fork-server imports (no CUDA calls)
+    process_env: Callable[[Plan], dict[str, str]] = lambda plan: {}  # environment needed before CUDA starts
+    devices: tuple[str, ...] = ("cpu", "cuda")
 
 
-def compile_kwargs(cfg: dict) -> dict:
-    """torch.compile keyword arguments of a run: its mode, unless the default."""
-    return {} if cfg["compile_mode"] == "default" else {"mode": cfg["compile_mode"]}
+REGISTRY: dict[str, StrategySpec] = {}  # filled by each strategy module's register(); read via bench.registry
+
+
+def register(spec: StrategySpec) -> StrategySpec:
+    if spec.name in REGISTRY and REGISTRY[spec.name] is not spec:
+        raise ValueError(f"strategy {spec.name!r} registered twice")
+    REGISTRY[spec.name] = spec
+    return spec
 
 
 @dataclass
@@ -69,30 +97,33 @@ class Precision:
     """Autocast over fp32 master weights (bf16, fp16) or plain fp32; fp16 adds dynamic loss
     scaling.  Shared by the strategies that run their own optimizer loop."""
 
-    def __init__(self, precision: str, device: torch.device):
+    def __init__(self, precision: str, device: torch.device, autocast: bool = True, scaler=None):
         self.name = precision
-        self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        self.dtype = DTYPES[precision]
         self.device_type = device.type
-        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+        self.use_autocast = autocast and precision != "fp32"
+        if scaler is None and precision == "fp16":
+            scaler = torch.amp.GradScaler(device.type)
+        self.scaler = scaler
 
     def autocast(self):
-        if self.name == "fp32":
+        if not self.use_autocast:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer, params, grad_clip: float) -> bool:
-        """Clip (optionally), step and update the scale; returns True when the step was skipped."""
+    def step(self, optimizer: torch.optim.Optimizer, clip: Optional[Callable[[], None]] = None) -> bool:
+        """Clip (``clip()``, after unscaling), step and update the scale; True when the step was skipped."""
         if self.scaler is None:
-            if grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            if clip is not None:
+                clip()
             optimizer.step()
             return False
-        if grad_clip > 0:
+        if clip is not None:
             self.scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            clip()
         before = self.scaler.get_scale()
         self.scaler.step(optimizer)
         self.scaler.update()
@@ -100,7 +131,7 @@ class Precision:
 
 
 class Strategy(ABC):
-    name: ClassVar[str]
+    name: ClassVar[str] = ""
 
     def __init__(self, plan: Plan, dist: DistContext):
         self.plan, self.dist = plan, dist
@@ -110,17 +141,11 @@ class Strategy(ABC):
         """Time one named part of setup() (wall seconds on this rank, no device sync)."""
         return phase(self.setup_phases_s, name)
 
-    @classmethod
-    def preload_modules(cls, strategy_cfg: dict) -> tuple[str, ...]:
-        """Modules this strategy's ranks import at setup that make no CUDA call when imported:
-        with start_method=forkserver the fork server imports them once (bench/launch.py), so the
-        runs of a sweep do not each pay for them."""
-        return ()
-
-    @classmethod
-    def process_env(cls, plan: Plan) -> dict[str, str]:
-        """Environment variables the rank process needs before CUDA starts."""
-        return {}
+    def data_stream(self, dp_rank: int) -> SyntheticStream:
+        """This rank's slices of the run's global batches (the one data stream of every strategy)."""
+        p = self.plan
+        return SyntheticStream(p.model, seed=p.cfg["seed"], steps=p.cfg["steps"], dp_rank=dp_rank,
+                               dp_size=p.dp_size, device=self.dist.device)
 
     @abstractmethod
     def setup(self) -> None:

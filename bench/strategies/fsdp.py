@@ -1,141 +1,86 @@
-"""PyTorch FSDP2 (``fully_shard``) on a 1-D DeviceMesh over all ranks.
-
-Every transformer block is its own FSDP unit (or every ``blocks_per_unit`` consecutive blocks:
-fewer, larger collectives and fewer hooks, whose host time bounds small per-rank batches), then
-the root (embeddings, final norm, head; it keeps its parameters gathered from forward to
-backward, FSDP2's default for the root).
-``reshard_after_forward`` true frees a block's gathered parameters after its forward and gathers
-them again in backward (the ZeRO-3 analogue); false keeps them until backward (ZeRO-2 analogue).
-precision=bf16|fp16 is FSDP's MixedPrecisionPolicy (sharded fp32 master parameters, gathered
-and computed in the 16-bit dtype, gradients reduce-scattered in ``reduce_dtype``), not
-autocast; fp16 adds a ShardedGradScaler (found-inf agreed over ranks).  Gradient accumulation
-turns the reduce-scatter off (``set_requires_gradient_sync(False)``) for all but the last
-micro-batch of a step.  AdamW steps each rank's local shards (LocalShardAdamW, the same update
-without DTensor dispatch per optimizer op).
-"""
+"""``fsdp``: PyTorch FSDP2 (``fully_shard``) over the data-parallel ranks, alone or over a
+tensor-parallel (``strategy.tp``) and / or pipelined (``strategy.pp``) model: torchtitan's 2-D and
+3-D layouts.  The steps are in bench/parallel (dp.apply_fsdp holds the wrapping rules)."""
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
+from typing import Any
 
-from bench.data import SyntheticStream
-from bench.memory_model import predicted_model_state_mb
-from bench.model import build_model, lm_loss
-from bench.strategies.base import StepResult, Strategy, compile_kwargs, register
-from bench.strategies.local_adamw import LocalShardAdamW
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from bench.schema import LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConfig, alias_default, knob
+from bench.strategies.base import ModelStates, StrategySpec, register
+from bench.strategies.torch_native import TorchParallel
 
 
-def shard_blocks(model, k: int, reshard_after_forward: bool, **kw) -> list[list]:
-    """fully_shard every k consecutive blocks of bench's GPT as one unit, then the root; returns the units.
+@dataclass
+class FSDPConfig(StrategyConfig):
+    """PyTorch FSDP2 knobs (defaults are torch's)."""
 
-    The last unit's backward starts right after its forward, so it never reshards (that would only
-    add an all-gather, as torchtitan notes), and neither does the root (embeddings, final norm,
-    head): the head is the first thing backward needs (FSDP2's own heuristic for the root)."""
-    from torch.distributed.fsdp import fully_shard
+    name: str = "fsdp"
+    reshard_after_forward: bool = knob(True, "true: free a unit's gathered parameters after its forward, gather "
+                                       "again in backward (ZeRO-3 analogue, least memory); false: keep them to "
+                                       "backward (ZeRO-2 analogue, one all-gather per unit per step)", tune=(True, False))
+    reduce_dtype: str = knob("fp32", "gradient reduce-scatter dtype under bf16/fp16: fp32 | param (half the bytes, "
+                             "lower-precision sums)", choices=("fp32", "param"))
+    cpu_offload: bool = knob(False, "CPUOffloadPolicy: sharded parameters, gradients and the optimizer step on the "
+                             "host (memory for PCIe traffic and a CPU AdamW)")
+    prefetch: int = knob(0, "0: FSDP2's implicit prefetching; k >= 1: the next k units' all-gathers issued early "
+                         "(k extra gathered units alive)")
+    blocks_per_unit: int = knob(1, "consecutive blocks per FSDP unit: k > 1 means k times fewer, larger collectives "
+                                "and hooks (host time), k blocks' gathered parameters alive at once",
+                                tune=(1, 4, 8), added=True)
+    tp: int = knob(1, LAYOUT_DOCS["tp"], added=True)
+    pp: int = knob(1, LAYOUT_DOCS["pp"], added=True)
+    microbatches: Any = knob(alias_default("microbatches", None), LAYOUT_DOCS["microbatches"], added=True)
+    virtual_pipeline: int = knob(1, LAYOUT_DOCS["virtual_pipeline"], added=True)
+    schedule: str = knob("auto", LAYOUT_DOCS["schedule"], choices=SCHEDULES, added=True)
 
-    blocks = list(model.blocks.values())
-    units = [blocks[i:i + k] for i in range(0, len(blocks), k)]
-    for i, unit in enumerate(units):
-        fully_shard(unit if len(unit) > 1 else unit[0],
-                    reshard_after_forward=reshard_after_forward and i < len(units) - 1, **kw)
-    fully_shard(model, reshard_after_forward=False, **kw)
-    return units
+
+class FSDP(TorchParallel):
+    data_parallel = "fsdp"
 
 
-@register("fsdp")
-class FSDP(Strategy):
-    def setup(self) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+def rules(plan: Plan) -> None:
+    s, cfg = plan.strategy, plan.cfg
+    if cfg["compile"] and cfg["compile_mode"] == "reduce-overhead":
+        raise ConfigError("compile_mode", "reduce-overhead", "CUDA graphs of FSDP2's blocks ran 15-20x slower than "
+                          "compile_mode=default; use compile_mode=default with strategy=fsdp "
+                          "(strategy.blocks_per_unit > 1 cuts its host time instead)")
+    if cfg["precision"] == "fp16" and (plan.tp > 1 or plan.pp > 1):
+        raise ConfigError("precision", "fp16", "loss scaling across tensor-parallel shards and pipeline stages is not "
+                          "implemented; use precision=bf16")
+    n = plan.model["n_layers"] // (plan.pp * s["virtual_pipeline"])
+    if not 1 <= s["blocks_per_unit"] <= n:
+        raise ConfigError("strategy.blocks_per_unit", s["blocks_per_unit"],
+                          f"must be 1..{n} (consecutive blocks per FSDP unit, within one pipeline stage of {n} blocks)")
+    units = -(-n // s["blocks_per_unit"])
+    if not 0 <= s["prefetch"] <= units - 1:  # a unit prefetches only the units after it: more is a silent no-op
+        raise ConfigError("strategy.prefetch", s["prefetch"],
+                          f"must be 0..{units - 1} (0: FSDP2's implicit prefetching, k: the next k units explicitly): "
+                          f"strategy.blocks_per_unit={s['blocks_per_unit']} makes {units} FSDP unit(s) of "
+                          f"{n} blocks" + (", nothing to prefetch" if units == 1 else ""))
+    if s["cpu_offload"] and (plan.tp > 1 or plan.pp > 1):
+        raise ConfigError("strategy.cpu_offload", True, "is implemented for FSDP2 alone (strategy.tp=1, pp=1)")
 
-        p, dev = self.plan, self.dist.device
-        cfg, s = p.cfg, p.strategy
-        prec = cfg["precision"]
-        self.mesh = init_device_mesh(dev.type, (self.dist.world_size,), mesh_dim_names=("dp",))
-        if prec == "fp32":
-            self.mp = MixedPrecisionPolicy()
-        else:
-            param_dtype = DTYPES[prec]
-            self.mp = MixedPrecisionPolicy(
-                param_dtype=param_dtype,
-                reduce_dtype=torch.float32 if s["reduce_dtype"] == "fp32" else param_dtype)
-        self.offload = s["cpu_offload"]
-        # CPU offload needs the parameters materialized on the host; pinned memory needs CUDA
-        offload = CPUOffloadPolicy(pin_memory=dev.type == "cuda") if self.offload else OffloadPolicy()
-        self.model = build_model(p.model, cfg["seed"], "cpu" if self.offload else dev)
-        if cfg["compile"]:
-            for block in self.model.blocks.values():  # per block, before sharding: FSDP's hooks stay outside the graphs
-                block.compile(**compile_kwargs(cfg))
-        units = shard_blocks(self.model, s["blocks_per_unit"], reshard_after_forward=s["reshard_after_forward"],
-                             mesh=self.mesh, mp_policy=self.mp, offload_policy=offload)
-        n = s["prefetch"]
-        if n > 0:  # issue the next n units' all-gathers from the CPU early (helps when CPU-bound)
-            heads = [unit[0] for unit in units]  # a unit's FSDP state lives on its first block
-            for i, head in enumerate(heads):
-                head.set_modules_to_forward_prefetch(heads[i + 1:i + 1 + n])
-                head.set_modules_to_backward_prefetch(heads[max(0, i - n):i][::-1])
-        self.fused = dev.type == "cuda" and not self.offload
-        # built after the first backward: FSDP2's lazy init (first forward) may give a shard a new
-        # local tensor (reset_sharded_param), and the optimizer must hold the live ones
-        self.optimizer = None
-        self.scaler = None
-        if prec == "fp16":
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-            self.scaler = ShardedGradScaler(device=dev.type)
-        self.stream = SyntheticStream(p.model, seed=cfg["seed"], steps=cfg["steps"],
-                                      dp_rank=self.dist.rank, dp_size=p.dp_size, device=dev)
+def model_states(cfg: dict) -> ModelStates:
+    s = cfg["strategy"]
+    reshard, off = s["reshard_after_forward"], s["cpu_offload"]
+    return ModelStates("fp32" if cfg["precision"] == "fp32" else "fsdp_mixed", stage=3, offload_optimizer=off,
+                       offload_grads=off, offload_param=off, unsharded_params_live=not reshard,
+                       note="FSDP2 reshard_after_forward=%s (%s analogue)" % (reshard, "ZeRO-3" if reshard else "ZeRO-2"))
 
-    def step(self, n: int) -> StepResult:
-        if self.optimizer is not None:
-            self.optimizer.zero_grad()
-        micro = self.stream.micro_batches(n, self.plan.micro_batch_size)
-        total = torch.zeros((), device=self.dist.device)
-        for i, (x, y) in enumerate(micro):
-            self.model.set_requires_gradient_sync(i == len(micro) - 1)
-            loss = lm_loss(self.model(x), y) / len(micro)
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
-            total += loss.detach()
-        if self.optimizer is None:
-            self.optimizer = LocalShardAdamW(self.model.parameters(), self.plan.cfg["optim"], fused=self.fused)
-        self.optimizer.point_grads()
-        clip, opt = self.plan.cfg["optim"]["grad_clip"], self.optimizer.optimizer
-        if self.scaler is None:
-            if clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-            opt.step()
-            return StepResult(loss=total)
-        if clip > 0:
-            self.scaler.unscale_(opt)  # the local gradients are the DTensor gradients' storage
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        before = self.scaler.get_scale()
-        self.scaler.step(opt)
-        self.scaler.update()
-        return StepResult(loss=total, skipped=self.scaler.get_scale() < before)
 
-    def describe(self) -> dict:
-        p, s = self.plan, self.plan.strategy
-        prec = p.cfg["precision"]
-        rdt = "fp32" if s["reduce_dtype"] == "fp32" else prec
-        return {
-            "impl": "torch.distributed.fsdp.fully_shard (FSDP2)",
-            "dp": p.dp_size,
-            "mesh": f"1-D DeviceMesh ({p.device}, {p.world_size} ranks)",
-            "wrap": (f"units of {s['blocks_per_unit']} transformer block(s), then the root"
-                     if s["blocks_per_unit"] > 1 else "each transformer block, then the root"),
-            "blocks_per_unit": s["blocks_per_unit"],
-            "reshard_after_forward": s["reshard_after_forward"],
-            "reshard_note": "root and last unit never reshard after forward (backward needs them first)",
-            "prefetch": s["prefetch"] or "implicit (FSDP2 default)",
-            "cpu_offload": s["cpu_offload"],
-            "optimizer": f"torch.optim.AdamW(fused={getattr(self, 'fused', None)}) over each rank's local shards",
-            "precision": "fp32" if prec == "fp32" else
-                         f"FSDP MixedPrecisionPolicy(param_dtype={prec}, reduce_dtype={rdt}) over fp32 sharded "
-                         f"master weights (not autocast)" + (" + ShardedGradScaler" if prec == "fp16" else ""),
-            "compile": bool(p.cfg["compile"]),
-            "micro_batch_size": p.micro_batch_size,
-            "grad_accum": p.grad_accum,
-            "init_device": "cpu" if s["cpu_offload"] else p.device,
-            "predicted_memory_mb": predicted_model_state_mb(p),
-        }
+SPEC = register(StrategySpec(
+    name="fsdp", schema=FSDPConfig, summary="PyTorch FSDP2 (fully_shard), alone or over torch TP / PP",
+    implementation=lambda plan: FSDP, rules=rules, model_states=model_states,
+    profiles={"best": {
+        "strategy.blocks_per_unit": (8, "2 x H200, 300m, global batch 16, compiled: units of 8 beat 4 and 24 twice "
+                                        "within one call, 76.2% / 67.1% of 2 x single without / with resharding "
+                                        "(results/2026-11-23-h200x2-zero-grad-norm-fsdp)"),
+        "compile": (True, "one H200, 300m batch 8: compiled units of 4 92.1k vs eager 65.7k tokens/s "
+                          "(results/2026-11-23-h200-fsdp2-tp-host)"),
+        "strategy.reshard_after_forward": (False, "2 x H200, 300m: 76.2% vs 67.1% of 2 x single (more memory: "
+                                                  "the gathered parameters live to backward) "
+                                                  "(results/2026-11-23-h200x2-zero-grad-norm-fsdp)"),
+    }},
+))

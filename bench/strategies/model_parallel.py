@@ -1,14 +1,72 @@
-"""The tp x pp x dp family: strategies ``tp``, ``pp`` and ``megatron``.
+"""The tp x pp x dp family: strategies ``tp``, ``pp`` and ``megatron`` (one schema; they differ in defaults).
 
-One layout (``tp x pp x dp = world_size``, bench/layout.py) and one schema; the registered
-classes differ only in their config defaults and choose the implementation named by
-``strategy.impl``: ``megatron`` (megatron-core, GPU only: bench/strategies/megatron/) or
-``torch`` (DTensor tensor parallelism and ``torch.distributed.pipelining``: torch_pp.py).
-Neither implementation is imported until a run needs it (megatron.core takes ~5 s to import).
+``strategy.impl`` picks the implementation: ``megatron`` (megatron-core, GPU only:
+bench/strategies/megatron/, imported only when a run needs it: ~5 s) or ``torch`` (DTensor tensor
+parallelism and torch.distributed.pipelining, bench/parallel, through bench/strategies/torch_native.py;
+runs on CPU too; its data-parallel replicas reduce through torch DDP).
 """
 from __future__ import annotations
 
-from bench.strategies.base import StepResult, Strategy, register
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from bench.schema import LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConfig, alias_default, knob
+from bench.strategies.base import ModelStates, StrategySpec, register
+from bench.strategies.megatron import CUDA_GRAPH_CAPTURE_STEP
+from bench.strategies.torch_native import TorchParallel
+
+
+@dataclass
+class ModelParallelConfig(StrategyConfig):
+    """One schema for the tp x pp x dp family.  dp = world_size / (tp * pp)."""
+
+    name: str = "megatron"
+    impl: str = knob("megatron", "megatron (megatron-core, GPU only) | torch (DTensor TP + torch.distributed."
+                     "pipelining; runs on CPU too)", choices=("megatron", "torch"))
+    tp: int = knob(1, LAYOUT_DOCS["tp"])
+    pp: int = knob(1, LAYOUT_DOCS["pp"])
+    microbatches: Any = knob(alias_default("microbatches", None), LAYOUT_DOCS["microbatches"])
+    virtual_pipeline: int = knob(1, LAYOUT_DOCS["virtual_pipeline"])
+    schedule: str = knob("auto", LAYOUT_DOCS["schedule"] + " (gpipe: torch only)", choices=SCHEDULES)
+    sequence_parallel: bool = knob(False, "Megatron sequence parallelism: norms / dropout split over tp (needs tp > 1)")
+    overlap_grad_reduce: bool = knob(True, "Megatron DDP: gradient reduction overlapped with backward")
+    use_distributed_optimizer: bool = knob(False, "optimizer states sharded over dp, gradients reduce-scattered, "
+                                           "parameters all-gathered after the step (ZeRO-1)", tune=(False, True))
+    overlap_param_gather: bool = knob(False, "with the distributed optimizer: parameter all-gather overlapped with "
+                                      "the next forward")
+    bucket_size: Optional[int] = knob(None, "parameters per gradient bucket; null = Megatron's default")
+    grad_reduce_in_fp32: bool = knob(True, "gradients reduced in fp32 (main grads)")
+    fused_adam: bool = knob(True, "torch AdamW's fused kernel for megatron-core's fallback optimizer (no TE / Apex)")
+    cuda_graph: bool = knob(False, "capture each step's forward + backward (all micro-batches, pipeline sends and "
+                            "receives, the gradient reduction) as one CUDA graph, replayed from step "
+                            f"{CUDA_GRAPH_CAPTURE_STEP} on", tune=(False, True))
+    batch_p2p_sync: bool = knob(True, "a device sync after each batched pipeline send / receive (Megatron's "
+                                "default; cuda_graph=true turns it off)")
+    spec: str = knob("auto", "Megatron layer spec: auto (te if transformer_engine imports, else sdpa) | sdpa | "
+                     "local | te", choices=("auto", "sdpa", "local", "te"))
+    init: str = knob("bench", "bench: copy bench's initial weights (= strategy=single's) | megatron: Megatron's init",
+                     choices=("bench", "megatron"))
+
+
+@dataclass
+class TPConfig(ModelParallelConfig):
+    name: str = "tp"
+    tp: int = 2
+
+
+@dataclass
+class PPConfig(ModelParallelConfig):
+    name: str = "pp"
+    pp: int = 2
+    microbatches: Any = alias_default("microbatches", "4p")
+
+
+class TorchModelParallel(TorchParallel):
+    """torch-native tp x pp x dp; data-parallel replicas (tp = 1) reduce through torch DDP."""
+
+    data_parallel = "ddp"
+
 
 MEGATRON_MODULES = ("megatron.core.parallel_state", "megatron.core.distributed", "megatron.core.optimizer",
                     "megatron.core.pipeline_parallel", "megatron.core.tensor_parallel",
@@ -16,57 +74,121 @@ MEGATRON_MODULES = ("megatron.core.parallel_state", "megatron.core.distributed",
                     "bench.strategies.megatron.model")
 
 
-class ModelParallel(Strategy):
-    """The tp x pp x dp family: delegates to the implementation named by strategy.impl."""
+def implementation(plan: Plan):
+    if plan.strategy["impl"] == "megatron":
+        from bench.strategies.megatron.strategy import MegatronModelParallel
 
-    def __init__(self, plan, dist):
-        super().__init__(plan, dist)
-        if plan.strategy["impl"] == "megatron":
-            from bench.strategies.megatron.strategy import MegatronModelParallel as impl
-        else:
-            from bench.strategies.torch_pp import TorchModelParallel as impl
-        self.impl = impl(plan, dist)
-        self.setup_phases_s = self.impl.setup_phases_s  # the implementation's named setup parts
-
-    @classmethod
-    def preload_modules(cls, strategy_cfg: dict) -> tuple[str, ...]:
-        # what MegatronModelParallel.setup imports (~5 s); none of it touches CUDA at import
-        return MEGATRON_MODULES if strategy_cfg["impl"] == "megatron" else ()
-
-    @classmethod
-    def process_env(cls, plan) -> dict:
-        """Environment this run's worker processes need before CUDA is initialised (for the
-        worker to apply before torch.cuda.set_device): Megatron TP needs one CUDA connection."""
-        if plan.strategy["impl"] == "megatron" and plan.tp > 1:
-            return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-        return {}
-
-    def setup(self) -> None:
-        self.impl.setup()
-
-    def step(self, n: int) -> StepResult:
-        return self.impl.step(n)
-
-    def close(self) -> None:
-        self.impl.close()
-
-    def tokens_this_rank(self) -> int:
-        return self.impl.tokens_this_rank()
-
-    def describe(self) -> dict:
-        return {"strategy": self.name, **self.impl.describe()}
+        return MegatronModelParallel
+    return TorchModelParallel
 
 
-@register("tp")
-class TensorParallel(ModelParallel):
-    """Tensor parallelism (strategy.tp > 1 by default); combines with pp and dp."""
+def _megatron_core_installed() -> bool:
+    try:
+        return importlib.util.find_spec("megatron.core") is not None
+    except (ImportError, ValueError):
+        return False
 
 
-@register("pp")
-class PipelineParallel(ModelParallel):
-    """Pipeline parallelism (strategy.pp > 1 by default); combines with tp and dp."""
+def rules(plan: Plan) -> None:
+    s, m, c = plan.strategy, plan.model, plan.cfg
+    name, impl, tp, pp, dp = s["name"], s["impl"], plan.tp, plan.pp, plan.dp_size
+    if name == "megatron" and impl != "megatron":
+        raise ConfigError("strategy.impl", impl, "strategy=megatron is megatron-core only; for torch-native "
+                          "parallelism use strategy=tp or strategy=pp with strategy.impl=torch, or strategy=ddp")
+    if impl == "megatron":
+        fix = ("use strategy=ddp (or strategy=tp/pp with strategy.impl=torch)" if name == "megatron"
+               else "use strategy.impl=torch (torch-native TP/PP, runs on CPU)")
+        if plan.device != "cuda":
+            raise ConfigError("strategy.impl", impl, f"megatron-core needs CUDA GPUs, and this run has none "
+                              f"(device={plan.device}); {fix}")
+        if not _megatron_core_installed():
+            raise ConfigError("strategy.impl", impl, f"megatron-core is not installed (pip install megatron-core); {fix}")
+        if m["vocab_size"] % tp:
+            raise ConfigError("strategy.tp", tp, f"must divide model.vocab_size={m['vocab_size']} "
+                              "(Megatron splits the embedding and output layer over tp)")
+    else:
+        if tp > 1 and dp > 1:
+            raise ConfigError("world_size", plan.world_size,
+                              f"gives tp={tp} x pp={pp} x dp={dp}: torch's DistributedDataParallel does not take "
+                              "tensor-parallel (DTensor) parameters; for TP with data parallelism use strategy=fsdp "
+                              f"strategy.tp={tp} (FSDP2 x TP), or strategy.impl=megatron")
+        if c["precision"] == "fp16":
+            raise ConfigError("precision", "fp16", "is not supported with strategy.impl=torch (no loss scaling "
+                              "across shards and stages); use precision=bf16, or strategy.impl=megatron")
+    sched = s["schedule"] if s["schedule"] != "auto" else ("interleaved_1f1b" if s["virtual_pipeline"] > 1 else "1f1b")
+    if sched == "gpipe" and impl == "megatron":
+        raise ConfigError("strategy.schedule", sched, "megatron-core has no GPipe schedule (it runs 1F1B); "
+                          "use strategy.impl=torch for GPipe, or schedule=1f1b")
+    if sched == "interleaved_1f1b" and impl == "megatron" and plan.grad_accum % pp:
+        raise ConfigError("strategy.microbatches", s["microbatches"],
+                          f"Megatron's interleaved schedule needs the number of micro-batches ({plan.grad_accum}) "
+                          f"to be a multiple of strategy.pp={pp}")
+    if s["sequence_parallel"]:
+        if tp == 1:
+            raise ConfigError("strategy.sequence_parallel", True, "needs strategy.tp > 1")
+        if impl == "torch":
+            raise ConfigError("strategy.sequence_parallel", True, "is implemented for strategy.impl=megatron only; "
+                              "use sequence_parallel=false with impl=torch")
+        if m["seq_len"] % tp:
+            raise ConfigError("strategy.sequence_parallel", True, f"needs model.seq_len={m['seq_len']} divisible "
+                              f"by strategy.tp={tp}")
+    if c["compile"] and impl == "megatron":
+        raise ConfigError("compile", True, f"is not implemented for strategy={name} with strategy.impl=megatron; "
+                          "use compile=false (strategy.cuda_graph=true takes the launch cost off instead), or "
+                          "strategy.impl=torch (compiles each transformer block)")
+    if s["bucket_size"] is not None and s["bucket_size"] <= 0:
+        raise ConfigError("strategy.bucket_size", s["bucket_size"], "must be a positive number of parameters, or null")
+    if s["overlap_param_gather"] and not s["use_distributed_optimizer"]:
+        raise ConfigError("strategy.overlap_param_gather", True, "needs strategy.use_distributed_optimizer=true")
+    if s["cuda_graph"]:
+        if impl != "megatron":
+            raise ConfigError("strategy.cuda_graph", True, "is implemented for strategy.impl=megatron only; "
+                              "with impl=torch use compile=true")
+        if s["overlap_param_gather"]:
+            raise ConfigError("strategy.cuda_graph", True, "cannot capture strategy.overlap_param_gather's "
+                              "forward hooks; set overlap_param_gather=false")
+        if c["precision"] == "fp16":
+            raise ConfigError("strategy.cuda_graph", True, "with precision=fp16: the dynamic loss scale is a new "
+                              "tensor after each change, which a captured graph would not see; use bf16 or fp32")
+        if c["warmup_steps"] <= CUDA_GRAPH_CAPTURE_STEP:
+            raise ConfigError("warmup_steps", c["warmup_steps"], f"must be > {CUDA_GRAPH_CAPTURE_STEP} with "
+                              f"strategy.cuda_graph=true: steps 0-{CUDA_GRAPH_CAPTURE_STEP - 1} run eagerly and step "
+                              f"{CUDA_GRAPH_CAPTURE_STEP} is captured, so no timed step includes the capture")
 
 
-@register("megatron")
-class Megatron(ModelParallel):
-    """megatron-core: DDP by default (tp = pp = 1), any tp x pp x dp layout."""
+def model_states(cfg: dict) -> ModelStates:
+    """Megatron (Float16Module + DDP with grad_reduce_in_fp32): 16-bit params, fp32 main grads, fp32 main params
+    + Adam m, v (18 B/param; 6 + 12/dp with the distributed optimizer); torch-native: replicated fp32."""
+    s, prec = cfg["strategy"], cfg["precision"]
+    if s["impl"] != "megatron":
+        return ModelStates("fp32", note=f"torch tp={s['tp']} pp={s['pp']}: fp32 weights, torch AdamW")
+    scheme = "fp32" if prec == "fp32" else ("megatron_mixed" if s["grad_reduce_in_fp32"] else "mixed")
+    return ModelStates(scheme, stage=1 if s["use_distributed_optimizer"] else 0,
+                       note=f"megatron tp={s['tp']} pp={s['pp']}"
+                            + (" distributed optimizer" if s["use_distributed_optimizer"] else ""))
+
+
+def process_env(plan: Plan) -> dict:
+    """Megatron TP needs one CUDA connection (kernels start in issue order), set before CUDA starts."""
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if plan.strategy["impl"] == "megatron" and plan.tp > 1 else {}
+
+
+def _spec(name: str, schema: type, summary: str, profiles: dict) -> StrategySpec:
+    return register(StrategySpec(
+        name=name, schema=schema, summary=summary, implementation=implementation, rules=rules,
+        model_states=model_states, process_env=process_env, profiles=profiles,
+        preload=lambda s: MEGATRON_MODULES if s["impl"] == "megatron" else ()))
+
+
+_GRAPHS = ("2 x H200, 300m: Megatron DDP=2 57% -> 79-85% of 2 x one GPU, TP=2 48.5% -> 61-64%, PP=2 m=4p 18% -> "
+           "65-68% (results/2026-11-22-h200x2-graphs-timing-teardown, results/2026-11-23-h200x2-zero-fsdp-tp-pp)")
+MEGATRON = _spec("megatron", ModelParallelConfig, "megatron-core: DDP by default, any tp x pp x dp layout", {"best": {
+    "strategy.cuda_graph": (True, _GRAPHS),
+    "strategy.use_distributed_optimizer": (True, "2 x H200, 300m, with CUDA graphs: 84.4-88.8% of 2 x one GPU "
+                                                 "against 79.0-80.4% in the same calls "
+                                                 "(results/2026-11-23-h200x2-zero-grad-norm-fsdp)"),
+}})
+TP = _spec("tp", TPConfig, "tensor parallelism (strategy.tp, default 2): megatron-core or torch DTensor",
+           {"best": {"strategy.cuda_graph": (True, _GRAPHS)}})
+PP = _spec("pp", PPConfig, "pipeline parallelism (strategy.pp, default 2): megatron-core or torch.distributed.pipelining",
+           {"best": {"strategy.cuda_graph": (True, _GRAPHS)}})

@@ -18,18 +18,186 @@ it is DeepSpeed's ``torch_autocast`` instead: fp32 weights, forward under torch.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from bench.data import SyntheticStream
-from bench.memory_model import predicted_model_state_mb
 from bench.model import Block, build_model, lm_loss
-from bench.strategies.base import StepResult, Strategy, compile_kwargs, register
+from bench.parallel.ac import apply_ac
+from bench.parallel.compile import compile_kwargs
+from bench.schema import ConfigError, Plan, StrategyConfig, alias_default, check_positive, check_whole, knob
+from bench.strategies.base import ModelStates, StepResult, Strategy, StrategySpec, register
 
+# --------------------------------------------------------------------------- schema
+@dataclass
+class ZeroFP16Config:
+    """DeepSpeed fp16 dynamic loss scaling (DeepSpeed's defaults; used only when precision=fp16)."""
+
+    loss_scale: float = knob(0.0, "0 = dynamic loss scaling; > 0 = that static scale")
+    initial_scale_power: int = knob(16, "the first scale is 2**initial_scale_power")
+    loss_scale_window: int = knob(1000, "steps without overflow before the scale doubles")
+    hysteresis: int = knob(2, "overflows tolerated before the scale is lowered")
+    consecutive_hysteresis: bool = knob(False, "refill hysteresis on every non-overflow step")
+    min_loss_scale: float = 1.0
+
+
+OFFLOAD = ("none", "cpu")
+
+
+@dataclass
+class ZeroConfig(StrategyConfig):
+    """DeepSpeed ZeRO through deepspeed.initialize (defaults are DeepSpeed 0.19's; sizes count elements)."""
+
+    name: str = "zero"
+    impl: str = "deepspeed"
+    zero_stage: int = knob(alias_default("zero_stage", 0), "0: plain data parallel; 1: optimizer states sharded; 2: + gradients (reduce-scatter); "
+                           "3: + parameters (gathered per layer in forward and again in backward)",
+                           choices=(0, 1, 2, 3))
+    autocast: bool = knob(False, "false: DeepSpeed's own 16-bit training (16-bit params, fp32 master in its optimizer "
+                          "wrapper: host work per step); true: DeepSpeed's torch_autocast (fp32 weights, forward "
+                          "under torch.autocast, as single)", tune=(False, True), added=True)
+    offload_optimizer: str = knob("none", "cpu: optimizer states and step on the host (DeepSpeedCPUAdam): frees "
+                                  "12 B/param of GPU memory for PCIe traffic and a CPU Adam step; stages 1-3",
+                                  choices=OFFLOAD)
+    offload_param: str = knob("none", "cpu: stage 3's parameter shards on the host, copied in before each gather",
+                              choices=OFFLOAD)
+    reduce_bucket_size: float = knob(5e8, "gradient bucket of the reduce (elements): bigger = fewer, later "
+                                     "collectives; smaller = finer overlap with backward", tune=(5e8, 5e7))
+    allgather_bucket_size: float = knob(5e8, "stages 1-2: bucket of the parameter all-gather after the step")
+    overlap_comm: Optional[bool] = knob(None, "overlap gradient reduction with backward; null = DeepSpeed's "
+                                        "default (true for stage 3, false for 0-2)", tune=(None, True))
+    contiguous_gradients: bool = knob(True, "copy gradients into one contiguous buffer as produced")
+    compute_grad_norm: bool = knob(True, "stages 1-2: false skips DeepSpeed's per-step global gradient norm and its "
+                                   "host check (needs no clipping and no optimizer offload)", tune=(True, False),
+                                   added=True)
+    prefetch_bucket_size: float = knob(5e7, "stage 3: parameter elements gathered ahead of use")
+    param_persistence_threshold: float = knob(1e5, "stage 3: parameters smaller than this stay whole on every rank")
+    max_live_parameters: float = knob(1e9, "stage 3: gathered parameter elements alive at once")
+    leaf_blocks: bool = knob(False, "stage 3: each block one ZeRO-3 leaf module (one gather and one gradient hook "
+                             "per block instead of per parameter)", tune=(False, True), added=True)
+    deepcompile: bool = knob(False, "stages 1-3, compile=true, CUDA: DeepSpeed's DeepCompile backend puts the "
+                             "gathers / reductions into the compiled graph", added=True)
+    fp16: ZeroFP16Config = field(default_factory=ZeroFP16Config)
+    ds_config: dict[str, Any] = knob(None, "raw DeepSpeed config deep-merged last (new keys need +: "
+                                     "+strategy.ds_config.zero_optimization.round_robin_gradients=true)", factory=dict)
+
+
+# keys of the DeepSpeed config that bench derives itself (batch layout): ds_config may not set them
+DERIVED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def rules(plan: Plan) -> None:
+    s, c = plan.strategy, plan.cfg
+    stage = s["zero_stage"]
+    if s["offload_optimizer"] != "none" and stage == 0:
+        raise ConfigError("strategy.offload_optimizer", s["offload_optimizer"],
+                          "optimizer offload needs ZeRO stage 1, 2 or 3 (strategy.zero_stage=0 here); "
+                          "use offload_optimizer=none or zero_stage>=1")
+    if s["offload_param"] != "none" and stage != 3:
+        raise ConfigError("strategy.offload_param", s["offload_param"],
+                          f"parameter offload needs ZeRO stage 3 (strategy.zero_stage={stage} here); "
+                          "use offload_param=none or zero_stage=3")
+    for key in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters"):
+        check_whole(f"strategy.{key}", s[key])
+    check_whole("strategy.param_persistence_threshold", s["param_persistence_threshold"], allow_zero=True)
+    if not s["compute_grad_norm"]:
+        _rules_no_grad_norm(plan)
+    if s["leaf_blocks"] and stage != 3:
+        raise ConfigError("strategy.leaf_blocks", True, f"leaf modules are a ZeRO-3 notion (strategy.zero_stage={stage} "
+                          "here); use zero_stage=3 or leaf_blocks=false")
+    if s["deepcompile"]:
+        _rules_deepcompile(plan)
+    if stage == 3 and c["compile"] and plan.device == "cuda" and not s["deepcompile"]:
+        raise ConfigError("compile", True, "with strategy.zero_stage=3 on CUDA, DeepSpeed 0.19.8's engine.compile "
+                          "trains a different model (its losses leave single's from the second step); use "
+                          "compile=false, zero_stage 0-2, or strategy.deepcompile=true (DeepSpeed's own compiler "
+                          "for ZeRO-3, which keeps the losses)")
+    f = s["fp16"]
+    if s["autocast"] and c["precision"] == "fp32":
+        raise ConfigError("strategy.autocast", True, "autocast runs the forward in bf16 or fp16; set precision=bf16 "
+                          "or precision=fp16, or strategy.autocast=false for fp32")
+    if s["autocast"] and c["precision"] == "fp16":
+        changed = [k for k, v in dataclasses.asdict(ZeroFP16Config()).items() if f[k] != v]
+        if changed:
+            raise ConfigError(f"strategy.fp16.{changed[0]}", f[changed[0]],
+                              "applies to DeepSpeed's own fp16 only; with strategy.autocast=true the loss scaling "
+                              "is torch's GradScaler at its defaults (leave strategy.fp16 unset or set autocast=false)")
+    if f["loss_scale"] < 0:
+        raise ConfigError("strategy.fp16.loss_scale", f["loss_scale"], "must be >= 0 (0 = dynamic loss scaling)")
+    if not 0 <= f["initial_scale_power"] <= 64:
+        raise ConfigError("strategy.fp16.initial_scale_power", f["initial_scale_power"], "must be in 0..64")
+    check_positive("strategy.fp16.loss_scale_window", f["loss_scale_window"])
+    check_positive("strategy.fp16.hysteresis", f["hysteresis"])
+    if f["min_loss_scale"] <= 0:
+        raise ConfigError("strategy.fp16.min_loss_scale", f["min_loss_scale"], "must be > 0")
+    for key in DERIVED_KEYS:
+        if key in (s["ds_config"] or {}):
+            raise ConfigError(f"strategy.ds_config.{key}", s["ds_config"][key],
+                              "is derived from model.global_batch and strategy.micro_batch_size; set those instead")
+
+
+def _rules_no_grad_norm(plan: Plan) -> None:
+    """DeepSpeed 0.19.8 accepts zero_optimization.compute_grad_norm=false only where nothing needs the norm;
+    it would raise these inside deepspeed.initialize on every rank."""
+    s, c = plan.strategy, plan.cfg
+    stage = s["zero_stage"]
+    if stage not in (1, 2):
+        raise ConfigError("strategy.compute_grad_norm", False, f"only ZeRO stages 1-2 can skip the gradient norm "
+                          f"(strategy.zero_stage={stage} here); use zero_stage=1 or 2, or compute_grad_norm=true")
+    if c["optim"]["grad_clip"] > 0:
+        raise ConfigError("strategy.compute_grad_norm", False, f"clipping needs the gradient norm "
+                          f"(optim.grad_clip={c['optim']['grad_clip']}); set optim.grad_clip=0 or compute_grad_norm=true")
+    if s["offload_optimizer"] != "none":
+        raise ConfigError("strategy.compute_grad_norm", False, "DeepSpeed's optimizer offload always computes the "
+                          "norm; use offload_optimizer=none or compute_grad_norm=true")
+    accum = ((s["ds_config"] or {}).get("data_types") or {}).get("grad_accum_dtype")
+    if stage == 1 and c["precision"] == "bf16" and not s["autocast"] and accum == "fp32":
+        raise ConfigError("strategy.compute_grad_norm", False, "ZeRO-1 in DeepSpeed's own bf16 with "
+                          "strategy.ds_config.data_types.grad_accum_dtype=fp32 runs its BF16_Optimizer, which always "
+                          "computes the norm; drop that grad_accum_dtype, use zero_stage=2, or compute_grad_norm=true")
+
+
+def _rules_deepcompile(plan: Plan) -> None:
+    """DeepCompile is a torch.compile backend that DeepSpeed installs in engine.compile (ZeRO-1/2/3
+    passes, a CUDA op); DeepSpeed would silently fall back to plain torch.compile otherwise."""
+    s, c = plan.strategy, plan.cfg
+    if not c["compile"]:
+        raise ConfigError("strategy.deepcompile", True, "DeepCompile runs through engine.compile; set compile=true "
+                          "(or strategy.deepcompile=false)")
+    if s["zero_stage"] == 0:
+        raise ConfigError("strategy.deepcompile", True, "DeepCompile has passes for ZeRO stages 1-3 only "
+                          "(DeepSpeed falls back to plain torch.compile at stage 0); use strategy.zero_stage=1, 2 or 3")
+    if plan.device != "cuda":
+        raise ConfigError("strategy.deepcompile", True, f"DeepCompile runs on CUDA only (this run's device is "
+                          f"{plan.device}); set strategy.deepcompile=false")
+    if s["leaf_blocks"]:
+        raise ConfigError("strategy.leaf_blocks", True, "DeepCompile gathers ZeRO-3 parameters in its graph and fails "
+                          "on leaf modules (DeepSpeed 0.19.8); use leaf_blocks=false with deepcompile, or deepcompile=false")
+    if c["compile_mode"] != "default":
+        raise ConfigError("compile_mode", c["compile_mode"], "DeepCompile compiles with its own Inductor backend, "
+                          "which takes no mode; use compile_mode=default with strategy.deepcompile=true")
+
+
+def model_states(cfg: dict) -> ModelStates:
+    """DeepSpeed's 16-bit wrapper: 2 + 2 + 12 B/param; fp32 / torch_autocast: 4 + 4 + 8, with one more fp32 copy
+    of the partition at stages 1-2 (and with optimizer offload); offload moves parts to the host."""
+    s, prec = cfg["strategy"], cfg["precision"]
+    autocast = prec != "fp32" and s["autocast"]
+    scheme = "fp32" if prec == "fp32" else "mixed"
+    if autocast:
+        scheme = "autocast_copy" if s["zero_stage"] in (1, 2) or s["offload_optimizer"] != "none" else "fp32"
+    off = s["offload_optimizer"] != "none"
+    return ModelStates(scheme, stage=s["zero_stage"], offload_optimizer=off, host_fp32_grad_partition=off,
+                       offload_param=s["offload_param"] != "none",
+                       note=f"DeepSpeed ZeRO-{s['zero_stage']}" + (" torch_autocast" if autocast else ""))
+
+
+# --------------------------------------------------------------------------- the DeepSpeed engine
 REPO = Path(__file__).resolve().parents[2]
 # One JIT-build cache for DeepSpeed's C++/CUDA ops (cpu_adam, fused_adam, ...) per checkout:
 # git-ignored, shared by runs and tests, so each op compiles once per machine.
@@ -135,16 +303,8 @@ PRECISION_NOTES = {  # (precision, autocast) -> what ran
 }
 
 
-@register("zero")
 class Zero(Strategy):
     """DeepSpeed engine over this rank's micro-batches; the engine owns reduction and stepping."""
-
-    @classmethod
-    def preload_modules(cls, strategy_cfg: dict) -> tuple[str, ...]:
-        # deepspeed.initialize imports TorchInductor (its Muon optimizer module compiles at import;
-        # 0.7 s of its ~1.5 s on the CPU machine). deepspeed itself is not preloaded: importing it
-        # queries the CUDA device count.
-        return ("torch._inductor.compile_fx",)
 
     def setup(self) -> None:
         p, dev = self.plan, self.dist.device
@@ -157,6 +317,7 @@ class Zero(Strategy):
         self.ds_version = deepspeed.__version__
         with self.setup_phase("bench model"):
             model = build_model(p.model, cfg["seed"], dev)
+        self.ac = apply_ac(model, cfg["recompute"])
         self.ds_config = build_ds_config(p)
         o = cfg["optim"]
         kw = dict(lr=o["lr"], betas=(o["beta1"], o["beta2"]), weight_decay=o["weight_decay"])
@@ -179,8 +340,7 @@ class Zero(Strategy):
                 config=copy.deepcopy(self.ds_config))
         if cfg["compile"]:
             self.engine.compile(compile_kwargs=compile_kwargs(cfg))
-        self.stream = SyntheticStream(p.model, seed=cfg["seed"], steps=cfg["steps"],
-                                      dp_rank=self.dist.rank, dp_size=p.dp_size, device=dev)
+        self.stream = self.data_stream(self.dist.rank)
         self.steps_done = 0
 
     def step(self, n: int) -> StepResult:
@@ -249,5 +409,28 @@ class Zero(Strategy):
             "ds_config": getattr(self, "ds_config", None) or build_ds_config(p),
             "torch_cuda_arch_list_rewritten": getattr(self, "arch_fix", None),
             "torch_extensions_dir": getattr(self, "extensions_dir", None),
-            "predicted_memory_mb": predicted_model_state_mb(p),
+            "recompute": getattr(self, "ac", {}).get("recompute", p.cfg["recompute"]),
+            "token_rule": "sum over data-parallel ranks",
         }
+
+
+SPEC = register(StrategySpec(
+    name="zero", schema=ZeroConfig, summary="DeepSpeed ZeRO stages 0-3 (+ CPU offload) on bench's model",
+    implementation=lambda plan: Zero, rules=rules, model_states=model_states,
+    # deepspeed.initialize imports TorchInductor (its Muon optimizer module compiles at import; 0.7 s of its
+    # ~1.5 s on the CPU machine). deepspeed itself is not preloaded: importing it queries the CUDA device count.
+    preload=lambda s: ("torch._inductor.compile_fx",),
+    profiles={"best": {
+        "strategy.autocast": (True, "one H200, 300m bf16: ZeRO-0 77% -> 96% of single, same losses "
+                                    "(results/2026-11-23-h200x2-ddp-ceiling-graph-exit)"),
+        ("compile", "compile_mode"): ((True, "reduce-overhead"),
+                                      "2 x H200, 300m: ZeRO-1/2 45% / 48% -> 84.5% / 83.7% of 2 x single; gpt2 fp16 "
+                                      "ZeRO-0 on one H200 169k -> 243k tokens/s "
+                                      "(results/2026-11-23-h200x2-zero-fsdp-tp-pp, "
+                                      "results/2026-11-23-h200-compile-mode-zero-profiles)"),
+        "strategy.compute_grad_norm": (False, "2 x H200, 300m, with CUDA graphs: ZeRO-1/2 89.7-92.7% of 2 x single "
+                                              "against 76.8-84.5% (results/2026-11-23-h200x2-zero-grad-norm-fsdp)"),
+        "strategy.leaf_blocks": (True, "one H200, 300m batch 8: ZeRO-3 24.6k -> 48.1k tokens/s, same losses "
+                                       "(results/2026-11-23-h200-zero3-leaf-deepcompile)"),
+    }},
+))

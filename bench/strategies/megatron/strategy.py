@@ -27,11 +27,10 @@ import os
 
 import torch
 
-from bench.config import CUDA_GRAPH_CAPTURE_STEP
-from bench.data import SyntheticStream
 from bench.layout import TOKEN_RULE, Layout, resolve_schedule
 from bench.model import build_model
-from bench.strategies.base import StepResult, Strategy
+from bench.strategies.base import DTYPES, StepResult, Strategy
+from bench.strategies.megatron import CUDA_GRAPH_CAPTURE_STEP
 
 log = logging.getLogger("bench.megatron")
 
@@ -154,7 +153,7 @@ class MegatronModelParallel(Strategy):
                 optimizer="adam", lr=o["lr"], weight_decay=o["weight_decay"], adam_beta1=o["beta1"],
                 adam_beta2=o["beta2"], adam_eps=1e-8, clip_grad=o["grad_clip"],
                 bf16=cfg["precision"] == "bf16", fp16=cfg["precision"] == "fp16",
-                params_dtype=mm.DTYPES[cfg["precision"]], use_distributed_optimizer=s["use_distributed_optimizer"],
+                params_dtype=DTYPES[cfg["precision"]], use_distributed_optimizer=s["use_distributed_optimizer"],
                 overlap_param_gather=s["overlap_param_gather"],
             ), self.model)
         self.fused_adam = s["fused_adam"] and _use_fused_torch_adam(self.optimizer)
@@ -176,8 +175,7 @@ class MegatronModelParallel(Strategy):
 
         seq = p.model["seq_len"]
         self.position_ids = torch.arange(seq, device=dev).unsqueeze(0).expand(p.micro_batch_size, seq)
-        self.stream = SyntheticStream(p.model, seed=cfg["seed"], steps=cfg["steps"], dp_rank=c.dp,
-                                      dp_size=p.dp_size, device=dev)
+        self.stream = self.data_stream(c.dp)
 
     # ------------------------------------------------------------------ step
     def _forward_step(self, data_iterator, model):

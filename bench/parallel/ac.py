@@ -1,0 +1,29 @@
+"""Activation recomputation (``recompute``): keep less of the forward for backward, recompute it.
+
+* ``full``: each transformer block is checkpointed (torch.utils.checkpoint, non-reentrant): only
+  its input is kept, and its forward runs again in backward (+1 block forward per step: the
+  memory plan counts only block inputs, the FLOPs count the extra forward as hardware FLOPs).
+* ``selective``: the attention core (softmax(QK^T)V) is recomputed in backward (Korthikanti et
+  al. 2022's selective recomputation, Megatron's ``recompute_granularity=selective``).  Under
+  scaled_dot_product_attention's fused kernels the s x s scores are never stored anyway, so it
+  saves little more than the attention output.
+"""
+from __future__ import annotations
+
+import torch.nn as nn
+
+
+def apply_ac(model: nn.Module, mode: str) -> dict:
+    if mode == "none":
+        return {}
+    if mode == "full":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for k, block in list(model.blocks.items()):
+            model.blocks[k] = checkpoint_wrapper(block, preserve_rng_state=False)
+        return {"recompute": "full: every transformer block checkpointed (its forward re-run in backward)"}
+    if mode == "selective":
+        for block in model.blocks.values():
+            block.attn.recompute_core = True
+        return {"recompute": "selective: the attention core re-run in backward"}
+    raise ValueError(f"unknown recompute mode {mode!r}")

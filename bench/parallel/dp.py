@@ -1,0 +1,83 @@
+"""The data-parallel reduction: FSDP2 (``fully_shard``) or torch DistributedDataParallel.
+
+FSDP2: every ``blocks_per_unit`` consecutive blocks are one unit (one all-gather and one
+reduce-scatter each: fewer, larger collectives and fewer hooks, whose host time bounds small
+per-rank batches), then the root (embeddings, final norm, head).  ``reshard_after_forward`` frees
+a unit's gathered parameters after its forward (ZeRO-3 analogue) or keeps them to backward (ZeRO-2
+analogue).  precision=bf16|fp16 is FSDP's MixedPrecisionPolicy (sharded fp32 master parameters,
+gathered and computed in the 16-bit dtype, gradients reduce-scattered in ``reduce_dtype``), not
+autocast.  Over a tensor-parallel model it shards the DTensors over the dp mesh dimension (the
+2-D FSDP x TP layout).
+
+DDP: one replica per data-parallel rank, gradients all-reduced in buckets overlapped with backward
+(torch's DDP does not take DTensor parameters: tensor parallelism with data parallelism is FSDP2's).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from bench.strategies.base import DTYPES
+
+
+def apply_fsdp(model: nn.Module, dp_mesh, precision: str, knobs: dict, offload: bool, device_type: str) -> dict:
+    """fully_shard units of ``blocks_per_unit`` blocks, then the root; explicit prefetch of the next units.
+
+    The last unit's backward starts right after its forward, so it never reshards (that would only
+    add an all-gather, as torchtitan notes), and neither does the root (embeddings, final norm,
+    head): the head is the first thing backward needs (FSDP2's own heuristic for the root)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    if precision == "fp32":
+        mp = MixedPrecisionPolicy()
+    else:
+        dt = DTYPES[precision]
+        mp = MixedPrecisionPolicy(param_dtype=dt, reduce_dtype=torch.float32 if knobs["reduce_dtype"] == "fp32" else dt)
+    # CPU offload needs the parameters materialized on the host; pinned memory needs CUDA
+    policy = CPUOffloadPolicy(pin_memory=device_type == "cuda") if offload else OffloadPolicy()
+    k, reshard = knobs["blocks_per_unit"], knobs["reshard_after_forward"]
+    blocks = list(model.blocks.values())
+    units = [blocks[i:i + k] for i in range(0, len(blocks), k)]
+    for i, unit in enumerate(units):
+        fully_shard(unit if len(unit) > 1 else unit[0], mesh=dp_mesh, mp_policy=mp, offload_policy=policy,
+                    reshard_after_forward=reshard and i < len(units) - 1)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, offload_policy=policy, reshard_after_forward=False)
+    n = knobs["prefetch"]
+    if n > 0:  # issue the next n units' all-gathers from the CPU early (helps when CPU-bound)
+        heads = [unit[0] for unit in units]  # a unit's FSDP state lives on its first block
+        for i, head in enumerate(heads):
+            head.set_modules_to_forward_prefetch(heads[i + 1:i + 1 + n])
+            head.set_modules_to_backward_prefetch(heads[max(0, i - n):i][::-1])
+    rdt = "fp32" if knobs["reduce_dtype"] == "fp32" else precision
+    return {
+        "dp_reduction": "FSDP2 (torch.distributed.fsdp.fully_shard): parameters, gradients and optimizer states "
+                        "sharded over dp",
+        "wrap": f"units of {k} transformer block(s), then the root" if k > 1 else "each transformer block, then the root",
+        "blocks_per_unit": k,
+        "reshard_after_forward": reshard,
+        "reshard_note": "root and last unit never reshard after forward (backward needs them first)",
+        "prefetch": n or "implicit (FSDP2 default)",
+        "cpu_offload": offload,
+        "precision": "fp32" if precision == "fp32" else
+                     f"FSDP MixedPrecisionPolicy(param_dtype={precision}, reduce_dtype={rdt}) over fp32 sharded "
+                     "master weights (not autocast)" + (" + ShardedGradScaler" if precision == "fp16" else ""),
+    }
+
+
+def apply_ddp(model: nn.Module, dp_group, device: torch.device, knobs: dict) -> tuple[nn.Module, dict]:
+    """torch DistributedDataParallel over the dp process group (None: every rank); knobs not given keep
+    torch's defaults."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    kw = {k: knobs[k] for k in ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph") if k in knobs}
+    ddp = DistributedDataParallel(model, process_group=dp_group,
+                                  device_ids=[device.index] if device.type == "cuda" else None, **kw)
+    hook = knobs.get("comm_hook", "none")
+    if hook != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(dp_group, getattr(default_hooks, f"{hook}_hook"))
+    return ddp, {"dp_reduction": "torch DistributedDataParallel: gradients all-reduced (averaged) over dp in buckets "
+                                 "overlapped with backward",
+                 "bucket_cap_mb": ddp.bucket_bytes_cap / 2**20, "gradient_as_bucket_view": ddp.gradient_as_bucket_view,
+                 "static_graph": ddp.static_graph, "comm_hook": hook}

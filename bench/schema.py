@@ -1,0 +1,230 @@
+"""The shared configuration schema: the dataclasses Hydra composes ``conf/`` over, and the Plan.
+
+Every default lives here (shared keys) or in a strategy's own schema (its module in
+bench/strategies/), declared with :func:`knob`, whose metadata says what the key does, its
+valid choices, its candidate values for the knob search, and how it enters a run's key:
+
+* ``volatile``: does not change what a run measures (deadlines, resume flags): left out of the
+  run key (bench/runs.py) and of the analysis' experiment key;
+* ``added``: added after runs were first recorded; at its default it is left out of the key, so
+  an earlier sweep folder still resumes, and a recorded run that lacks it reads as the default.
+
+This module imports nothing of bench's: strategies, validation and run identity build on it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from omegaconf import MISSING
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names key, value and valid choices."""
+
+    def __init__(self, key: str, value: Any, valid: str):
+        self.key, self.value, self.valid = key, value, valid
+        super().__init__(f"invalid config: {key}={value!r}: {valid}")
+
+
+def knob(default: Any = MISSING, doc: str = "", *, choices: Optional[tuple] = None, tune: Optional[tuple] = None,
+         added: bool = False, volatile: bool = False, alias: Optional[str] = None,
+         factory: Optional[Callable[[], Any]] = None):
+    """A schema field with its documentation (docs/knobs.md is generated from it), its valid
+    ``choices`` (checked by bench.config.validate), its candidate values for the knob search
+    (``tune``), its run-key rule (``added``, ``volatile``: module docstring), and for a top-level
+    shorthand the strategy key it sets (``alias``)."""
+    md = {"doc": doc, "choices": choices, "tune": tune, "added": added, "volatile": volatile or bool(alias),
+          "alias": alias}
+    if factory is not None:
+        return field(default_factory=factory, metadata=md)
+    return field(default=default, metadata=md)
+
+
+def fields_of(schema: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(schema)}
+
+
+def alias_default(key: str, default: Any) -> str:
+    """A strategy field's default that a top-level shorthand can set (``zero_stage=3`` -> strategy.zero_stage):
+    an interpolation of the shorthand, resolved by bench.config's ``bench_alias`` resolver."""
+    return f"${{bench_alias:{key},{'null' if default is None else default}}}"
+
+
+def check_choice(key: str, value: Any, valid: tuple) -> None:
+    if value not in valid:
+        raise ConfigError(key, value, f"valid: {', '.join(map(str, valid))}")
+
+
+def check_positive(key: str, value: Any) -> None:
+    if value is None or isinstance(value, bool) or value <= 0:
+        raise ConfigError(key, value, "must be a positive integer")
+
+
+def check_whole(key: str, value: Any, allow_zero: bool = False) -> None:
+    """A size in elements (a float in the schema, so 5e8 can be written): a whole number > 0."""
+    ok = isinstance(value, (int, float)) and float(value).is_integer() and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        raise ConfigError(key, value, f"must be a whole number {'>= 0' if allow_zero else '> 0'} (elements)")
+
+
+# --------------------------------------------------------------------------- shared schema
+@dataclass
+class ModelConfig:
+    """The model every strategy trains; batch and sequence belong to the model preset."""
+
+    name: str = MISSING
+    arch: str = knob("gpt", "gpt: LayerNorm, GELU MLP, learned positions, biases (the seed paper's GPT); llama: "
+                     "RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention, no biases",
+                     choices=("gpt", "llama"), added=True)
+    d_model: int = MISSING
+    n_heads: int = MISSING
+    n_kv_heads: Optional[int] = knob(None, "key/value heads (grouped-query attention, llama); null = n_heads",
+                                     added=True)
+    n_layers: int = MISSING
+    d_ff: int = MISSING
+    vocab_size: int = 8000
+    seq_len: int = MISSING
+    global_batch: int = MISSING  # sequences per optimizer step, over all ranks
+    tie_embeddings: bool = knob(False, "the output projection shares the token embedding's weight", added=True)
+    rope_theta: float = knob(500000.0, "rotary embedding base (llama)", added=True)
+    norm_eps: float = knob(1e-5, "LayerNorm / RMSNorm epsilon", added=True)
+
+
+@dataclass
+class StrategyConfig:
+    """Fields every strategy has. ``micro_batch_size`` is per data-parallel rank; null means one
+    micro-batch per step (no gradient accumulation)."""
+
+    name: str = MISSING
+    impl: str = "torch"
+    micro_batch_size: Optional[int] = None
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3.0e-4
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = knob(0.0, "global gradient-norm clipping; 0 disables it")
+
+
+@dataclass
+class MetricsConfig:
+    nvml_interval_ms: int = knob(100, "NVML sampling period of the background thread")
+    peak_tflops: Optional[float] = knob(None, "overrides the device table for MFU")
+    measure_matmul_peak: bool = knob(True, "time a bf16 8192^3 matmul on GPU for a measured MFU denominator")
+    profile_steps: int = knob(0, "> 0: re-run the last k steps under torch.profiler after the timed window")
+    step_timing: str = knob("events", "how a timed step is timed on CUDA: events (CUDA events, one synchronize after "
+                            "the window) | sync (synchronize after every step: serialises host and GPU)",
+                            choices=("events", "sync"))
+
+
+@dataclass
+class FaultConfig:
+    """Fault injection, for testing failure handling: ``kind`` happens on ``rank`` at ``step``."""
+
+    kind: str = knob("none", "none | raise | oom | hang on one rank at one step; crash_at_exit / hang_at_exit "
+                     "(after the run) | stuck_at_exit (every rank)",
+                     choices=("none", "raise", "oom", "hang", "crash_at_exit", "hang_at_exit", "stuck_at_exit"))
+    rank: int = 0
+    step: int = 0
+
+
+@dataclass
+class BenchConfig:
+    model: ModelConfig = MISSING
+    strategy: Any = MISSING
+    world_size: int = knob(1, "ranks, one per GPU; the global batch is split over the data-parallel ones")
+    precision: str = knob("bf16", "fp32 | bf16 (autocast over fp32 weights) | fp16 (+ loss scaling, GPU only)",
+                          choices=("fp32", "bf16", "fp16"))
+    steps: int = knob(20, "optimizer steps in all, warm-up included")
+    warmup_steps: int = knob(5, "steps not timed")
+    zero_stage: Optional[int] = knob(None, "shorthand for strategy.zero_stage (strategy=zero zero_stage=3)",
+                                     alias="strategy.zero_stage")
+    microbatches: Any = knob(None, "shorthand for strategy.microbatches (strategy=pp microbatches=p)",
+                             alias="strategy.microbatches")
+    seed: int = 0
+    device: str = knob("auto", "auto (CUDA when visible) | cuda | cpu", choices=("auto", "cuda", "cpu"))
+    compile: bool = knob(False, "torch.compile the model (per block where a wrapper needs it)", tune=(False, True))
+    compile_mode: str = knob("default", "torch.compile mode: default | reduce-overhead (CUDA graphs) | "
+                             "max-autotune-no-cudagraphs", choices=("default", "reduce-overhead",
+                                                                    "max-autotune-no-cudagraphs"),
+                             tune=("default", "reduce-overhead"), added=True)
+    recompute: str = knob("none", "activation recomputation: none | full (each block's forward again in backward, "
+                          "only block inputs kept) | selective (the attention core again: Korthikanti et al. 2022)",
+                          choices=("none", "full", "selective"), added=True)
+    tf32: bool = knob(False, "allow TF32 matmuls when precision=fp32 on GPU")
+    tuning: str = knob("default", "default: every knob as set | best: the strategy's best measured settings "
+                       "(its profile; explicit settings win, knobs that cannot apply are skipped and recorded)",
+                       choices=("default", "best"), added=True)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    dist_timeout_s: int = knob(600, "collective timeout of the process group", volatile=True)
+    run_timeout_s: Optional[int] = knob(None, "wall-clock limit of a run; its processes are ended after it",
+                                        volatile=True)
+    teardown_timeout_s: int = knob(30, "once the results are written, how long the ranks may take to exit",
+                                   volatile=True)
+    start_method: str = knob("forkserver", "forkserver (ranks forked from a server that imported torch once) | spawn",
+                             choices=("forkserver", "spawn"), volatile=True)
+    cpu_affinity: str = knob("none", "none (the OS places the ranks) | split (each local rank pinned to its own CPUs)",
+                             choices=("none", "split"), added=True)
+    dry_run: bool = knob(False, "validate and print the memory plan; start no process", volatile=True)
+    memory_gib: Optional[float] = knob(None, "device memory the plan checks against (default: the visible GPU's)",
+                                       volatile=True)
+    force_run: bool = knob(False, "run even when the memory plan predicts an out-of-memory", volatile=True)
+    resume: bool = knob(False, "sweeps: skip runs already completed in the sweep folder", volatile=True)
+    rerun_failed: bool = knob(False, "sweeps, with resume: run failed / oom / timeout / interrupted ones again",
+                              volatile=True)
+    vars: dict[str, Any] = knob(None, "free-form values presets interpolate; the runner never reads them",
+                                volatile=True, factory=dict)
+
+
+# --------------------------------------------------------------------------- plan
+@dataclass
+class Plan:
+    """A validated run: the resolved config plus everything derived from it."""
+
+    cfg: dict  # resolved config (plain containers)
+    device: str  # "cuda" | "cpu"
+    backend: str  # "nccl" | "gloo"
+    world_size: int
+    tp: int  # tensor-parallel size
+    pp: int  # pipeline-parallel size
+    dp_size: int  # data-parallel replicas: world_size / (tp * pp)
+    micro_batch_size: int  # sequences per micro-batch on one data-parallel rank
+    grad_accum: int  # micro-batches per optimizer step on one data-parallel rank
+    tuning: Optional[dict] = None  # tuning=best: what the profile applied and skipped (bench/tuning.py)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> "Plan":
+        return Plan(**d)
+
+    @property
+    def model(self) -> dict:
+        return self.cfg["model"]
+
+    @property
+    def strategy(self) -> dict:
+        return self.cfg["strategy"]
+
+
+# --------------------------------------------------------------------------- layout knobs
+# The tp x pp x dp layout knobs of the strategies that split the model (dp = world_size / (tp * pp)),
+# documented once here and declared by each such strategy's schema.
+LAYOUT_DOCS = {
+    "tp": "tensor-parallel size: each block's matmuls split over tp ranks",
+    "pp": "pipeline-parallel size: the blocks split into pp stages",
+    "microbatches": 'micro-batches per step on one data-parallel rank: "p", "4p" (k x pp), an int, or null '
+                    "(null: strategy.micro_batch_size decides, one micro-batch by default)",
+    "virtual_pipeline": "model chunks per pipeline rank (> 1: interleaved 1F1B)",
+    "schedule": "pipeline schedule: auto (1f1b; interleaved_1f1b when virtual_pipeline > 1) | gpipe | 1f1b | "
+                "interleaved_1f1b",
+}
+SCHEDULES = ("auto", "gpipe", "1f1b", "interleaved_1f1b")
