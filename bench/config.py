@@ -16,7 +16,8 @@ from typing import Any, Iterable, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from bench.layout import resolve_microbatches, resolve_schedule
-from bench.schema import (BenchConfig, ConfigError, ModelConfig, Plan, check_choice, check_positive,
+from bench.loggers import check as check_logger
+from bench.schema import (BenchConfig, ConfigError, LoggerConfig, ModelConfig, Plan, check_choice, check_positive,
                           fields_of)
 from bench.registry import get_spec, specs
 from bench.strategies.base import StrategySpec
@@ -37,6 +38,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="bench_schema", node=BenchConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="logger", name="logger_schema", node=LoggerConfig)
     for name, spec in specs().items():
         cs.store(group="strategy", name=name, node=spec.schema)
 
@@ -77,12 +79,32 @@ def _apply_shorthands(c: dict, spec: StrategySpec) -> dict:
     return c
 
 
+def _check_known_keys(values: dict, schema: type, prefix: str = "") -> None:
+    """Every key of a composed section must be a field bench reads: ``+strategy.zero_stag=2`` (a typo Hydra's
+    ``+`` adds anyway) would otherwise run with the default and record the unused key as if it had applied.
+    Free-form dicts (``vars``, ``strategy.ds_config``) take any key."""
+    import dataclasses
+
+    fields = fields_of(schema)
+    for k, v in values.items():
+        if k == "_command" and not prefix:
+            continue
+        f = fields.get(k)
+        if f is None:
+            raise ConfigError(prefix + k, v, f"bench does not use this key, so it would change nothing; "
+                              f"valid keys here: {', '.join(fields)}")
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default) and isinstance(v, dict):
+            _check_known_keys(v, type(default), prefix + k + ".")
+
+
 def _check_choices(c: dict, spec: StrategySpec) -> None:
     """Every knob declared with ``choices`` (bench/schema.py knob), in every section."""
     from bench.schema import FaultConfig, MetricsConfig
 
     sections = [("", BenchConfig, c), ("model.", ModelConfig, c["model"]), ("metrics.", MetricsConfig, c["metrics"]),
-                ("fault.", FaultConfig, c["fault"]), ("strategy.", spec.schema, c["strategy"])]
+                ("fault.", FaultConfig, c["fault"]), ("logger.", LoggerConfig, c.get("logger") or {}),
+                ("strategy.", spec.schema, c["strategy"])]
     for prefix, schema, values in sections:
         for name, f in fields_of(schema).items():
             valid = f.metadata.get("choices")
@@ -97,6 +119,10 @@ def validate(cfg: DictConfig | dict, gpus: Optional[int] = None, explicit: Itera
     (command line, sweep); with tuning=best they win over the profile."""
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     spec = strategy_spec(c)
+    top = {k: v for k, v in c.items() if k not in ("model", "strategy")}
+    _check_known_keys(top, BenchConfig)
+    _check_known_keys(c["model"], ModelConfig, "model.")
+    _check_known_keys(c["strategy"], spec.schema, "strategy.")
     c = _apply_shorthands(c, spec)
     gpus = cuda_device_count() if gpus is None else gpus
     if c.get("tuning", "default") != "default":
@@ -137,6 +163,9 @@ def _shared_rules(c: dict) -> None:
     if m.get("arch") == "llama" and (m["d_model"] // m["n_heads"]) % 2:
         raise ConfigError("model.n_heads", m["n_heads"], f"rotary embeddings need an even head dimension "
                           f"(model.d_model / n_heads = {m['d_model'] // m['n_heads']})")
+    for key in ("rope_theta", "norm_eps"):
+        if m.get(key, 1.0) <= 0:
+            raise ConfigError(f"model.{key}", m[key], "must be positive")
     check_positive("world_size", c["world_size"])
     check_positive("steps", c["steps"])
     if c["cpu_affinity"] == "split" and not hasattr(os, "sched_setaffinity"):
@@ -154,6 +183,7 @@ def _shared_rules(c: dict) -> None:
     if c["compile_mode"] != "default" and not c["compile"]:
         raise ConfigError("compile_mode", c["compile_mode"], "takes effect only with compile=true; add compile=true "
                           "or leave compile_mode=default")
+    check_logger(c.get("logger"))
     if c.get("memory_gib") is not None and c["memory_gib"] <= 0:
         raise ConfigError("memory_gib", c["memory_gib"], "must be a positive number of GiB or null")
 

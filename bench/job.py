@@ -22,7 +22,7 @@ from typing import Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench import metrics
+from bench import loggers, metrics
 from bench.config import validate
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.runs import STATUSES, holds_completed, identity, read_result, run_key, write_status
@@ -69,6 +69,7 @@ def finish(run_dir: Path, raw: dict, status: str, error: Optional[dict], failure
     if timing["overhead_s"] is not None:
         log.info("wall %.1f s, fixed overhead %.1f s (launch -> first step %.1f s, last step -> done %.1f s)",
                  timing["wall_s"], timing["overhead_s"], timing["startup_s"], timing["teardown_s"])
+    loggers.log_run(run_dir, plan.cfg if plan else raw, m)  # the logger group: after the run's files are final
     return m["status"]
 
 

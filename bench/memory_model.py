@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from bench.metrics.flops import param_groups
 from bench.registry import get_spec
 from bench.schema import Plan
 
@@ -54,21 +55,6 @@ _PARTS = ("params", "grads", "optimizer")
 
 
 # ------------------------------------------------------------------------------ parameters
-def param_groups(m: dict) -> dict[str, int]:
-    """Parameters by part: embedding (token + learned positions), one block, final norm, head (0 if tied)."""
-    d, ff, V, L = m["d_model"], m["d_ff"], m["vocab_size"], m["n_layers"]
-    hd = d // m["n_heads"]
-    q, kv = m["n_heads"] * hd, (m.get("n_kv_heads") or m["n_heads"]) * hd
-    if m.get("arch", "gpt") == "llama":
-        block = d * q + 2 * d * kv + q * d + 3 * d * ff + 2 * d
-        norm, emb = d, V * d
-    else:
-        block = (d * q + 2 * d * kv + q * d) + (q + 2 * kv + d) + 2 * d * ff + ff + d + 4 * d
-        norm, emb = 2 * d, V * d + m["seq_len"] * d
-    head = 0 if m.get("tie_embeddings") else V * d
-    return {"embedding": emb, "block": block, "blocks": L * block, "norm": norm, "head": head}
-
-
 def params_per_rank(plan: Plan, tp_splits_vocab: bool) -> dict[str, float]:
     """Parameters on the largest pipeline stage of this layout, per tensor-parallel rank."""
     m, tp, pp = plan.model, plan.tp, plan.pp
@@ -79,7 +65,8 @@ def params_per_rank(plan: Plan, tp_splits_vocab: bool) -> dict[str, float]:
     blocks = block * m["n_layers"] / pp
     vocab_div = tp if tp_splits_vocab else 1
     emb = g["embedding"] / vocab_div
-    head = (g["head"] or (g["embedding"] if pp > 1 and m.get("tie_embeddings") else 0)) / vocab_div
+    # a tied head is the embedding itself, except on a pipeline's last stage, which holds a copy
+    head = (0 if g["tied"] and pp == 1 else g["head"]) / vocab_div
     first = emb + blocks + (g["norm"] + head if pp == 1 else 0)
     last = blocks + g["norm"] + head
     return {"params": max(first, last), "stage": "first" if first >= last else "last",
@@ -251,5 +238,5 @@ def fits(mem: dict, plan: Plan) -> Optional[str]:
     """None when the plan fits (or there is nothing to check), else the skip reason."""
     if mem.get("fits") is not False:
         return None
-    return (f"predicted OOM (needs {mem['needed_mb'] / 1024:.1f} GiB of {mem['device_memory_gib']:.1f}): "
+    return (f"predicted OOM (needs {mem['needed_mb'] / 1024:.3g} GiB of {mem['device_memory_gib']:.3g}): "
             f"{mem['summary']}; force_run=true runs it anyway")

@@ -134,6 +134,17 @@ class FaultConfig:
 
 
 @dataclass
+class LoggerConfig:
+    """Where a run's config, per-step series and summary go at its end (bench/loggers.py)."""
+
+    name: str = knob("none", "none | tensorboard | mlflow | wandb", choices=("none", "tensorboard", "mlflow", "wandb"))
+    dir: Optional[str] = knob(None, "null: <sweep dir or run dir>/tensorboard | mlruns | wandb")
+    experiment: Optional[str] = knob(None, "MLflow experiment / wandb project; null: the sweep folder / bench")
+    tracking_uri: Optional[str] = knob(None, "mlflow: a server or database URI; null: a file store in dir")
+    mode: str = knob("offline", "wandb: offline (no server) | online | disabled", choices=("offline", "online", "disabled"))
+
+
+@dataclass
 class BenchConfig:
     model: ModelConfig = MISSING
     strategy: Any = MISSING
@@ -163,6 +174,8 @@ class BenchConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    logger: LoggerConfig = knob(None, "experiment tracker a run is recorded in at its end (conf/logger/)",
+                                volatile=True, factory=LoggerConfig)
     dist_timeout_s: int = knob(600, "collective timeout of the process group", volatile=True)
     run_timeout_s: Optional[int] = knob(None, "wall-clock limit of a run; its processes are ended after it",
                                         volatile=True)

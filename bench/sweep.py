@@ -286,30 +286,42 @@ class BenchSweeper(Sweeper):
         else:
             write_json_atomic(d / "status.json", {"status": "pending", **base})
 
-    def plan(self, arguments: list[str]) -> tuple[list[Job], bool, bool]:
-        """Every job of the sweep, composed, validated, keyed and given a folder (nothing written)."""
-        jobs = [Job(num=i, overrides=list(o)) for i, o in enumerate(self._expand(arguments))]
-        resume = bool(OmegaConf.select(self.config, "resume", default=False))
-        rerun = bool(OmegaConf.select(self.config, "rerun_failed", default=False))
+    def plan(self, overrides: list[list[str]], first_num: int = 0) -> list[Job]:
+        """Jobs for override lists (numbered from first_num), composed, validated, keyed and given a folder
+        (nothing written)."""
+        jobs = [Job(num=first_num + i, overrides=list(o)) for i, o in enumerate(overrides)]
         results = scan(self.sweep_dir)
-        taken: set[str] = set()
+        taken: set[str] = set(getattr(self, "_taken", set()))
         for job in jobs:
             self._compose(job)
-            self._decide(job, results, taken, resume, rerun)
+            self._decide(job, results, taken, self.resume, self.rerun)
             if job.action != "skip":
                 taken.add(job.dir)
-        return jobs, resume, rerun
+        self._taken = taken
+        return jobs
 
     # -- the sweep
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        self._begin()
         t_plan = time.time()
+        jobs = self.plan(self._expand(arguments))
+        return self.execute(jobs, time.time() - t_plan)
+
+    def _begin(self) -> None:
         self.sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        jobs, resume, rerun = self.plan(arguments)
-        dry = self.dry_run or bool(OmegaConf.select(self.config, "dry_run", default=False))
+        self.resume = bool(OmegaConf.select(self.config, "resume", default=False))
+        self.rerun = bool(OmegaConf.select(self.config, "rerun_failed", default=False))
+        self.dry = self.dry_run or bool(OmegaConf.select(self.config, "dry_run", default=False))
+        self.manifest = {"started": time.time(), "sweep_dir": str(self.sweep_dir), "argv": sys.argv,
+                         "resume": self.resume, "rerun_failed": self.rerun, "launcher": type(self.launcher).__name__,
+                         "interrupted": False, "jobs": []}
+
+    def execute(self, jobs: list[Job], plan_s: float = 0.0) -> list:
+        """Log the plan, record what will not run, then run the rest (one at a time, or all at once)."""
         to_run = [j for j in jobs if j.action == "run"]
-        self._log_plan(jobs, to_run, resume, rerun, time.time() - t_plan, dry)
-        if dry:
+        self._log_plan(jobs, to_run, self.resume, self.rerun, plan_s, self.dry)
+        if self.dry:
             log.info("[sweep] dry run: nothing written, nothing run")
             return []
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -317,9 +329,7 @@ class BenchSweeper(Sweeper):
         for j in jobs:
             if j.action != "skip":
                 self._prepare(j)
-        self.manifest = {"started": time.time(), "sweep_dir": str(self.sweep_dir), "argv": sys.argv,
-                         "resume": resume, "rerun_failed": rerun, "launcher": type(self.launcher).__name__,
-                         "interrupted": False, "jobs": [j.record() for j in jobs]}
+        self.manifest["jobs"] += [j.record() for j in jobs]
         write_json_atomic(self.sweep_dir / MANIFEST, self.manifest)
         for j in to_run:
             j.overrides = list(j.overrides) + [f"hydra.sweep.subdir={j.dir}"]
@@ -330,6 +340,10 @@ class BenchSweeper(Sweeper):
         if not to_run:
             return []
         return self._run_sequential(to_run) if sequential else self._run_parallel(to_run)
+
+    def over_budget(self) -> Optional[str]:
+        """Why no further run should start (None: go on); the knob search stops at its GPU-time budget."""
+        return None
 
     def _log_plan(self, jobs: list[Job], to_run: list[Job], resume: bool, rerun: bool, plan_s: float,
                   dry: bool) -> None:
@@ -375,6 +389,14 @@ class BenchSweeper(Sweeper):
 
         returns = []
         for i, j in enumerate(to_run):
+            stop = self.over_budget()
+            if stop:
+                log.warning("[sweep] %s: %d run(s) not started (status pending)", stop, len(to_run) - i)
+                for rest in to_run[i:]:
+                    write_json_atomic(self.sweep_dir / rest.dir / "status.json",
+                                      {**(read_result(self.sweep_dir / rest.dir).info or {}), "status": "pending",
+                                       "reason": stop, "time": time.time()})
+                break
             est = f", estimate {_fmt_s(j.estimate_s)}" if j.estimate_s is not None else ""
             log.info("[sweep] run %d/%d (job #%d -> %s/): %s%s | so far: %s", i + 1, len(to_run), j.num, j.dir,
                      " ".join(j.record()["overrides"]), est, self._counts(to_run[:i]))

@@ -80,9 +80,12 @@ def apply_profile(c: dict, spec, check: Callable[[dict], Any], explicit: Iterabl
         out = trial
         for k, v in zip(keys, values):
             record["applied"][k] = {"value": v, "evidence": evidence}
-    parts = [f"applied {', '.join(f'{k}={v['value']}' for k, v in record['applied'].items()) or 'nothing'}"]
+    def settings(part: str) -> str:
+        return ", ".join(f"{k}={v['value']}" for k, v in record[part].items())
+
+    parts = [f"applied {settings('applied') or 'nothing'}"]
     if record["kept"]:
-        parts.append(f"kept as set {', '.join(f'{k}={v['value']}' for k, v in record['kept'].items())}")
+        parts.append(f"kept as set {settings('kept')}")
     if record["skipped"]:
         parts.append("skipped " + "; ".join(f"{k}={v['value']} ({v['reason']})" for k, v in record["skipped"].items()))
     if not profile:

@@ -242,7 +242,8 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
     timed = _timed_window(plan, strategy, rank, device, losses, skipped)
     compiled = _compile_record(plan, rank, warm["graphs_after_warmup"])
     k = cfg["metrics"]["profile_steps"]
-    profile = profile_steps(strategy.step, range(cfg["steps"] - k, cfg["steps"]), device) if k else None
+    profile = profile_steps(strategy.step, range(cfg["steps"] - k, cfg["steps"]), device,
+                            trace_path=run_dir / f"trace_rank{rank}.json.gz") if k else None
     rec = {
         "rank": rank,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,

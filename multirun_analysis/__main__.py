@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from multirun_analysis import answer
 from multirun_analysis.analyze import analyze
 from multirun_analysis.report import compact_table
 
@@ -18,8 +19,10 @@ def main(argv=None) -> int:
     ap.add_argument("paths", nargs="+", help="multirun / run folders (searched at any depth)")
     ap.add_argument("--out", default=None, help="output folder (default: <first PATH>/analysis)")
     ap.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    ap.add_argument("--memory-budget-gib", type=float, default=None,
+                    help="rank only strategies whose measured peak memory per GPU fits this many GiB")
     a = ap.parse_args(argv)
-    res = analyze(*a.paths, out_dir=a.out, plots=not a.no_plots)
+    res = analyze(*a.paths, out_dir=a.out, plots=not a.no_plots, memory_budget_gib=a.memory_budget_gib)
     if res.runs.empty:
         print(f"no run folders (with .hydra/config.yaml, metrics.json or status.json) under: {' '.join(a.paths)}",
               file=sys.stderr)
@@ -27,6 +30,7 @@ def main(argv=None) -> int:
             print(f"  problem: {d} {p}", file=sys.stderr)
         return 1
     print(compact_table(res.summary))
+    print("\n" + "\n".join(answer.ranked(res.summary, a.memory_budget_gib)))
     if len(res.failed):
         print(f"\n{len(res.failed)} failed/incomplete run(s):")
         for _, r in res.failed.iterrows():

@@ -52,8 +52,9 @@ def write_tables(out_dir: Path, runs: pd.DataFrame, summary: pd.DataFrame, faile
         overhead.to_csv(out_dir / "fixed_overhead.csv", index=False)
 
 
-def analyze(*paths, out_dir=None, plots: bool = True) -> Analysis:
-    """Analyse the runs under ``paths``; write everything into out_dir (default <paths[0]>/analysis)."""
+def analyze(*paths, out_dir=None, plots: bool = True, memory_budget_gib: float | None = None) -> Analysis:
+    """Analyse the runs under ``paths``; write everything into out_dir (default <paths[0]>/analysis).
+    ``memory_budget_gib``: rank only strategies whose measured peak per GPU fits (multirun_analysis/answer.py)."""
     out = Path(out_dir) if out_dir is not None else Path(paths[0]) / "analysis"
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs(*paths, warn=False)
@@ -65,5 +66,6 @@ def analyze(*paths, out_dir=None, plots: bool = True) -> Analysis:
     overhead = fixed_overhead(runs)
     write_tables(out, runs, summary, failed, problems, overhead)
     figs = make_plots(summary, out) if plots else {}
-    report = write_report(out, [str(p) for p in paths], runs, summary, failed, figs, problems, overhead)
+    report = write_report(out, [str(p) for p in paths], runs, summary, failed, figs, problems, overhead,
+                          memory_budget_gib)
     return Analysis(out, runs, summary, failed, overhead, problems, figs, report)

@@ -24,6 +24,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from bench.runs import STATUSES, with_added_defaults
+from multirun_analysis import breakdown
 
 SCHEMA_VERSION = 1  # the metrics.json schema this module was written against
 RUN_MARKERS = (".hydra/config.yaml", "metrics.json", "status.json")
@@ -35,7 +36,7 @@ META_COLUMNS = ("run_dir", "status", "usable", "reason", "error_type", "error_me
                 "schema_version", "overrides", "device_type", "timed_steps", "n_ranks", "tokens",
                 "time_s", "tokens_per_s", "time_per_token_s", "mem_mean_mb", "mem_peak_mb",
                 "mem_total_mb", "mem_source", "problems")
-NON_CONFIG_PREFIXES = tuple(s + "." for s in METRIC_SECTIONS) + ("prov.", "rank0.")
+NON_CONFIG_PREFIXES = tuple(s + "." for s in METRIC_SECTIONS) + ("prov.", "rank0.", "profile.")
 RANK0_TIMES = ("setup_s", "startup_phases_s", "setup_phases_s")  # rank 0's start-up, as rank0.* columns
 FRONT = ("model", "strategy", "impl", "world_size", "precision", "compile", "global_batch", "seq_len")
 
@@ -224,6 +225,7 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
     ranks = m.get("ranks") if isinstance(m.get("ranks"), list) else []
     r0 = ranks[0] if ranks and isinstance(ranks[0], dict) else {}
     row.update({f"rank0.{k}": v for k, v in flatten({k: r0[k] for k in RANK0_TIMES if k in r0}).items()})
+    row.update(breakdown.run_columns(m))  # profiled runs: profile.<part>_ms, mean over ranks
 
     # the measures the summary aggregates (definitions: summarize.py)
     thr = m.get("throughput") if isinstance(m.get("throughput"), dict) else {}

@@ -222,8 +222,41 @@ def plot_mfu(summary: pd.DataFrame) -> Figure:
     return fig
 
 
+def plot_time_breakdown(summary: pd.DataFrame) -> Figure:
+    """Profiled runs (metrics.profile_steps > 0): one stacked bar per strategy variant and GPU count
+    of a profiled step's time, mean over ranks (multirun_analysis/breakdown.py): compute only,
+    communication overlapped with compute, exposed communication, idle."""
+    from multirun_analysis.breakdown import STACK, profiled, stack_parts
+
+    d = profiled(summary)
+    if d.empty:
+        raise NoDataError("no profiled runs with a time breakdown (run with metrics.profile_steps=k)")
+    d["_label"] = _labels(d)
+    models = list(dict.fromkeys(d["model"].map(str)))
+    fig, axes = _figure(len(models), per_row=2, w=max(6.0, 1.2 * d.groupby(d["model"].map(str)).size().max() + 2.5))
+    for ax, model in zip(axes, models):
+        m = d[d["model"].map(str) == model].sort_values(["world_size", "_label"], kind="stable")
+        cats = [f"{lab}\n{_gpus(ws)}" for lab, ws in zip(m["_label"], m["world_size"])]
+        parts = [stack_parts(r) for _, r in m.iterrows()]
+        bottom = [0.0] * len(cats)
+        for name, color in STACK:
+            ys = [max(0.0, p[name]) for p in parts]
+            ax.bar(range(len(cats)), ys, 0.6, bottom=bottom, label=name, color=color)
+            bottom = [b + y for b, y in zip(bottom, ys)]
+        ax.set_xticks(range(len(cats)), cats, fontsize="small")
+        ax.set_xlim(-0.7, len(cats) - 0.3)
+        ax.set_ylim(0, 1.05 * max(bottom))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.1f}"))
+        ax.set(ylabel="ms per profiled step (mean over ranks)", title=f"Time per profiled step — model {model}")
+        ax.grid(alpha=0.3, axis="y")
+    handles, names = axes[0].get_legend_handles_labels()  # the same four parts in every panel
+    fig.legend(handles, names, loc="outside lower center", fontsize="small", ncol=4)
+    return fig
+
+
 PLOTS = {"throughput": plot_throughput, "scaling_efficiency": plot_scaling_efficiency, "memory": plot_memory,
-         "zero_stages": plot_zero_stages, "pp_microbatches": plot_pp_microbatches, "mfu": plot_mfu}
+         "zero_stages": plot_zero_stages, "pp_microbatches": plot_pp_microbatches, "mfu": plot_mfu,
+         "time_breakdown": plot_time_breakdown}
 
 
 def make_plots(summary: pd.DataFrame, out_dir: str | Path | None = None, dpi: int = 120) -> dict:

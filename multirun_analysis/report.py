@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from multirun_analysis import breakdown
+from multirun_analysis import answer
 from multirun_analysis.summarize import DEFINITIONS, _fmt
 
 COMPACT = [("model", "model", str), ("label", "strategy", str), ("world_size", "GPUs", "{:g}"),
@@ -72,33 +74,6 @@ def compact_table(summary: pd.DataFrame) -> str:
     return "\n".join([line(heads), line(["-" * x for x in w])] + [line(r) for r in rows])
 
 
-def ranked_answer(summary: pd.DataFrame) -> list[str]:
-    """Per model and GPU count: completed variants ranked by throughput, memory vs the fastest."""
-    out = []
-    if summary.empty:
-        return ["No run completed: nothing to rank."]
-    for (model, ws), g in summary.groupby([summary["model"].map(str), "world_size"], sort=True):
-        g = g.sort_values("tokens_per_s", ascending=False)
-        best = g.iloc[0]
-        mem = best["mem_peak_mb"]
-        src = best.get("mem_source") or "memory"
-        line = (f"- **{model}, {ws:g} GPU{'s' if ws != 1 else ''}** — fastest: **{best['label']}**, "
-                f"{best['tokens_per_s']:,.0f} tokens/s (median of {best['n_runs']:g}), peak "
-                f"{_cell(mem, '{:,.0f}')} MiB per device ({src})")
-        if not math.isnan(best.get("memory_ratio", math.nan)):
-            line += f", {best['memory_ratio']:.2f}× the single-device baseline's memory"
-        if len(g) == 1:
-            line += "; the only variant that completed."
-        out.append(line)
-        for i, (_, r) in enumerate(g.iloc[1:].iterrows(), start=2):
-            speed = r["tokens_per_s"] / best["tokens_per_s"]
-            memr = mem / r["mem_peak_mb"] if r["mem_peak_mb"] and r["mem_peak_mb"] > 0 else math.nan
-            cost = f"the fastest uses {memr:.2f}× its peak memory" if not math.isnan(memr) else "memory n/a"
-            out.append(f"    - #{i} {r['label']}: {r['tokens_per_s']:,.0f} tokens/s ({100 * speed:.0f}% of the "
-                       f"fastest), peak {_cell(r['mem_peak_mb'], '{:,.0f}')} MiB — {cost}")
-    return out
-
-
 def environment(runs: pd.DataFrame) -> list[str]:
     """Where and with what the runs were measured (unique values over runs)."""
     def uniq(col):
@@ -122,24 +97,48 @@ def environment(runs: pd.DataFrame) -> list[str]:
     return lines
 
 
+DEFAULT_BEST_MD = [("model", "model", str), ("world_size", "GPUs", "{:g}"), ("tokens_per_step", "tokens/step", "{:,.0f}"),
+                   ("strategy_id", "strategy", str), ("default_tokens_per_s", "default tokens/s", "{:,.0f}"),
+                   ("best_tokens_per_s", "best tokens/s", "{:,.0f}"), ("gain", "gain ×", "{:.2f}"),
+                   ("knobs_that_differ", "best differs in", str), ("best_mem_peak_mb", "best peak MiB", "{:,.0f}"),
+                   ("n_settings", "settings run", "{:g}")]
+PREDICTION_MD = [("strategy", "strategy", str), ("runs", "runs", "{:g}"), ("median_error_pct", "median error %", "{:+.1f}"),
+                 ("min_error_pct", "min %", "{:+.1f}"), ("max_error_pct", "max %", "{:+.1f}"),
+                 ("within_10pct", "within ±10%", "{:g}")]
+
+
 def write_report(out_dir: Path, inputs, runs: pd.DataFrame, summary: pd.DataFrame, failed: pd.DataFrame,
-                 plots: dict, problems: list[tuple[str, str]], overhead: pd.DataFrame | None = None) -> Path:
+                 plots: dict, problems: list[tuple[str, str]], overhead: pd.DataFrame | None = None,
+                 memory_budget_gib: float | None = None) -> Path:
     """Write report.md next to the tables and PNGs; returns its path."""
     n_ok = int(runs["usable"].astype(bool).sum()) if len(runs) else 0
     md = ["# Benchmark analysis", "",
           f"Generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC} from "
           + ", ".join(f"`{p}`" for p in inputs) + f": {len(runs)} run folder(s), {n_ok} usable, "
           f"{len(failed)} failed or incomplete, {len(summary)} experiment(s).", "",
-          "## Answer: fastest completed strategy per model and GPU count", ""]
-    md += ranked_answer(summary)
+          "## Answer: the fastest strategy at its best settings, per model, GPU count and tokens per step", "",
+          "Runs of different models, GPU counts or tokens per step are never ranked together."
+          + (f" Only strategies whose measured peak fits {memory_budget_gib:g} GiB per GPU are ranked."
+             if memory_budget_gib else ""), ""]
+    md += answer.ranked(summary, memory_budget_gib)
     if len(failed):
         md += ["", f"Not ranked: {len(failed)} run(s) that did not complete "
                    f"({', '.join(f'{k}: {v}' for k, v in failed['status'].value_counts().items())}); "
                    "see [Failed runs](#failed-and-incomplete-runs)."]
+    md += ["", "## Each strategy at its defaults and at its best", "",
+           "Default: every tuned knob at its schema default (tuning=default); best: the fastest completed setting "
+           "of the same strategy and workload.", "", md_table(answer.default_vs_best(summary), DEFAULT_BEST_MD)]
+    pe = answer.prediction_error(runs)
+    if len(pe):
+        md += ["## Memory plan against measured peaks", "",
+               "Predicted peak allocated memory (bench/memory_model.py, `memory.plan`) against the measured "
+               "`torch.cuda.max_memory_allocated`, per strategy; error = predicted / measured - 1.", "",
+               md_table(pe, PREDICTION_MD)]
     md += ["", "## Summary (median over repeats)", "", md_table(summary, SUMMARY_MD),
            "## Comparison with the single-device baseline", "", md_table(summary, BASELINE_MD), "## Plots", ""]
     for name, (fig, note) in plots.items():
         md += [f"![{name}]({name}.png)", ""] if fig is not None else [f"- {name}: {note}", ""]
+    md += breakdown.report_section(summary, runs)  # profiled runs only
     if overhead is not None:
         md += ["## Fixed overhead per run", "",
                "What a run costs besides its training steps (medians over completed runs; definitions below):",

@@ -28,6 +28,7 @@ Per experiment (summary.csv; one row per experiment with >= 1 usable run), over 
   <key columns>     the experiment's config values; ``label`` = strategy + the knobs that
                     split it (see variant_labels)
   n_runs, n_failed  usable repeats; runs of the same key that are not usable
+  command           the command the first usable repeat ran with (provenance)
   failed_statuses, seeds, device_type, mem_source: the distinct values, comma-joined
   tokens, time_s, tokens_per_s, step_time_median_s (step_time_s.median), mem_mean_mb,
   mem_peak_mb, mem_total_mb, gpu_util_mean_pct (utilization.gpu_util_mean_pct: mean over
@@ -35,7 +36,10 @@ Per experiment (summary.csv; one row per experiment with >= 1 usable run), over 
   joules_per_token, n_microbatches (layout.microbatches: the resolved micro-batch count of
   tp/pp/megatron runs, where the ``microbatches`` key column holds the setting: p, 4p, 8, ...),
   startup_s, teardown_s, fixed_overhead_s (job.*: see fixed_overhead below), setup_s
-  (rank 0's strategy setup)
+  (rank 0's strategy setup), prof_compute_ms, prof_communication_ms, prof_overlapped_ms,
+  prof_idle_ms, prof_wall_ms (profiled runs only, metrics.profile_steps > 0: per run the mean
+  over ranks of profile[r].breakdown_ms_per_step, ms per profiled step, from each rank's trace;
+  compute + communication - overlapped + idle = wall; bench/metrics/trace.py)
                     = median over repeats of the per-run value; ``*_min``/``*_max`` = min/max
                       over repeats (time_s, tokens_per_s, mem_peak_mb, mfu)
   tokens_per_s_per_device = tokens_per_s / world_size
@@ -75,13 +79,14 @@ from typing import Iterable, Optional
 import pandas as pd
 
 from bench.runs import volatile_keys
+from multirun_analysis import breakdown
 from multirun_analysis.load import config_columns
 
 DEFINITIONS = __doc__  # the exact column definitions, also printed into report.md
 # bookkeeping, not what ran: the keys a sweep's run key leaves out too (deadlines, resume, ...), and
 # seeds, whose runs are repeats of one experiment
 EXCLUDED_FROM_KEY = ("seed", "command") + volatile_keys()
-EXCLUDED_PREFIXES = ("metrics.", "hydra.", "cfg.metrics.", "vars.", "fault.")
+EXCLUDED_PREFIXES = ("metrics.", "hydra.", "cfg.metrics.", "vars.", "fault.", "logger.")
 BASELINE = {"strategy": "single", "world_size": 1}
 BASELINE_MATCH = ("model", "global_batch", "seq_len", "precision", "compile", "device_type")
 COMPARISON = ("baseline_tokens_per_s", "baseline_time_per_token_s", "baseline_mem_peak_mb",
@@ -98,6 +103,7 @@ MEASURES = {
     "n_microbatches": ("layout.microbatches", False),
     "startup_s": ("job.startup_s", False), "teardown_s": ("job.teardown_s", False),
     "fixed_overhead_s": ("job.overhead_s", True), "setup_s": ("rank0.setup_s", False),
+    **breakdown.MEASURES,  # prof_<part>_ms: profiled runs' time breakdown (multirun_analysis/breakdown.py)
 }
 
 
@@ -144,7 +150,9 @@ def summarize(runs: pd.DataFrame, compare: bool = True, baseline: dict | None = 
         bad = g[~g["usable"].astype(bool)]
         rec.update(n_runs=len(ok), n_failed=len(bad), failed_statuses=_joined(bad["status"]),
                    seeds=_joined(ok["seed"]) if "seed" in ok else None,
-                   device_type=_joined(ok["device_type"]), mem_source=_joined(ok["mem_source"]))
+                   device_type=_joined(ok["device_type"]), mem_source=_joined(ok["mem_source"]),
+                   command=ok["prov.command"].dropna().iloc[0] if "prov.command" in ok and ok["prov.command"].notna().any()
+                   else None)
         for name, (src, minmax) in MEASURES.items():
             x = _col(ok, src)
             rec[name] = x.median()
@@ -154,7 +162,7 @@ def summarize(runs: pd.DataFrame, compare: bool = True, baseline: dict | None = 
         rec["tokens_per_s_per_device"] = rec["tokens_per_s"] / ws if ws and ws > 0 else math.nan
         rec["time_per_token_s"] = 1.0 / rec["tokens_per_s"] if rec["tokens_per_s"] > 0 else math.nan
         recs.append(rec)
-    cols = key + ["n_runs", "n_failed", "failed_statuses", "seeds", "device_type", "mem_source"]
+    cols = key + ["n_runs", "n_failed", "failed_statuses", "seeds", "device_type", "mem_source", "command"]
     s = pd.DataFrame.from_records(recs) if recs else pd.DataFrame(columns=cols + list(MEASURES))
     s.attrs.update(key_columns=key, **{k: runs.attrs.get(k, []) for k in ("model_columns", "strategy_columns")})
     s.insert(len(key), "label", variant_labels(s))

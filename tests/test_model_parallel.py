@@ -55,7 +55,7 @@ RUNS = {  # id -> (overrides, expected layout fields)
                      dict(tp=1, pp=2, dp=2, pipeline_schedule="Schedule1F1B", microbatches=2)),
     # torch.compile per block after DTensor TP (the cure for DTensor's eager dispatch cost)
     "tp2_compiled": (["strategy=tp", *TORCH, "world_size=2", "compile=true"],
-                     dict(tp=2, pp=1, dp=1, compile="each transformer block (torch.compile, after TP)")),
+                     dict(tp=2, pp=1, dp=1, compile="each transformer block (torch.compile), after TP")),
 }
 
 
@@ -390,8 +390,16 @@ def test_microbatches_resolve_into_the_plan(setting, expected):
 
 
 def test_tp_dp_layout_and_micro_batch_size_still_works():
-    plan = validate(cfg("strategy=tp", *TORCH, "world_size=4", "strategy.micro_batch_size=2"), gpus=0)
+    plan = validate(cfg("strategy=fsdp", "strategy.tp=2", "world_size=4", "strategy.micro_batch_size=2"), gpus=0)
     assert (plan.tp, plan.pp, plan.dp_size, plan.micro_batch_size, plan.grad_accum) == (2, 1, 2, 2, 2)
+    plan = validate(cfg("strategy=tp", "world_size=4", "strategy.micro_batch_size=2"), gpus=4)  # megatron
+    assert (plan.tp, plan.dp_size, plan.grad_accum) == (2, 2, 2)
+
+
+def test_torch_tp_with_data_parallel_points_to_fsdp():
+    """torch's DDP does not take DTensor parameters: TP x DP with impl=torch is refused, naming FSDP2 x TP."""
+    e = _error(0, "strategy=tp", *TORCH, "world_size=4")
+    assert e.key == "world_size" and "strategy=fsdp strategy.tp=2" in str(e)
 
 
 # --------------------------------------------------------------------------- GPU (skipped here)

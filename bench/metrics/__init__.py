@@ -34,7 +34,9 @@ def skeleton(cfg: dict, status: str, error: Optional[dict] = None) -> dict:
         "flops": {"formula": _flops.FORMULA, "N": None, "N_counts": _flops.N_COUNTS, "L": None, "d": None,
                   "seq": None, "flops_per_token": None, "total_params": None,
                   "achieved_tflops_per_device": None, "peak_tflops": None, "peak_source": None, "mfu": None,
-                  "matmul_peak_tflops_measured": None, "mfu_vs_measured_peak": None},
+                  "matmul_peak_tflops_measured": None, "mfu_vs_measured_peak": None,
+                  "hfu_formula": _flops.HFU_FORMULA, "recompute": cfg.get("recompute", "none"),
+                  "hardware_flops_per_token": None, "hfu": None, "hfu_vs_measured_peak": None},
         "memory": {"max_allocated_mb": None, "max_reserved_mb": None, "nvml_used_peak_mb": None,
                    "nvml_used_mean_mb": None, "host_peak_rss_mb": None, "plan": None},  # plan: bench/memory_model.py
         "utilization": {"gpu_util_mean_pct": None},
@@ -117,6 +119,9 @@ def assemble(cfg: dict, device_type: str, ranks: list[dict], describe: dict, pro
         achieved_tflops_per_device=achieved, peak_tflops=peak, peak_source=source,
         mfu=achieved / peak if peak else None, matmul_peak_tflops_measured=matmul_peak,
         mfu_vs_measured_peak=achieved / matmul_peak if matmul_peak else None)
+    hw = _flops.hardware_flops_per_token(model, cfg.get("recompute", "none")) * tps / ws / 1e12
+    out["flops"].update(hardware_flops_per_token=_flops.hardware_flops_per_token(model, cfg.get("recompute", "none")),
+                        hfu=hw / peak if peak else None, hfu_vs_measured_peak=hw / matmul_peak if matmul_peak else None)
     out["memory"] = {
         "max_allocated_mb": _max(r["max_allocated_mb"] for r in ranks),
         "max_reserved_mb": _max(r["max_reserved_mb"] for r in ranks),

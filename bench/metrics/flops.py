@@ -2,21 +2,28 @@
 
 flops/token = 6N + 12 * L * d * seq  (forward + backward; PaLM appendix B)
   N   = parameters that take part in matrix multiplies: the L transformer blocks
-        (attention q/k/v/o, MLP, their biases and LayerNorms), the final LayerNorm and
-        the output projection; token and position embeddings (lookups) are excluded.
+        (gpt: attention q/k/v/o, MLP, their biases and LayerNorms; llama: q/o d x d, k/v
+        d x n_kv_heads*head_dim, SwiGLU gate/up/down, RMSNorms, no biases), the final norm and
+        the output projection d x V (counted even when tied to the token embedding: it is a
+        matmul); token and position embeddings (lookups) are excluded.
   12*L*d*seq = attention scores and weighted sum (QK^T, AV), forward + backward,
-        counted without the causal-mask saving, as is conventional.
+        counted without the causal-mask saving, as is conventional (d = n_heads * head_dim =
+        d_model; the same with grouped-query attention).
+total parameters = the model's unique parameters: N + token embedding (+ learned position
+embedding for gpt) - the output projection when tied.
 MFU = achieved model TFLOP/s per device / dense peak TFLOP/s of the device at the
 run's precision (table below, datasheet numbers without sparsity; overridable with
-metrics.peak_tflops).
+metrics.peak_tflops).  HFU (hardware FLOPs utilization) counts what the device executes,
+including the forward that activation recomputation runs again (HFU_FORMULA); MFU does not,
+so recomputation lowers MFU and leaves HFU near the same.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 FORMULA = "flops_per_token = 6*N + 12*L*d*seq"
-N_COUNTS = ("parameters of the L transformer blocks (q/k/v/o, MLP, biases, LayerNorms), the final "
-            "LayerNorm and the output projection; embeddings excluded")
+N_COUNTS = ("parameters of the L transformer blocks (q/k/v/o, MLP, biases, norms), the final norm and "
+            "the output projection (also when tied to the token embedding: it is a matmul); embeddings excluded")
 
 # Dense (no sparsity) peak TFLOP/s by device-name substring: (bf16/fp16 tensor, tf32 tensor, fp32).
 # Sources: vendor datasheets. First match wins, so more specific names come first.
@@ -40,21 +47,45 @@ PEAK_TFLOPS: list[tuple[str, tuple[float, float, float]]] = [
 ]
 
 
+def param_groups(model: dict) -> dict[str, int]:
+    """Parameters by part: embedding (token + learned positions), one block, the final norm, the
+    output projection (d x V, also when tied), and whether it is tied."""
+    d, ff, V = model["d_model"], model["d_ff"], model["vocab_size"]
+    if model.get("arch", "gpt") == "llama":
+        kv = (model.get("n_kv_heads") or model["n_heads"]) * (d // model["n_heads"])
+        block = 2 * d * d + 2 * d * kv + 3 * d * ff + 2 * d  # q, o; k, v; gate, up, down; two RMSNorms
+        emb, norm = V * d, d
+    else:
+        block = (4 * d * d + 4 * d) + (2 * d * ff + ff + d) + 4 * d  # attention, MLP, two LayerNorms
+        emb, norm = V * d + model["seq_len"] * d, 2 * d
+    return {"embedding": emb, "block": block, "norm": norm, "head": d * V,
+            "tied": bool(model.get("tie_embeddings", False))}
+
+
 def matmul_params(model: dict) -> int:
-    d, ff, L, V = model["d_model"], model["d_ff"], model["n_layers"], model["vocab_size"]
-    attn = 4 * d * d + 4 * d
-    mlp = 2 * d * ff + ff + d
-    norms = 4 * d
-    return L * (attn + mlp + norms) + 2 * d + d * V
+    g = param_groups(model)
+    return model["n_layers"] * g["block"] + g["norm"] + g["head"]
 
 
 def total_params(model: dict) -> int:
-    d, V, seq = model["d_model"], model["vocab_size"], model["seq_len"]
-    return matmul_params(model) + V * d + seq * d
+    """Unique parameters of bench.model.build_model(model): a tied output projection once."""
+    g = param_groups(model)
+    return g["embedding"] + model["n_layers"] * g["block"] + g["norm"] + (0 if g["tied"] else g["head"])
 
 
 def flops_per_token(model: dict) -> int:
     return 6 * matmul_params(model) + 12 * model["n_layers"] * model["d_model"] * model["seq_len"]
+
+
+HFU_FORMULA = ("hardware_flops_per_token = flops_per_token + recomputed forward: full: 2*L*N_block + 4*L*d*seq; "
+               "selective: 4*L*d*seq (the attention core); none: 0")
+
+
+def hardware_flops_per_token(model: dict, recompute: str) -> int:
+    """FLOPs the device executes per token, recomputed forward included (HFU's numerator; MFU's excludes it)."""
+    L, attn_fwd = model["n_layers"], 4 * model["n_layers"] * model["d_model"] * model["seq_len"]
+    extra = {"none": 0, "selective": attn_fwd, "full": 2 * L * param_groups(model)["block"] + attn_fwd}[recompute]
+    return flops_per_token(model) + extra
 
 
 def peak_tflops(device_name: Optional[str], precision: str, tf32: bool) -> tuple[Optional[float], str]:

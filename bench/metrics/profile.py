@@ -7,13 +7,23 @@ streams are not double-counted), kernel time by kind (matmul, attention, communi
 optimizer, other) and the top kernels.  That answers the usual question behind a slow
 strategy: is the step bound by compute, by communication that is not overlapped, or by the
 CPU (GPU idle between kernels)?  The top host-side operators by self CPU time are reported too.
+
+Each profiled step runs inside a ``ProfilerStep#<n>`` annotation (``n``: its global step number).
+Given a ``trace_path`` (the worker passes ``<run folder>/trace_rank{r}.json.gz``), the rank's
+Chrome/Perfetto trace is written there, gzipped, and its compute / communication / overlapped /
+idle breakdown per step is added (``trace_file``, ``breakdown_ms_per_step``, ``breakdown_source``;
+definitions: bench/metrics/trace.py).
 """
 from __future__ import annotations
 
+import logging
 import time
-from typing import Callable, Iterable
+from pathlib import Path
+from typing import Callable, Iterable, Optional
 
 import torch
+
+log = logging.getLogger("bench.profile")
 
 # First match wins; names are lower-cased kernel names.
 KINDS = (
@@ -82,17 +92,43 @@ def summarize(events, n_steps: int, wall_s: float, top: int = 10) -> dict:
     return out
 
 
-def profile_steps(step: Callable[[int], object], indices: Iterable[int], device: torch.device) -> dict:
-    """Run ``step(n)`` for each index under torch.profiler and summarize it."""
-    from torch.profiler import ProfilerActivity, profile
+def profile_steps(step: Callable[[int], object], indices: Iterable[int], device: torch.device,
+                  trace_path: Optional[Path] = None) -> dict:
+    """Run ``step(n)`` for each index under torch.profiler and summarize it; with ``trace_path``,
+    also write the trace there (gzipped Chrome trace JSON) and add its time breakdown."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     indices = list(indices)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:
         t0 = time.perf_counter()
         for n in indices:
-            step(n)
+            with record_function(f"ProfilerStep#{n}"):  # the step annotation torch.profiler's schedule writes
+                step(n)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         wall_s = time.perf_counter() - t0
-    return summarize(prof.events(), len(indices), wall_s)
+    out = summarize(prof.events(), len(indices), wall_s)
+    if trace_path is not None:
+        out.update(trace_and_breakdown(prof, Path(trace_path), len(indices)))
+    return out
+
+
+def trace_and_breakdown(prof, path: Path, n_steps: int) -> dict:
+    """Export the trace (``.gz``: torch gzips it) and read it back for the breakdown; a failure
+    here is reported in the record, never fatal to the run."""
+    from bench.metrics import trace
+
+    out: dict = {"trace_file": path.name, "breakdown_ms_per_step": None, "breakdown_source": None}
+    try:
+        prof.export_chrome_trace(str(path))
+    except Exception as e:  # noqa: BLE001 - a missing trace must not fail a measured run
+        log.warning("trace not written to %s: %s: %s", path, type(e).__name__, e)
+        return {**out, "trace_file": None, "trace_error": f"{type(e).__name__}: {e}"}
+    try:
+        b = trace.breakdown(path, n_steps)
+        out.update(breakdown_ms_per_step=b["ms_per_step"], breakdown_source=b["source"])
+    except Exception as e:  # noqa: BLE001
+        log.warning("no breakdown from %s: %s: %s", path, type(e).__name__, e)
+        out["trace_error"] = f"{type(e).__name__}: {e}"
+    return out

@@ -69,7 +69,8 @@ def apply_ddp(model: nn.Module, dp_group, device: torch.device, knobs: dict) -> 
     torch's defaults."""
     from torch.nn.parallel import DistributedDataParallel
 
-    kw = {k: knobs[k] for k in ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph") if k in knobs}
+    kw = {k: knobs[k] for k in ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "find_unused_parameters")
+          if k in knobs}
     ddp = DistributedDataParallel(model, process_group=dp_group,
                                   device_ids=[device.index] if device.type == "cuda" else None, **kw)
     hook = knobs.get("comm_hook", "none")
@@ -80,4 +81,5 @@ def apply_ddp(model: nn.Module, dp_group, device: torch.device, knobs: dict) -> 
     return ddp, {"dp_reduction": "torch DistributedDataParallel: gradients all-reduced (averaged) over dp in buckets "
                                  "overlapped with backward",
                  "bucket_cap_mb": ddp.bucket_bytes_cap / 2**20, "gradient_as_bucket_view": ddp.gradient_as_bucket_view,
-                 "static_graph": ddp.static_graph, "comm_hook": hook}
+                 "static_graph": ddp.static_graph, "find_unused_parameters": ddp.find_unused_parameters,
+                 "comm_hook": hook}

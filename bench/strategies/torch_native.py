@@ -59,9 +59,11 @@ class TorchParallel(Strategy):
         if cfg["compile"] and not self.whole_compile:  # per block, after TP (DTensor dispatch traced away)
             for chunk in chunks:
                 self.info.update(apply_compile(chunk, cfg))
-        self.params = [q for chunk in chunks for q in chunk.parameters()]
+            if p.tp > 1:
+                self.info["compile"] += ", after TP"
         with self.setup_phase("wrap"):
             wrapped = self._wrap(chunks, dev)
+        self.params = [q for chunk in chunks for q in chunk.parameters()]  # after FSDP2 made them shards
         self.model = wrapped[0]
         if self.whole_compile:  # lazy: compiles in the first (warm-up) steps
             self.model = torch.compile(self.model, **compile_kwargs(cfg))
@@ -92,7 +94,11 @@ class TorchParallel(Strategy):
         if self.data_parallel == "ddp" and p.dp_size > 1:
             out = []
             for chunk in chunks:
-                ddp, info = apply_ddp(chunk, self.mesh["dp"].get_group() if self.mesh else None, dev, s)
+                # under a pipeline DDP sees one backward per micro-batch: its bucket rebuild after the first
+                # iteration then records every parameter once per micro-batch and fails (reducer.cpp:
+                # "rebuilt parameter indices size is not same"); find_unused_parameters=True never rebuilds
+                knobs = dict(s, find_unused_parameters=True) if p.pp > 1 else s
+                ddp, info = apply_ddp(chunk, self.mesh["dp"].get_group() if self.mesh else None, dev, knobs)
                 out.append(ddp)
                 self.info.update(info)
             return out

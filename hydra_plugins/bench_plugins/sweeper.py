@@ -1,6 +1,11 @@
-"""hydra/sweeper=bench (code: bench.sweep.BenchSweeper)."""
+"""hydra/sweeper=bench (bench.sweep.BenchSweeper) and hydra/sweeper=tune (bench.search.TuneSweeper)."""
+from bench.search import TuneSweeper as _TuneSweeper
 from bench.sweep import BenchSweeper as _BenchSweeper
 
 
 class BenchSweeper(_BenchSweeper):
-    """Resume, statuses, cost guard and the sweep summary around Hydra's basic sweep."""
+    """Resume, statuses, cost guard and the sweep summary around Hydra's sweep syntax."""
+
+
+class TuneSweeper(_TuneSweeper):
+    """The knob search: successive halving over each strategy's declared knob candidates."""

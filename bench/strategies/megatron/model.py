@@ -1,17 +1,28 @@
 """Megatron-core's GPTModel with bench's model dims (imports megatron.core: import lazily).
 
-* TransformerConfig: bench's d_model / n_heads / n_layers / d_ff, LayerNorm (eps 1e-5),
-  tanh-approximate GELU, biases on every linear, no dropout, N(0, 0.02) init with
-  1/sqrt(2L)-scaled output projections, no fusions that need apex / TE / CUDA extensions.
-* GPTModel: learned absolute position embeddings, untied output layer, vocab split over TP.
+* TransformerConfig: bench's d_model / n_heads / n_layers / d_ff, no dropout, N(0, 0.02) init
+  with 1/sqrt(2L)-scaled output projections, no fusions that need apex / TE / CUDA extensions;
+  model.arch=gpt: LayerNorm, tanh-approximate GELU, biases on every linear;
+  model.arch=llama: RMSNorm, SwiGLU (gated_linear_unit, silu), num_query_groups = n_kv_heads,
+  no biases; both: eps = model.norm_eps.
+* GPTModel: gpt: learned absolute position embeddings; llama: RoPE (rotary_base = rope_theta,
+  rotary_percent 1, not interleaved, no rope scaling); output layer tied to the word embedding
+  when model.tie_embeddings (with pipeline parallelism Megatron keeps a copy on the last stage,
+  synced through its embedding group); vocab split over TP.
 * Layer spec without Transformer Engine (``spec=sdpa``): Megatron's local spec with its core
   attention replaced by :class:`SDPACoreAttention` (torch scaled_dot_product_attention; the
   stock DotProductAttention materialises the [b, h, s, s] scores, ~2.5x slower end to end),
-  and a torch LayerNorm that also works under sequence parallelism (:class:`LayerNorm`);
-  ``spec=local`` keeps Megatron's DotProductAttention; ``spec=te`` is Megatron's TE spec.
-* :func:`load_bench_weights` copies bench's GPT initialisation (bench.model.build_model)
-  into a (TP-sharded, PP-split) Megatron chunk, so every layout starts from the weights of
-  strategy=single.
+  and a torch LayerNorm / RMSNorm that also works under sequence parallelism (:class:`LayerNorm`,
+  :class:`RMSNorm`); ``spec=local`` keeps Megatron's DotProductAttention; ``spec=te`` is
+  Megatron's TE spec (its norms follow config.normalization).
+* :func:`load_bench_weights` copies bench's initialisation (bench.model.build_model) into a
+  (TP-sharded, PP-split) Megatron chunk, so every layout starts from the weights of
+  strategy=single.  Megatron's fused layouts (megatron-core 0.16.1): ``linear_qkv`` holds, per
+  query group g, [the n_heads/n_kv_heads query heads of g; k_g; v_g] (SelfAttention.
+  get_query_key_value_tensors views it as [.., ng, (np/ng + 2) * hn] and splits q, k, v), split
+  over TP in contiguous rows (ColumnParallelLinear); gated ``linear_fc1`` holds on each TP rank
+  [gate shard; up shard] (MLP.forward's glu: torch.chunk(x, 2, dim=-1), activation on the first
+  half; apply_swiglu_sharded_factory).
 
 Everything here builds on CPU too (``use_cpu_initialization=True``; used by the CPU tests);
 the strategy builds on GPU.
@@ -36,6 +47,9 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from bench.strategies.base import DTYPES
+
+from bench.model import sdpa_kv
+
 
 
 class SDPACoreAttention(MegatronModule):
@@ -67,7 +81,7 @@ class SDPACoreAttention(MegatronModule):
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, head_dim]
         mask = None if causal or attention_mask is None else ~attention_mask  # Megatron: True = masked out
         p = self.dropout_p if self.training else 0.0
-        gqa = q.shape[1] != k.shape[1]
+        k, v, gqa = sdpa_kv(q, k, v)  # as bench's attention: SDPA's GQA in half precision, else k/v repeated
         if p > 0 and not self.config.sequence_parallel:
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
@@ -91,20 +105,48 @@ class LayerNorm(torch.nn.LayerNorm):
             setattr(p, "sequence_parallel", config.sequence_parallel)
 
 
+class RMSNorm(torch.nn.RMSNorm):
+    """torch RMSNorm (what bench's llama uses) with Megatron's constructor; parameters marked
+    ``sequence_parallel`` as :class:`LayerNorm`'s."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_unused):
+        device = None if config.use_cpu_initialization or not torch.cuda.is_available() \
+            else torch.cuda.current_device()
+        super().__init__(hidden_size, eps=eps, device=device, dtype=config.params_dtype)
+        for p in self.parameters():
+            setattr(p, "sequence_parallel", config.sequence_parallel)
+
+
+NORMS = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm}
+
+
+# bench's recompute -> Megatron's: full = every layer checkpointed (uniform, 1 layer per group), selective =
+# the core attention recomputed (Megatron's default selective module)
+RECOMPUTE = {"none": {}, "full": dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+             "selective": dict(recompute_granularity="selective")}
+
+
 def transformer_config(model_cfg: dict, *, tp: int = 1, pp: int = 1, virtual_pipeline: int = 1,
                        sequence_parallel: bool = False, precision: str = "bf16",
                        use_cpu_initialization: bool = False, perform_initialization: bool = True,
-                       batch_p2p_sync: bool = True, timeout_s: int = 600) -> TransformerConfig:
+                       batch_p2p_sync: bool = True, timeout_s: int = 600, recompute: str = "none") -> TransformerConfig:
     dtype = DTYPES[precision]
+    if model_cfg.get("arch", "gpt") == "llama":
+        # bench's llama: pre-RMSNorm, SwiGLU, grouped-query attention, no biases (RoPE: GPTModel)
+        arch = dict(normalization="RMSNorm", add_bias_linear=False, add_qkv_bias=False, gated_linear_unit=True,
+                    activation_func=F.silu, num_query_groups=model_cfg.get("n_kv_heads") or model_cfg["n_heads"])
+    else:
+        # bench's GPT: pre-LN, tanh GELU, biases
+        arch = dict(normalization="LayerNorm", add_bias_linear=True,
+                    activation_func=functools.partial(F.gelu, approximate="tanh"))
     return TransformerConfig(
         num_layers=model_cfg["n_layers"], hidden_size=model_cfg["d_model"],
         num_attention_heads=model_cfg["n_heads"], ffn_hidden_size=model_cfg["d_ff"],
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
         sequence_parallel=sequence_parallel,
-        # bench's GPT: pre-LN, LayerNorm eps 1e-5, tanh GELU, biases, no dropout, GPT-2 init
-        normalization="LayerNorm", layernorm_epsilon=1e-5, add_bias_linear=True,
-        activation_func=functools.partial(F.gelu, approximate="tanh"),
+        **arch, layernorm_epsilon=model_cfg.get("norm_eps", 1e-5),
+        # no dropout, GPT-2 init
         hidden_dropout=0.0, attention_dropout=0.0, init_method_std=0.02,
         # precision, the Megatron way: model in bf16/fp16 (Float16Module), fp32 master weights in
         # the optimizer; fp32 runs everything in fp32
@@ -121,6 +163,7 @@ def transformer_config(model_cfg: dict, *, tp: int = 1, pp: int = 1, virtual_pip
         overlap_p2p_comm=virtual_pipeline > 1, batch_p2p_comm=virtual_pipeline == 1,
         batch_p2p_sync=batch_p2p_sync,
         use_cpu_initialization=use_cpu_initialization, perform_initialization=perform_initialization,
+        **RECOMPUTE[recompute],
     )
 
 
@@ -136,14 +179,16 @@ def resolve_spec(spec: str) -> str:
         return "sdpa"
 
 
-def layer_spec(kind: str) -> ModuleSpec:
-    """The transformer-layer ModuleSpec: ``sdpa`` | ``local`` | ``te``."""
+def layer_spec(kind: str, normalization: str = "LayerNorm") -> ModuleSpec:
+    """The transformer-layer ModuleSpec: ``sdpa`` | ``local`` | ``te``; ``normalization``
+    (config.normalization: LayerNorm | RMSNorm) picks the torch norm of sdpa / local."""
     if kind == "te":
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         return get_gpt_layer_with_transformer_engine_spec()
     if kind not in ("sdpa", "local"):
         raise ValueError(f"unknown layer spec {kind!r}")
+    norm = NORMS[normalization]
     spec = get_gpt_layer_local_spec()
     sub = spec.submodules
     attn = sub.self_attention
@@ -151,23 +196,29 @@ def layer_spec(kind: str) -> ModuleSpec:
         attn = dataclasses.replace(attn, submodules=dataclasses.replace(attn.submodules,
                                                                         core_attention=SDPACoreAttention))
     return dataclasses.replace(spec, submodules=dataclasses.replace(
-        sub, input_layernorm=LayerNorm, pre_mlp_layernorm=LayerNorm, self_attention=attn))
+        sub, input_layernorm=norm, pre_mlp_layernorm=norm, self_attention=attn))
 
 
 def block_spec(config: TransformerConfig, kind: str, vp_stage: Optional[int], pp_rank: int):
-    """The decoder-block spec of one model chunk: its layers and the final LayerNorm."""
+    """The decoder-block spec of one model chunk: its layers and the final norm."""
     if kind == "te":
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
         return get_gpt_decoder_block_spec(config, use_transformer_engine=True, vp_stage=vp_stage, pp_rank=pp_rank)
     n = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
-    return TransformerBlockSubmodules(layer_specs=[layer_spec(kind)] * n, layer_norm=LayerNorm)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec(kind, config.normalization)] * n,
+                                      layer_norm=NORMS[config.normalization])
 
 
 def build_chunks(config: TransformerConfig, model_cfg: dict, kind: str) -> list[GPTModel]:
     """This rank's model chunks (one per virtual pipeline stage), parallel_state initialised."""
     v = config.virtual_pipeline_model_parallel_size or 1
     pp_rank = ps.get_pipeline_model_parallel_rank()
+    if model_cfg.get("arch", "gpt") == "llama":  # plain RoPE on every head dim, "rotate half" (not interleaved)
+        pos = dict(position_embedding_type="rope", rotary_percent=1.0,
+                   rotary_base=model_cfg.get("rope_theta", 500000.0), rope_scaling=False)
+    else:
+        pos = dict(position_embedding_type="learned_absolute")
     chunks = []
     for i in range(v):
         vp = i if v > 1 else None
@@ -176,19 +227,34 @@ def build_chunks(config: TransformerConfig, model_cfg: dict, kind: str) -> list[
             vocab_size=model_cfg["vocab_size"], max_sequence_length=model_cfg["seq_len"],
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
-            parallel_output=True, share_embeddings_and_output_weights=False,
-            position_embedding_type="learned_absolute", vp_stage=vp))
+            parallel_output=True, share_embeddings_and_output_weights=bool(model_cfg.get("tie_embeddings", False)),
+            **pos, vp_stage=vp))
     return chunks
 
 
 # --------------------------------------------------------------------------- bench weights
 def _qkv(attn, what: str, n_heads: int) -> torch.Tensor:
-    """bench's separate q/k/v weights (or biases) in Megatron's fused layout: per head
-    [q_h; k_h; v_h] (num_query_groups == n_heads), heads in order."""
+    """bench's separate q/k/v weights (or biases) in Megatron's fused layout: per query group g
+    (ng = n_kv_heads groups of n_heads / ng query heads; gpt: ng = n_heads)
+    [q heads of g; k_g; v_g], groups in order.  bench's query head i belongs to group
+    i // (n_heads / ng), as in SDPA's GQA."""
     q, k, v = (getattr(getattr(attn, f"{x}_proj"), what) for x in "qkv")
     hd = q.shape[0] // n_heads
-    stacked = torch.stack([t.reshape(n_heads, hd, *t.shape[1:]) for t in (q, k, v)], dim=1)
-    return stacked.reshape(3 * q.shape[0], *q.shape[1:])
+    ng = k.shape[0] // hd
+    groups = [q.reshape(ng, (n_heads // ng) * hd, *q.shape[1:]), k.reshape(ng, hd, *k.shape[1:]),
+              v.reshape(ng, hd, *v.shape[1:])]
+    return torch.cat(groups, dim=1).reshape(q.shape[0] + k.shape[0] + v.shape[0], *q.shape[1:])
+
+
+def _fc1(mlp, what: str, tp_rank: int, tp: int) -> torch.Tensor:
+    """linear_fc1's slice on tp_rank: gpt: fc_in's rows; llama (gated): [gate shard; up shard]."""
+    if hasattr(mlp, "gate_proj"):
+        return torch.cat([getattr(getattr(mlp, x), what).chunk(tp, dim=0)[tp_rank] for x in ("gate_proj", "up_proj")])
+    return getattr(mlp.fc_in, what).chunk(tp, dim=0)[tp_rank]
+
+
+def _fc2(mlp, what: str) -> torch.Tensor:
+    return getattr(mlp.down_proj if hasattr(mlp, "down_proj") else mlp.fc_out, what)
 
 
 _LAYER_MAP = {  # Megatron name inside decoder.layers.<j>. -> (bench part, TP split)
@@ -204,23 +270,24 @@ _LAYER_MAP = {  # Megatron name inside decoder.layers.<j>. -> (bench part, TP sp
     "pre_mlp_layernorm.bias": ("ln_mlp.bias", None),
     "mlp.linear_fc1.layer_norm_weight": ("ln_mlp.weight", None),  # TE: LN fused into fc1
     "mlp.linear_fc1.layer_norm_bias": ("ln_mlp.bias", None),
-    "mlp.linear_fc1.weight": ("mlp.fc_in.weight", 0),
-    "mlp.linear_fc1.bias": ("mlp.fc_in.bias", 0),
-    "mlp.linear_fc2.weight": ("mlp.fc_out.weight", 1),
-    "mlp.linear_fc2.bias": ("mlp.fc_out.bias", None),
+    "mlp.linear_fc1.weight": ("fc1.weight", "fc1"),  # gpt: fc_in; llama: [gate; up] per TP rank
+    "mlp.linear_fc1.bias": ("fc1.bias", "fc1"),
+    "mlp.linear_fc2.weight": ("fc2.weight", 1),  # gpt: fc_out; llama: down_proj
+    "mlp.linear_fc2.bias": ("fc2.bias", None),
 }
 _TOP_MAP = {
     "embedding.word_embeddings.weight": ("tok_emb.weight", 0),  # vocab split over TP
     "embedding.position_embeddings.weight": ("pos_emb.weight", None),
     "decoder.final_layernorm.weight": ("norm.weight", None),
     "decoder.final_layernorm.bias": ("norm.bias", None),
-    "output_layer.weight": ("head.weight", 0),
+    "output_layer.weight": ("head.weight", 0),  # tied: bench's head.weight is tok_emb.weight
 }
 _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 
 def bench_tensor_for(name: str, chunk: GPTModel, bench, n_heads: int, tp_rank: int, tp: int) -> torch.Tensor:
-    """The slice of bench's GPT that Megatron parameter ``name`` of ``chunk`` holds on tp_rank."""
+    """The slice of bench's model that Megatron parameter ``name`` of ``chunk`` holds on tp_rank
+    (query groups and the gated MLP are read off bench's projection widths / modules)."""
     m = _LAYER_RE.match(name)
     if m:
         j, rest = int(m.group(1)), m.group(2)
@@ -228,7 +295,11 @@ def bench_tensor_for(name: str, chunk: GPTModel, bench, n_heads: int, tp_rank: i
             raise KeyError(f"no bench weight for Megatron parameter {name}")
         block = bench.blocks[str(chunk.decoder.layers[j].layer_number - 1)]  # layer_number: global, 1-based
         src, split = _LAYER_MAP[rest]
-        t = _qkv(block.attn, src.split(".")[1], n_heads) if src.startswith("qkv.") else block.get_parameter(src)
+        part, what = src.split(".", 1) if src.startswith(("qkv.", "fc1.", "fc2.")) else (None, src)
+        if part == "fc1":
+            return _fc1(block.mlp, what, tp_rank, tp)
+        t = (_qkv(block.attn, what, n_heads) if part == "qkv" else _fc2(block.mlp, what) if part == "fc2"
+             else block.get_parameter(src))
     elif name in _TOP_MAP:
         src, split = _TOP_MAP[name]
         t = bench.get_parameter(src)
@@ -239,7 +310,8 @@ def bench_tensor_for(name: str, chunk: GPTModel, bench, n_heads: int, tp_rank: i
 
 @torch.no_grad()
 def load_bench_weights(chunk: GPTModel, bench, n_heads: int, tp_rank: int, tp: int) -> int:
-    """Copy bench's weights into every parameter of an unwrapped chunk; returns the count."""
+    """Copy bench's weights into every parameter of an unwrapped chunk; returns the count.
+    (A tied output layer on a pipeline stage without the embedding gets bench's token embedding.)"""
     n = 0
     for name, p in chunk.named_parameters():
         src = bench_tensor_for(name, chunk, bench, n_heads, tp_rank, tp)

@@ -35,8 +35,8 @@ from bench.strategies.megatron import CUDA_GRAPH_CAPTURE_STEP
 log = logging.getLogger("bench.megatron")
 
 SPEC_TEXT = {
-    "sdpa": "Megatron local spec, core attention = torch scaled_dot_product_attention, torch LayerNorm",
-    "local": "Megatron local spec (DotProductAttention, unfused softmax), torch LayerNorm",
+    "sdpa": "Megatron local spec, core attention = torch scaled_dot_product_attention, torch LayerNorm / RMSNorm",
+    "local": "Megatron local spec (DotProductAttention, unfused softmax), torch LayerNorm / RMSNorm",
     "te": "Megatron Transformer Engine spec",
 }
 
@@ -53,6 +53,13 @@ def _use_fused_torch_adam(optimizer) -> bool:
                 g["fused"], g["foreach"] = True, False
             fused = True
     return fused
+
+
+def cfg_recompute(tcfg) -> str:
+    """What Megatron was asked to recompute (its TransformerConfig)."""
+    g = tcfg.recompute_granularity
+    return "none" if g is None else f"{g}" + (f" ({tcfg.recompute_method}, {tcfg.recompute_num_layers} layer(s) "
+                                              "per checkpoint)" if g == "full" else f" ({tcfg.recompute_modules})")
 
 
 class MegatronModelParallel(Strategy):
@@ -118,7 +125,7 @@ class MegatronModelParallel(Strategy):
         self.tcfg = tcfg = mm.transformer_config(
             p.model, tp=p.tp, pp=p.pp, virtual_pipeline=v, sequence_parallel=s["sequence_parallel"],
             precision=cfg["precision"], perform_initialization=bench is None,
-            batch_p2p_sync=s["batch_p2p_sync"] and not s["cuda_graph"])
+            batch_p2p_sync=s["batch_p2p_sync"] and not s["cuda_graph"], recompute=cfg["recompute"])
         with self.setup_phase("GPTModel build"):
             chunks = mm.build_chunks(tcfg, p.model, self.spec)
             for ch in chunks:
@@ -248,6 +255,7 @@ class MegatronModelParallel(Strategy):
             "schedule_setting": resolve_schedule(s["schedule"], v),
             "virtual_pipeline": v, "layers_per_stage": p.model["n_layers"] // (p.pp * v),
             "sequence_parallel": s["sequence_parallel"],
+            "recompute": cfg_recompute(self.tcfg),
             "p2p": {"overlap_p2p_comm": self.tcfg.overlap_p2p_comm, "batch_p2p_comm": self.tcfg.batch_p2p_comm,
                     "batch_p2p_sync": self.tcfg.batch_p2p_sync},
             "layer_spec": SPEC_TEXT[self.spec],

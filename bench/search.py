@@ -1,0 +1,172 @@
+"""The knob search: ``python -m bench --multirun +experiment=tune model=300m world_size=2 strategy=zero,fsdp``.
+
+``hydra/sweeper=tune`` (conf/hydra/sweeper/tune.yaml) is bench's sweeper (the same plan, run keys,
+invalid / predicted-OOM records, resume) running successive halving for every configuration the
+command line expands to (a *base*: one strategy, model, world size, ...):
+
+* candidates: the base at its defaults, the base with ``tuning=best`` (the strategy's profile), and
+  every setting one knob away from that profile, over the candidate values each knob declares in its
+  schema (``knob(..., tune=(...))``; a knob the command line sets is not searched).  Candidates that
+  compose to the same run key are one; those that cannot run are recorded ``invalid`` with the reason;
+* rung 0 runs every candidate for ``rungs[0]`` = (warm-up, timed) steps; each later rung runs the best
+  ``keep`` fraction of the previous one's (by tokens/s) for its own, longer, steps;
+* it stops starting runs once the runs of this sweep folder have used ``budget_min`` GPU-minutes
+  (wall time x world size): the rest stay ``pending``, with the reason;
+* ``resume=true`` in the same sweep folder reuses every completed trial (an interrupted search goes on
+  where it stopped); the ranking reads the trials' metrics.json.
+
+It writes ``<sweep dir>/tune.json``: per base, every trial (rung, settings, status, tokens/s) and the
+winner as a ``python -m bench ...`` command line; multirun_analysis reports default vs best.
+Why not Hydra's Optuna sweeper: its trials would bypass bench's plan (run keys, resume, recorded
+invalid and skipped runs), and a grid this small is searched exhaustively at rung 0 anyway.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from bench.jsonio import read_json_dict, write_json_atomic
+from bench.registry import get_spec
+from bench.runs import read_result, scan
+from bench.schema import BenchConfig, fields_of
+from bench.sweep import BenchSweeper, Job, override_key
+
+RESULT = "tune.json"
+log = logging.getLogger("bench.sweep")
+
+
+def tunables(cfg: dict, fixed: set[str]) -> list[tuple[str, tuple]]:
+    """(dotted key, candidate values) of the knobs a search varies for this strategy."""
+    spec = get_spec(cfg["strategy"]["name"])
+    out = [(n, f.metadata["tune"]) for n, f in fields_of(BenchConfig).items() if f.metadata.get("tune")]
+    out += [(f"strategy.{n}", f.metadata["tune"]) for n, f in fields_of(spec.schema).items() if f.metadata.get("tune")]
+    return [(k, v) for k, v in out if k not in fixed]
+
+
+def _fmt(v: Any) -> str:
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+class TuneSweeper(BenchSweeper):
+    """Successive halving over each base configuration's knobs (module docstring)."""
+
+    def __init__(self, budget_min: float = 15.0, rungs: Optional[list] = None, keep: float = 1 / 3,
+                 **kw) -> None:
+        super().__init__(**kw)
+        self.budget_min = float(budget_min)
+        self.rungs = [tuple(r) for r in (rungs or [[4, 6], [4, 18]])]
+        self.keep = float(keep)
+
+    # -- budget
+    def spent_min(self) -> float:
+        """GPU-minutes the runs in this sweep folder have used (wall time x world size)."""
+        total = 0.0
+        for r in scan(self.sweep_dir):
+            if r.info.get("wall_s"):
+                total += r.info["wall_s"] * (r.info.get("world_size") or 1)
+        return total / 60
+
+    def over_budget(self) -> Optional[str]:
+        spent = self.spent_min()
+        return f"the search's budget is spent ({spent:.1f} of tune.budget_min={self.budget_min:g} GPU-minutes)" \
+            if spent >= self.budget_min else None
+
+    # -- candidates
+    def _candidates(self, base: list[str]) -> list[tuple[str, list[str]]]:
+        probe = Job(num=-1, overrides=list(base))
+        self._compose(probe)
+        if probe.cfg is None:
+            return [("default", base)]
+        fixed = {override_key(o) for o in base}
+        spec = get_spec(probe.cfg["strategy"]["name"])
+        out = [("default", base)]
+        if spec.profiles.get("best"):
+            out.append(("best", base + ["tuning=best"]))
+        anchor = base + (["tuning=best"] if spec.profiles.get("best") else [])
+        for key, values in tunables(probe.cfg, fixed):
+            for v in values:
+                out.append((f"{key}={_fmt(v)}", anchor + [f"{key}={_fmt(v)}"]))
+        return out
+
+    def _rung_overrides(self, overrides: list[str], rung: int) -> list[str]:
+        warm, timed = self.rungs[rung]
+        return [o for o in overrides if override_key(o) not in ("steps", "warmup_steps")] + \
+            [f"warmup_steps={warm}", f"steps={warm + timed}"]
+
+    # -- the search
+    def sweep(self, arguments: list[str]) -> Any:
+        assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        self._begin()
+        bases = self._expand(arguments)
+        self._taken, num = set(), 0
+        state = []
+        for base in bases:
+            trials = [{"name": name, "overrides": ov, "rung": -1} for name, ov in self._candidates(base)]
+            state.append({"base": base, "trials": trials, "seen": set()})
+        for rung in range(len(self.rungs)):
+            jobs: list[Job] = []
+            for st in state:
+                alive = [t for t in st["trials"] if t["rung"] == rung - 1 and t.get("promoted", rung == 0)]
+                planned = self.plan([self._rung_overrides(t["overrides"], rung) for t in alive], first_num=num)
+                num += len(planned)
+                for t, j in zip(alive, planned):
+                    if rung == 0 and j.key in st["seen"]:  # the same run as an earlier candidate
+                        t["duplicate_of"] = next(x["name"] for x in st["trials"] if x.get("key") == j.key)
+                        continue
+                    st["seen"].add(j.key)
+                    t.update(rung=rung, key=j.key, job=j)
+                    jobs.append(j)
+            if not jobs:
+                break
+            log_rung(rung, len(jobs), self.rungs[rung])
+            self.execute(jobs)
+            if self.dry:
+                return []
+            for st in state:
+                self._score(st, rung)
+            self._write(state)
+        self._write(state)
+        return []
+
+    def _score(self, st: dict, rung: int) -> None:
+        ran = [t for t in st["trials"] if t["rung"] == rung]
+        for t in ran:
+            j = t["job"]
+            m = read_json_dict(self.sweep_dir / j.dir / "metrics.json") or {}
+            r = read_result(self.sweep_dir / j.dir)
+            t.update(status=r.status if r else "unknown", dir=j.dir,
+                     tokens_per_s=(m.get("throughput") or {}).get("tokens_per_s"))
+        ok = sorted((t for t in ran if t.get("tokens_per_s")), key=lambda t: -t["tokens_per_s"])
+        n_keep = max(1, math.ceil(len(ok) * self.keep)) if rung + 1 < len(self.rungs) else 0
+        for t in ok[:n_keep] if len(ok) > 1 else []:
+            t["promoted"] = True
+
+    def _write(self, state: list[dict]) -> None:
+        out = {"budget_min": self.budget_min, "spent_min": round(self.spent_min(), 2), "rungs": self.rungs,
+               "keep": self.keep, "time": time.time(), "bases": []}
+        for st in state:
+            trials = [{k: v for k, v in t.items() if k not in ("job", "promoted")} for t in st["trials"]]
+            done = [t for t in trials if t.get("tokens_per_s")]
+            top = max(done, key=lambda t: (t["rung"], t["tokens_per_s"])) if done else None
+            entry = {"base": st["base"], "trials": trials, "winner": None, "command": None}
+            if top:
+                knobs = [o for o in top["overrides"] if o not in st["base"]]
+                entry["winner"] = {"name": top["name"], "overrides": knobs, "tokens_per_s": top["tokens_per_s"],
+                                   "rung": top["rung"], "dir": top.get("dir")}
+                entry["command"] = "python -m bench " + " ".join(
+                    o for o in st["base"] + knobs if not o.startswith("hydra."))
+            out["bases"].append(entry)
+        write_json_atomic(Path(self.sweep_dir) / RESULT, out)
+
+
+def log_rung(rung: int, n: int, steps: tuple) -> None:
+    log.info("[tune] rung %d: %d trial(s) at %d warm-up + %d timed steps",
+                                          rung, n, steps[0], steps[1])
+
+
+def read_tune(sweep_dir: Path) -> Optional[dict]:
+    return read_json_dict(Path(sweep_dir) / RESULT)
+

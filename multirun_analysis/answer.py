@@ -1,0 +1,179 @@
+"""The answer: which strategy to use, at its best settings, as a command line.
+
+* Runs are compared only within one **workload**: the same model, GPU count and tokens per
+  optimizer step (global batch x sequence length).  Runs of different workloads are never ranked
+  against each other.
+* A strategy's **identity** is what the experiment key holds except the knobs a search tunes
+  (every knob declared with search candidates in bench's schemas, compile, tuning): ZeRO-1 and
+  ZeRO-3, or Megatron TP=2 and PP=2, are different strategies; ZeRO-1 with and without CUDA graphs
+  are one strategy at two settings.  Per strategy: its **default** (every tuned knob at its schema
+  default, tuning=default) beside its **best** (the fastest completed setting), the gain and the
+  knobs that differ.
+* ``memory_budget_gib``: only runs whose measured peak per device (mem_peak_mb: the CUDA allocator's
+  peak, or host RSS on CPU) fits are ranked; the others are listed with their peak.
+* The winner's command: the command it ran with (provenance), as ``python -m bench ...``.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Optional
+
+import pandas as pd
+
+from bench.registry import specs
+from bench.schema import BenchConfig, fields_of
+from multirun_analysis.summarize import _fmt, _hashable, key_columns
+
+WORKLOAD = ("model", "world_size", "tokens_per_step")
+
+
+def tuned_knobs() -> dict[str, object]:
+    """Column -> schema default of every knob a search tunes (flattened names as in the runs table)."""
+    out: dict[str, object] = {"tuning": "default"}
+    for name, f in fields_of(BenchConfig).items():
+        if f.metadata.get("tune"):
+            out[name] = f.default
+    for spec in specs().values():
+        for name, f in fields_of(spec.schema).items():
+            if f.metadata.get("tune"):
+                out[name] = f.default
+    return out
+
+
+def with_workload(summary: pd.DataFrame) -> pd.DataFrame:
+    s = summary.copy()
+    gb = pd.to_numeric(s.get("global_batch"), errors="coerce")
+    seq = pd.to_numeric(s.get("seq_len"), errors="coerce")
+    s["tokens_per_step"] = gb * seq
+    return s
+
+
+def _identity_cols(s: pd.DataFrame) -> list[str]:
+    tuned = tuned_knobs()
+    return [c for c in key_columns(s) if c not in tuned and c not in WORKLOAD and c not in ("global_batch", "seq_len")]
+
+
+def _is_default(row: pd.Series, tuned: dict) -> bool:
+    for col, default in tuned.items():
+        if col in row.index and _hashable(row[col]) is not None and _hashable(row[col]) != default:
+            return False
+    return True
+
+
+def _strategy_name(row: pd.Series, cols: list[str]) -> str:
+    parts = [str(row.get("strategy"))]
+    for c in cols:
+        if c in ("strategy", "model", "world_size"):
+            continue
+        v = _hashable(row.get(c))
+        if c == "zero_stage" and v is not None:
+            parts[0] = f"zero-{v}"
+        elif c in ("tp", "pp") and v not in (None, 1):
+            parts.append(f"{c}={v}")
+        elif c in ("impl",) and v not in (None, "torch", "deepspeed") and row.get("strategy") in ("tp", "pp"):
+            parts.append(f"impl={v}")
+        elif c in ("offload_optimizer", "offload_param") and v not in (None, "none"):
+            parts.append(f"{c}={v}")
+        elif c in ("cpu_offload",) and v is True:
+            parts.append("cpu_offload")
+        elif c == "recompute" and v not in (None, "none"):
+            parts.append(f"recompute={v}")
+    return " ".join(parts)
+
+
+def default_vs_best(summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per workload and strategy: default and best settings side by side."""
+    if summary.empty:
+        return pd.DataFrame()
+    s = with_workload(summary)
+    tuned = tuned_knobs()
+    ident = _identity_cols(s)
+    rows = []
+    groups = s.groupby([s[c].map(_fmt) for c in WORKLOAD + tuple(ident) if c in s.columns], sort=False, dropna=False)
+    for _, g in groups:
+        g = g.sort_values("tokens_per_s", ascending=False)
+        best = g.iloc[0]
+        defaults = g[[_is_default(r, tuned) for _, r in g.iterrows()]]
+        d = defaults.iloc[0] if len(defaults) else None
+        differ = [f"{c}={_fmt(best[c])}" for c in tuned if c in g.columns and d is not None
+                  and _hashable(best[c]) != _hashable(d[c])]
+        rows.append({**{c: best.get(c) for c in WORKLOAD}, "strategy_id": _strategy_name(best, ident),
+                     "default_tokens_per_s": d["tokens_per_s"] if d is not None else math.nan,
+                     "best_tokens_per_s": best["tokens_per_s"], "best_label": best.get("label"),
+                     "gain": best["tokens_per_s"] / d["tokens_per_s"] if d is not None else math.nan,
+                     "knobs_that_differ": ", ".join(differ) if d is not None else "(no default run)",
+                     "best_mem_peak_mb": best.get("mem_peak_mb"), "best_mfu": best.get("mfu"),
+                     "command": best.get("command"), "n_settings": len(g)})
+    return pd.DataFrame(rows)
+
+
+def command_line(cmd: Optional[str]) -> Optional[str]:
+    """A run's recorded command as ``python -m bench ...`` (no interpreter path, no hydra.* folders)."""
+    if not cmd or not isinstance(cmd, str):
+        return None
+    words = shlex.split(cmd)
+    if "-m" in words:
+        words = words[words.index("-m") + 2:]
+    keep = [w for w in words if not w.startswith(("hydra.sweep.", "hydra.run.", "hydra.job.", "--multirun"))]
+    return "python -m bench " + " ".join(shlex.quote(w) for w in keep)
+
+
+def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> list[str]:
+    """Per workload: strategies at their best, fastest first; default vs best; what does not fit."""
+    if summary.empty:
+        return ["No run completed: nothing to rank."]
+    table = default_vs_best(summary)
+    out = []
+    for keys, g in table.groupby([table[c].map(_fmt) for c in WORKLOAD], sort=True):
+        model, ws, tps = keys
+        budget = memory_budget_gib * 1024 if memory_budget_gib else None
+        fits = g if budget is None else g[pd.to_numeric(g["best_mem_peak_mb"], errors="coerce") <= budget]
+        over = g.drop(fits.index)
+        fits = fits.sort_values("best_tokens_per_s", ascending=False)
+        head = f"**{model}, {ws} GPU{'s' if ws != '1' else ''}, {tps} tokens per step**"
+        if fits.empty:
+            out.append(f"- {head}: no strategy fits {memory_budget_gib:g} GiB per GPU.")
+        else:
+            w = fits.iloc[0]
+            out.append(f"- {head}: use **{w['strategy_id']}** ({w['best_label']}), {w['best_tokens_per_s']:,.0f} "
+                       f"tokens/s, peak {_mib(w['best_mem_peak_mb'])} per device"
+                       + (f" (within {memory_budget_gib:g} GiB)" if budget else "") + ":")
+            cmd = command_line(w["command"])
+            if cmd:
+                out += ["", "  ```bash", f"  {cmd}", "  ```", ""]
+            for i, (_, r) in enumerate(fits.iterrows(), start=1):
+                gain = (f"default {r['default_tokens_per_s']:,.0f} -> best {r['best_tokens_per_s']:,.0f} "
+                        f"({r['gain']:.2f}x; {r['knobs_that_differ'] or 'the default is the best'})"
+                        if not math.isnan(r["default_tokens_per_s"]) else
+                        f"best {r['best_tokens_per_s']:,.0f} (no default run to compare)")
+                out.append(f"    {i}. {r['strategy_id']}: {100 * r['best_tokens_per_s'] / w['best_tokens_per_s']:.0f}% "
+                           f"of the winner; {gain}; peak {_mib(r['best_mem_peak_mb'])}")
+        for _, r in over.iterrows():
+            out.append(f"    - does not fit {memory_budget_gib:g} GiB: {r['strategy_id']} (peak "
+                       f"{_mib(r['best_mem_peak_mb'])})")
+    return out
+
+
+def _mib(x) -> str:
+    x = pd.to_numeric(pd.Series([x]), errors="coerce").iloc[0]
+    return "n/a" if math.isnan(x) else f"{x / 1024:,.1f} GiB"
+
+
+def prediction_error(runs: pd.DataFrame) -> pd.DataFrame:
+    """The memory plan's predicted peak against the measured one (CUDA runs), per strategy."""
+    pred, meas = "memory.plan.predicted_peak_allocated_mb", "memory.max_allocated_mb"
+    if pred not in runs.columns or meas not in runs.columns:
+        return pd.DataFrame()
+    ok = runs[runs["usable"].astype(bool)].copy()
+    ok["_p"], ok["_m"] = pd.to_numeric(ok[pred], errors="coerce"), pd.to_numeric(ok[meas], errors="coerce")
+    ok = ok[ok["_p"].notna() & (ok["_m"] > 0)]
+    if ok.empty:
+        return pd.DataFrame()
+    ok["error_pct"] = 100 * (ok["_p"] / ok["_m"] - 1)
+    rows = []
+    for name, g in ok.groupby(ok["strategy"].map(_fmt)):
+        rows.append({"strategy": name, "runs": len(g), "median_error_pct": g["error_pct"].median(),
+                     "min_error_pct": g["error_pct"].min(), "max_error_pct": g["error_pct"].max(),
+                     "within_10pct": int((g["error_pct"].abs() <= 10).sum())})
+    return pd.DataFrame(rows)

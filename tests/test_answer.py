@@ -1,0 +1,49 @@
+"""The answer of multirun_analysis on a real CPU sweep: workloads never mixed, each strategy's default
+beside its best, the memory-budget filter, and the winner as a command line."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import CPU_FAST, REPO, run_bench
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    d = tmp_path_factory.mktemp("answer") / "sweep"
+    p = run_bench("strategy=ddp", "world_size=2", "strategy.bucket_cap_mb=25,100", "model.global_batch=8,16",
+                  *CPU_FAST, run_dir=d, multirun=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return d
+
+
+def test_workloads_are_never_ranked_together_and_default_sits_beside_best(sweep):
+    import multirun_analysis as ma
+
+    s = ma.summarize(ma.load_runs(sweep))
+    assert len(s) == 4
+    t = ma.default_vs_best(s)
+    assert sorted(t["tokens_per_step"]) == [8 * 128, 16 * 128]  # one row per workload: never mixed
+    for _, r in t.iterrows():
+        assert r["strategy_id"] == "ddp" and r["n_settings"] == 2
+        assert r["best_tokens_per_s"] >= r["default_tokens_per_s"] > 0
+        assert r["gain"] == pytest.approx(r["best_tokens_per_s"] / r["default_tokens_per_s"])
+        want = "" if r["best_tokens_per_s"] == r["default_tokens_per_s"] else "bucket_cap_mb=100"
+        assert r["knobs_that_differ"] == want
+        assert ma.answer.command_line(r["command"]).startswith("python -m bench ")
+    lines = "\n".join(ma.ranked(s))
+    assert lines.count("use **ddp**") == 2 and "1024 tokens per step" in lines and "2048 tokens per step" in lines
+
+
+def test_memory_budget_and_the_command_line(sweep, tmp_path):
+    p = subprocess.run([sys.executable, "-m", "multirun_analysis", str(sweep), "--no-plots", "--memory-budget-gib",
+                        "0.01", "--out", str(tmp_path / "a")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "no strategy fits 0.01 GiB per GPU" in p.stdout and "does not fit 0.01 GiB: ddp (peak" in p.stdout
+    p = subprocess.run([sys.executable, "-m", "multirun_analysis", str(sweep), "--no-plots", "--memory-budget-gib",
+                        "64", "--out", str(tmp_path / "b")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    md = (tmp_path / "b" / "report.md").read_text()
+    assert "(within 64 GiB)" in md and "python -m bench " in md and "strategy=ddp" in md and "world_size=2" in md
+    assert "## Each strategy at its defaults and at its best" in md

@@ -1,0 +1,115 @@
+"""tuning=best: each strategy's profile applied honestly (bench/tuning.py), and the top-level shorthands.
+
+What is applied, kept (set explicitly) and skipped (cannot apply here) is checked on composed configs;
+real 2-rank gloo runs check that the applied knobs train the same model as strategy=single (fp32) and
+that metrics.json's layout.tuning says what was applied and skipped."""
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from bench.config import register_configs, validate
+from bench.schema import ConfigError
+from tests.conftest import CPU_FAST, REPO, loss_curve, metrics_of, run_bench
+
+register_configs()
+
+
+def plan(*overrides: str, gpus: int = 0, explicit=()):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return validate(compose("config", overrides=list(overrides)), gpus=gpus, explicit=explicit)
+
+
+def test_default_tuning_changes_nothing():
+    p = plan("strategy=zero", "zero_stage=2", "world_size=2", "device=cpu")
+    assert p.tuning is None and p.strategy["compute_grad_norm"] is True and p.cfg["tuning"] == "default"
+
+
+def test_best_on_a_gpu_applies_the_zero_profile():
+    p = plan("strategy=zero", "zero_stage=2", "precision=bf16", "device=cuda", "tuning=best", gpus=1)
+    applied = p.tuning["applied"]
+    assert set(applied) == {"strategy.autocast", "compile", "compile_mode", "strategy.compute_grad_norm"}
+    assert (p.strategy["autocast"], p.cfg["compile"], p.cfg["compile_mode"], p.strategy["compute_grad_norm"]) == \
+        (True, True, "reduce-overhead", False)
+    assert all("results/" in v["evidence"] for v in applied.values())
+    assert "leaf_blocks" in p.tuning["skipped"]["strategy.leaf_blocks"]["reason"]  # a ZeRO-3 knob at stage 2
+
+
+def test_best_skips_what_cannot_apply_on_cpu_and_says_why():
+    p = plan("strategy=zero", "zero_stage=1", "world_size=2", "device=cpu", "precision=fp32", "tuning=best")
+    sk = p.tuning["skipped"]
+    assert "bf16 or fp16" in sk["strategy.autocast"]["reason"]  # fp32 run
+    assert "needs a GPU" in sk["compile_mode"]["reason"] and "compile" in sk  # CUDA graphs, kept together
+    assert p.tuning["applied"] == {"strategy.compute_grad_norm": p.tuning["applied"]["strategy.compute_grad_norm"]}
+    assert p.strategy["compute_grad_norm"] is False and p.cfg["compile"] is False
+    p = plan("strategy=zero", "zero_stage=1", "world_size=2", "device=cpu", "precision=fp32", "tuning=best",
+             "optim.grad_clip=1.0")  # clipping needs the norm: skipped, with the rule's own message
+    assert "clipping needs the gradient norm" in p.tuning["skipped"]["strategy.compute_grad_norm"]["reason"]
+    p = plan("strategy=megatron", "world_size=1", "device=cuda", "precision=bf16", "tuning=best", gpus=1)
+    assert p.strategy["cuda_graph"] is True and p.strategy["use_distributed_optimizer"] is True
+
+
+def test_an_explicit_setting_wins_over_the_profile():
+    p = plan("strategy=fsdp", "world_size=2", "device=cpu", "precision=fp32", "tuning=best",
+             "strategy.reshard_after_forward=true", explicit=["strategy.reshard_after_forward"])
+    assert p.strategy["reshard_after_forward"] is True
+    assert "set explicitly" in p.tuning["kept"]["strategy.reshard_after_forward"]["reason"]
+    p = plan("strategy=fsdp", "world_size=2", "device=cpu", "precision=fp32", "tuning=best", "compile=false",
+             explicit=["compile"])  # at its default, but typed: still the user's
+    assert p.cfg["compile"] is False and "compile" in p.tuning["kept"]
+    assert p.strategy["reshard_after_forward"] is False  # the rest of the profile applied
+    assert "must be 1..4" in p.tuning["skipped"]["strategy.blocks_per_unit"]["reason"]  # tiny has 4 blocks
+
+
+def test_shorthands_zero_stage_and_microbatches():
+    assert plan("strategy=zero", "zero_stage=3", "world_size=2", "device=cpu").strategy["zero_stage"] == 3
+    assert plan("strategy=zero", "+zero_stage=2", "world_size=2", "device=cpu").strategy["zero_stage"] == 2
+    p = plan("strategy=pp", "strategy.impl=torch", "microbatches=p", "world_size=2", "device=cpu")
+    assert (p.strategy["microbatches"], p.grad_accum) == ("p", 2) and "microbatches" not in p.cfg
+    for overrides, key in ((["strategy=single", "zero_stage=2"], "zero_stage"),
+                           (["strategy=zero", "zero_stage=2", "strategy.zero_stage=1"], "strategy.zero_stage"),
+                           (["strategy=zero", "+strategy.zero_stag=2"], "strategy.zero_stag"),
+                           (["+not_a_key=1"], "not_a_key"),
+                           (["strategy=ddp", "+model.n_kv=2"], "model.n_kv")):
+        with pytest.raises(ConfigError) as e:
+            plan(*overrides, "device=cpu")
+        assert e.value.key == key, overrides
+
+
+def test_unconsumed_plus_key_fails_before_launch(tmp_path):
+    p = run_bench(*CPU_FAST, "strategy=zero", "+strategy.zero_stag=2", run_dir=tmp_path / "r", timeout=120)
+    assert p.returncode == 2 and "strategy.zero_stag=2: bench does not use this key" in p.stdout + p.stderr
+    assert not list((tmp_path / "r").glob("rank*.json"))
+
+
+def test_zero_stage_shorthand_runs_as_typed(single_cpu, bench_run):
+    """python -m bench strategy=zero zero_stage=3 world_size=2: ZeRO-3 ran, and says so."""
+    p, d = bench_run(*CPU_FAST, "strategy=zero", "zero_stage=3", "world_size=2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = metrics_of(d)
+    assert m["layout"]["zero_stage"] == 3 == m["config"]["strategy"]["zero_stage"]
+    assert m["layout"]["ds_config"]["zero_optimization"]["stage"] == 3 and "zero_stage" not in m["config"]
+    assert max(abs(a - b) for a, b in zip(loss_curve(d), loss_curve(single_cpu))) < 1e-5
+
+
+@pytest.mark.parametrize("overrides", [
+    ("strategy=zero", "zero_stage=1", "world_size=2"),  # compute_grad_norm=false applied
+    ("strategy=zero", "zero_stage=3", "world_size=2"),  # leaf_blocks applied
+    ("strategy=fsdp", "world_size=2", "compile=false"),  # reshard_after_forward=false applied, compile kept
+    ("strategy=ddp", "world_size=2"),  # nothing to apply: its defaults are its best
+    ("strategy=pp", "strategy.impl=torch", "world_size=2"),  # cuda_graph skipped (Megatron only)
+], ids=["zero1", "zero3", "fsdp", "ddp", "torch_pp"])
+def test_best_trains_the_same_model(overrides, single_cpu, bench_run):
+    p, d = bench_run(*CPU_FAST, "tuning=best", *overrides)
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = metrics_of(d)
+    tuning = m["layout"]["tuning"]
+    assert tuning["profile"] == "best" and set(tuning) >= {"applied", "skipped", "kept", "summary"}
+    assert max(abs(a - b) for a, b in zip(loss_curve(d), loss_curve(single_cpu))) < 1e-5
+    if "zero_stage=1" in overrides:
+        assert m["config"]["strategy"]["compute_grad_norm"] is False
+    if "zero_stage=3" in overrides:
+        assert m["layout"]["ds_config"]["zero_optimization"]["leaf_module"]
+    if "strategy=fsdp" in overrides:
+        assert m["layout"]["reshard_after_forward"] is False and "compile" in tuning["kept"]
+    assert tuning["summary"] in p.stdout + p.stderr  # said in the log too
