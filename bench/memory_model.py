@@ -186,6 +186,9 @@ def device_memory_gib(plan: Plan, gpu_memory_gib: Optional[float] = None) -> tup
         return None, "CPU run: no device memory to check"
     import torch
 
+    if not torch.cuda.is_available():  # planned elsewhere (a sweep for a SLURM cluster, a test)
+        return None, "no visible GPU: set memory_gib to check the plan"
+
     props = torch.cuda.get_device_properties(0)
     return props.total_memory / GIB, props.name
 

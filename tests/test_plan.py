@@ -77,14 +77,14 @@ def test_force_run_runs_a_predicted_oom(tmp_path):
 
 
 def test_the_plans_parts_follow_the_layout():
-    base = ("model=llama3_8b", "device=cuda", "precision=bf16")
+    base = ("model=llama3_8b", "device=cuda", "precision=bf16", "memory_gib=139")
     one = memory_plan(plan(*base, "strategy=single", gpus=1))
     assert one["fits"] is False  # 16 bytes / parameter alone: 128 GB > a 139 GiB H200 with activations
     z3 = memory_plan(plan(*base, "strategy=zero", "zero_stage=3", "world_size=8", gpus=8))
     assert z3["model_states"]["device_mb"]["optimizer"] == pytest.approx(
         one["model_states"]["device_mb"]["optimizer"] * 12 / 8 / 8, rel=0.01)  # mixed 12 B/param / dp vs fp32 8
     full = memory_plan(plan(*base, "strategy=single", "recompute=full", gpus=1))
-    assert full["activations"]["activations_mb"] < one["activations"]["activations_mb"] / 10
+    assert full["activations"]["activations_mb"] < one["activations"]["activations_mb"] / 5
     sel = memory_plan(plan(*base, "strategy=single", "recompute=selective", gpus=1))
     assert sel["activations"]["activations_mb"] == one["activations"]["activations_mb"]  # fused attention: same
     tp = memory_plan(plan(*base, "strategy=tp", "world_size=2", gpus=2))

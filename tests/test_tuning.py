@@ -39,7 +39,7 @@ def test_best_skips_what_cannot_apply_on_cpu_and_says_why():
     p = plan("strategy=zero", "zero_stage=1", "world_size=2", "device=cpu", "precision=fp32", "tuning=best")
     sk = p.tuning["skipped"]
     assert "bf16 or fp16" in sk["strategy.autocast"]["reason"]  # fp32 run
-    assert "needs a GPU" in sk["compile_mode"]["reason"] and "compile" in sk  # CUDA graphs, kept together
+    assert "need a GPU" in sk["compile_mode"]["reason"] and "compile" in sk  # CUDA graphs, kept together
     assert p.tuning["applied"] == {"strategy.compute_grad_norm": p.tuning["applied"]["strategy.compute_grad_norm"]}
     assert p.strategy["compute_grad_norm"] is False and p.cfg["compile"] is False
     p = plan("strategy=zero", "zero_stage=1", "world_size=2", "device=cpu", "precision=fp32", "tuning=best",
