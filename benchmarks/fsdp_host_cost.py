@@ -24,19 +24,17 @@ def main() -> None:
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 256)
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
     from bench.model import GPT, lm_loss
-    from bench.strategies.fsdp import shard_blocks
-    from bench.strategies.local_adamw import LocalShardAdamW
+    from bench.parallel.dp import apply_fsdp
+    from bench.parallel.optim import LocalShardAdamW
 
     def build(k: int | None, reshard: bool = False):
         m = GPT(*r.dims).to(r.dev)
         for b in m.blocks.values():
             b.compile()
-        if k is not None:
-            shard_blocks(m, k, reshard, mesh=r.mesh,
-                         mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+        if k is not None:  # bench's FSDP2 wrapping: units of k blocks, bf16 parameters, fp32 reduce-scatter
+            apply_fsdp(m, r.mesh, "bf16", {"reduce_dtype": "fp32", "blocks_per_unit": k,
+                                           "reshard_after_forward": reshard, "prefetch": 0}, False, r.dev)
         return m
 
     def fwd_bwd(m, autocast: bool):

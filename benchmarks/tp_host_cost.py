@@ -54,16 +54,15 @@ class OneRank:
 def main() -> None:
     r = OneRank("tp", "29556")
     from bench.model import GPT, lm_loss
-    from bench.strategies.local_adamw import LocalShardAdamW
-    from bench.strategies.torch_pp import clip_grads_
-    from bench.strategies.torch_tp import parallelize_blocks
+    from bench.parallel.optim import LocalShardAdamW, clip_grads_
+    from bench.parallel.tp import apply_tp
 
     mesh, dims, dev, x, y, ms = r.mesh, r.dims, r.dev, r.x, r.y, r.ms
     for tp in (False, True):
         for compiled in (False, True):
             m = GPT(*dims).to(dev)
             if tp:
-                parallelize_blocks(m, mesh["tp"])
+                apply_tp(m, mesh["tp"])
             if compiled:
                 for b in m.blocks.values():
                     b.compile()
