@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,52 @@ def metrics_of(run_dir: Path) -> dict:
 
 def loss_curve(run_dir: Path) -> list[float]:
     return metrics_of(run_dir)["loss"]["per_step"]
+
+
+def c10d_threads_left(run_dir: Path) -> list[str]:
+    """The ranks' log lines saying a c10d thread outlived the release of the process groups
+    (bench/worker.py _close_process_group): none, unless a reference to a destroyed group leaked."""
+    from bench.worker import C10D_THREADS_LEFT
+
+    return [line for p in sorted(Path(run_dir).glob("rank*.log"))
+            for line in p.read_text(errors="replace").splitlines() if C10D_THREADS_LEFT in line]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, fn, world: int, port: int, args: tuple) -> None:
+    """One rank of spawn_ranks: a gloo group around fn, released on every path (see bench/teardown.py)."""
+    import torch
+    import torch.distributed as dist
+
+    from bench.teardown import release_process_groups
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+    except BaseException as e:  # a failing assert: its frames would keep the model (and its groups) alive
+        traceback.clear_frames(e.__traceback__)
+        raise
+    finally:
+        left = release_process_groups()
+    # a c10d thread alive here would still be running while this spawned interpreter finalizes (the
+    # random "terminate called without an active exception" abort): fail every time instead
+    assert not left, f"rank {rank}: c10d threads still running after the process groups were released: {left}"
+
+
+def spawn_ranks(fn, world: int = 2, *args) -> None:
+    """Run ``fn(rank, world, *args)`` in ``world`` spawned processes joined in one gloo group (the
+    group is created before fn and released after it, even when fn raises; a rank that leaves a
+    c10d thread running fails)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_rank_main, args=(fn, world, free_port(), args), nprocs=world, join=True)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from bench.metrics import skeleton
-from tests.conftest import CPU_FAST, loss_curve, metrics_of, run_bench
+from tests.conftest import CPU_FAST, c10d_threads_left, loss_curve, metrics_of, run_bench
 
 
 def _keys(d: dict, prefix="") -> set[str]:
@@ -53,6 +53,7 @@ def test_ddp_two_ranks_loss_equals_single(single_cpu, bench_run):
         assert r["preloaded_modules"] == []  # a one-off run: its ranks import torch._dynamo themselves
     ref, got = loss_curve(single_cpu), loss_curve(d)
     assert len(got) == len(ref) == 4
+    assert c10d_threads_left(d) == []
     assert max(abs(a - b) for a, b in zip(ref, got)) < 1e-5, (ref, got)
 
 
@@ -63,6 +64,8 @@ def test_spawned_ranks_equal_forkserver_ranks(single_cpu, bench_run):
     assert metrics_of(d)["config"]["start_method"] == "spawn"
     assert [r["preloaded_modules"] for r in metrics_of(d)["ranks"]] == [[], []]  # each rank imports its own
     assert max(abs(a - b) for a, b in zip(loss_curve(single_cpu), loss_curve(d))) < 1e-5
+    # a spawned rank finalizes its interpreter: no c10d thread may still be running then
+    assert c10d_threads_left(d) == []
 
 
 def test_split_cpu_affinity_pins_each_rank_to_its_own_cpus(single_cpu, bench_run):
