@@ -40,6 +40,7 @@ import logging
 import os
 import sys
 import types
+import warnings
 
 # the names c10d's native threads give themselves (/proc/<pid>/task/<tid>/comm)
 C10D_THREAD_PREFIXES = ("pt_gloo", "gloo_", "pt_tcpstore", "pt_nccl")
@@ -78,22 +79,29 @@ def _drop_group_references() -> None:
     # module globals that hold a group (megatron.core.parallel_state, deepspeed.utils.groups, ...) and
     # default arguments bound to one when their module was imported (torch.distributed.nn.functional);
     # a tuple of defaults holds no object the garbage collector tracks, so gc never lists it: look.
-    for name, mod in list(sys.modules.items()):
-        if mod is None or not name.startswith(_HOLDERS):
-            continue
-        for attr, value in list(vars(mod).items()):
-            if isinstance(value, ProcessGroup):
-                setattr(mod, attr, None)
-            elif isinstance(value, dict) and any(isinstance(v, ProcessGroup) for v in value.values()):
-                for k in [k for k, v in value.items() if isinstance(v, ProcessGroup)]:
-                    del value[k]
-            elif isinstance(value, types.FunctionType):
-                _drop_default_groups(value, ProcessGroup)
-            elif isinstance(value, type) and value.__module__ == name:
-                for member in list(vars(value).values()):
-                    member = getattr(member, "__func__", member)  # staticmethod / classmethod
-                    if isinstance(member, types.FunctionType):
-                        _drop_default_groups(member, ProcessGroup)
+    with warnings.catch_warnings():  # isinstance() on deprecated module attributes (torch.distributed.reduce_op) warns
+        warnings.simplefilter("ignore")
+        for name, mod in list(sys.modules.items()):
+            if mod is not None and name.startswith(_HOLDERS):
+                _drop_module_groups(name, mod, ProcessGroup)
+
+
+def _drop_module_groups(name: str, mod, group_type) -> None:
+    """In module ``mod``: globals that are a group become None, groups leave module-level dicts, and
+    default arguments that are a group (its functions', its classes' methods') become None."""
+    for attr, value in list(vars(mod).items()):
+        if isinstance(value, group_type):
+            setattr(mod, attr, None)
+        elif isinstance(value, dict) and any(isinstance(v, group_type) for v in value.values()):
+            for k in [k for k, v in value.items() if isinstance(v, group_type)]:
+                del value[k]
+        elif isinstance(value, types.FunctionType):
+            _drop_default_groups(value, group_type)
+        elif isinstance(value, type) and value.__module__ == name:
+            for member in list(vars(value).values()):
+                member = getattr(member, "__func__", member)  # staticmethod / classmethod
+                if isinstance(member, types.FunctionType):
+                    _drop_default_groups(member, group_type)
 
 
 _HOLDERS = ("torch.distributed", "megatron", "deepspeed")  # the modules _drop_group_references looks into
