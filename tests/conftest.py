@@ -6,7 +6,9 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import traceback
+import uuid
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,68 @@ def run_bench(*overrides: str, run_dir: Path | None = None, multirun: bool = Fal
         args.append(f"hydra.{'sweep' if multirun else 'run'}.dir={run_dir}")
     e = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=e)
+
+
+# ------------------------------------------------------------------------------ faults: processes left, results lost
+TAG = "BENCH_TEST_TAG"  # an environment variable every process of one command inherits (fork server, ranks)
+
+
+def fault_env() -> dict:
+    """An environment that marks every process a command starts (see processes_left)."""
+    return {TAG: uuid.uuid4().hex}
+
+
+def processes_left(env: dict, wait_s: float = 5.0) -> list[str]:
+    """The processes still running (zombies aside) that carry env's tag: none may outlive the command
+    that started them.  Waits up to ``wait_s`` for processes that are ending."""
+    mark = f"{TAG}={env[TAG]}".encode()
+    deadline = time.time() + wait_s
+    while True:
+        found = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if mark not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+            except OSError:  # gone meanwhile
+                continue
+            if state != "Z":
+                found.append(f"{pid} {cmd}")
+        if not found or time.time() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+def rank_pid(env: dict, run_dir: Path, rank: int) -> int | None:
+    """The pid of one rank of a running command (the process that has run_dir/rank<r>.log open)."""
+    mark = f"{TAG}={env[TAG]}".encode()
+    want = str(Path(run_dir).resolve() / f"rank{rank}.log")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark not in f.read().split(b"\0"):
+                    continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == want:
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def record_fault(fault: str, status: str, lost: int, left: int, note: str = "") -> None:
+    """One row of the fault table (results/<date>-cpu-stress/faults.md), appended to the file named by
+    $BENCH_FAULT_TABLE when it is set (tests/stress.py sets it)."""
+    path = os.environ.get("BENCH_FAULT_TABLE")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"fault": fault, "status": status, "lost": lost, "left": left, "note": note}) + "\n")
 
 
 def metrics_of(run_dir: Path) -> dict:

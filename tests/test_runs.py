@@ -8,7 +8,8 @@ import time
 import pytest
 
 from bench.metrics import skeleton
-from tests.conftest import CPU_FAST, c10d_threads_left, loss_curve, metrics_of, run_bench
+from tests.conftest import (CPU_FAST, c10d_threads_left, fault_env, loss_curve, metrics_of, processes_left,
+                            record_fault, run_bench)
 
 
 def _keys(d: dict, prefix="") -> set[str]:
@@ -139,11 +140,19 @@ def test_oom_is_classified(bench_run):
 
 
 def test_hung_run_is_killed_by_run_timeout(bench_run):
+    """A rank that hangs mid-run (the fault suite, tests/test_faults.py): run_timeout_s ends the run,
+    status timeout recorded, and no process of it (ranks, fork server) is left behind."""
     t0 = time.time()
+    env = fault_env()
     p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2", "fault.kind=hang", "fault.rank=0",
-                     "fault.step=1", "run_timeout_s=25")
-    assert p.returncode == 1 and metrics_of(d)["status"] == "timeout"
+                     "fault.step=1", "run_timeout_s=25", env=env)
+    left = processes_left(env)
+    m = metrics_of(d)
+    record_fault("a rank hangs past run_timeout_s (ddp, 2 ranks)", m["status"], 0 if m["status"] == "timeout" else 1,
+                 len(left), m["error"]["message"])
+    assert p.returncode == 1 and m["status"] == "timeout"
     assert time.time() - t0 < 90
+    assert not left, left
 
 
 def test_multirun_gives_one_folder_per_job_and_records_the_invalid_one(tmp_path):
