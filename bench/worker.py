@@ -315,13 +315,13 @@ def worker_main(plan_dict: dict, run_dir: str, teardown_deadline: bool = False) 
         traceback.clear_frames(exc.__traceback__)  # its frames would keep the model, hence its groups, alive
         raise
     finally:
-        _close_process_group(failed)
+        _close_process_group(failed, own_process=teardown_deadline)
 
 
 C10D_THREADS_LEFT = "c10d threads still running after the process groups were released"
 
 
-def _close_process_group(abort_it: bool) -> None:
+def _close_process_group(abort_it: bool, own_process: bool = False) -> None:
     """Destroy the group; after a failure on NCCL, abort it instead: a peer may be blocked in a
     collective this rank will never join, and destroy would wait for it (seen on 2 H200s: the
     failing rank hung until run_timeout_s instead of exiting, so the launcher never saw it fail).
@@ -331,8 +331,11 @@ def _close_process_group(abort_it: bool) -> None:
     meshes, torch.distributed.nn's default arguments, megatron's globals: bench/teardown.py), so that
     no c10d thread is left running while a spawned rank's interpreter finalizes (the random
     "terminate called without an active exception" abort at exit); a rank where some are left all
-    the same does not finalize its interpreter."""
+    the same does not finalize its interpreter, where the process is its own (``own_process``: an
+    elastic rank; a SLURM task's process is submitit's, which records the result after this)."""
     left = release_process_groups(abort=abort_it)
     if left:  # DeepSpeed's engine keeps its groups: then this rank skips the interpreter's finalization
-        log.info("%s: %s; this rank ends with os._exit (bench/teardown.py)", C10D_THREADS_LEFT, ", ".join(left))
-        exit_without_finalizing(1 if abort_it else 0)
+        log.info("%s: %s%s (bench/teardown.py)", C10D_THREADS_LEFT, ", ".join(left),
+                 "; this rank ends with os._exit" if own_process else "")
+        if own_process:
+            exit_without_finalizing(1 if abort_it else 0)

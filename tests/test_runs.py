@@ -69,6 +69,18 @@ def test_spawned_ranks_equal_forkserver_ranks(single_cpu, bench_run):
     assert c10d_threads_left(d) == []
 
 
+def test_spawned_zero_ranks_skip_finalization_with_deepspeed_groups_left(bench_run):
+    """DeepSpeed's engine keeps its process groups alive (ZeRO's hooks hold it through autograd), so
+    their gloo threads outlive the release: a spawned rank then ends with os._exit instead of
+    finalizing its interpreter with them running (bench/teardown.py), and the run ends cleanly."""
+    p, d = bench_run(*CPU_FAST, "strategy=zero", "strategy.zero_stage=3", "world_size=2", "start_method=spawn")
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = metrics_of(d)
+    assert m["status"] == "completed" and "exit_warning" not in m, m.get("exit_warning")
+    left = c10d_threads_left(d)
+    assert len(left) == 2 and all("this rank ends with os._exit" in line for line in left), left
+
+
 def test_split_cpu_affinity_pins_each_rank_to_its_own_cpus(single_cpu, bench_run):
     """cpu_affinity=split: each local rank runs on its own share of the CPUs (recorded per rank), and
     trains exactly as before."""
