@@ -125,6 +125,9 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
             failures = read_failures(run_dir)
             if expired:
                 return _ended_by_limit(run_dir, expired["limit"], plan.cfg, failures)
+            killed = _killed_without_record(e, failures)
+            if killed is not None and not _completed_before_exit(run_dir):
+                return Outcome("failed", killed, failures)
             if failures:
                 root = failures[0]
                 return Outcome("oom" if root["oom"] else "failed",
@@ -153,6 +156,22 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
             stop_watch.set()
             for s, h in saved.items():
                 signal.signal(s, h)
+
+
+def _killed_without_record(e, failures: list[dict]) -> Optional[dict]:
+    """The error of a rank that a signal ended before it could record anything (kill -9, the kernel's
+    out-of-memory killer), or None.  Such a rank is the root cause: its peers' own records (gloo's
+    "Connection reset by peer", NCCL's watchdog) are what its death did to them.  (The agent's own
+    SIGTERM to the surviving ranks comes after the failure it reports and is not in e.failures.)"""
+    recorded = {f.get("rank") for f in failures}
+    killed = sorted((rank, pf) for rank, pf in e.failures.items() if pf.exitcode < 0 and rank not in recorded)
+    if not killed:
+        return None
+    rank, pf = killed[0]
+    return {"rank": rank, "type": "KilledBySignal",
+            "message": f"rank {rank} was killed by signal {-pf.exitcode} ({pf.signal_name()}) without recording an "
+                       "error (ended from outside: kill, the kernel's out-of-memory killer)",
+            "traceback": None}
 
 
 def _completed_before_exit(run_dir: Path) -> bool:

@@ -189,8 +189,9 @@ class BenchConfig:
     memory_gib: Optional[float] = knob(None, "device memory the plan checks against (default: the visible GPU's)",
                                        volatile=True)
     force_run: bool = knob(False, "run even when the memory plan predicts an out-of-memory", volatile=True)
-    resume: bool = knob(False, "sweeps: skip runs already completed in the sweep folder", volatile=True)
-    rerun_failed: bool = knob(False, "sweeps, with resume: run failed / oom / timeout / interrupted ones again",
+    resume: bool = knob(False, "sweeps: skip runs already completed in the sweep folder; run an interrupted one "
+                          "again", volatile=True)
+    rerun_failed: bool = knob(False, "sweeps, with resume: run failed / oom / timeout ones again",
                               volatile=True)
     vars: dict[str, Any] = knob(None, "free-form values presets interpolate; the runner never reads them",
                                 volatile=True, factory=dict)

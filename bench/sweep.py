@@ -11,8 +11,9 @@ anything runs, a plan of every job:
   memory plan predicts will not fit is recorded ``skipped`` with the prediction (``force_run=true``
   runs it);
 * with ``resume=true``: a job whose key already has a completed result anywhere in the sweep
-  folder is skipped (so are failed/oom/timeout/interrupted ones unless ``rerun_failed=true``, and
-  invalid ones that are still invalid);
+  folder is skipped (so are failed/oom/timeout ones unless ``rerun_failed=true``, and invalid
+  ones that are still invalid); an interrupted one (Ctrl-C: no result of its configuration) is
+  run again;
 * its folder: ``<sweep dir>/<job number>`` unless that folder holds a completed result, or a final
   result of another configuration; then ``<number>_<key[:8]>`` (``_2``, ``_3``, ... for repeats).
   A completed result is never written over; a failed attempt that is run again in place is moved
@@ -27,6 +28,11 @@ at once (``hydra/launcher=slurm``); and stops after a run that ended ``interrupt
 ``dry_run=true`` (or ``hydra.sweeper.dry_run=true``) prints the plan, one memory-plan line per run,
 and runs nothing.
 
+Several sweep processes may run on one sweep folder at once (bench/claims.py): each plans holding
+the folder's lock and claims each job just before it runs; a run folder claimed by another live
+process is never chosen, moved aside or written; with ``resume=true`` a job another process runs
+is waited for and one it completed is not run again, so two ``resume=true`` sweeps share the work.
+
 :class:`SweepCallback` (``hydra.callbacks.bench_sweep``) prints the summary at the end of the
 multirun, writes ``<sweep dir>/summary.json`` and sets the exit code: 0 when every run completed
 or was invalid / skipped (a combination that cannot run does not fail a sweep), 130 when the sweep was
@@ -35,6 +41,7 @@ Progress and summary are plain log lines (no carriage returns), fine in non-inte
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import logging
@@ -52,6 +59,7 @@ from hydra.experimental.callback import Callback
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from bench import claims
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.runs import ATTEMPTS, FAILED, STATUSES, identity, move_aside, read_result, run_key, scan
 
@@ -173,6 +181,8 @@ class BenchSweeper(Sweeper):
         self.hydra_context, self.config = hydra_context, config
         self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
                                                                 task_function=task_function, config=config)
+        self._busy: set[str] = set()  # run folders claimed by other live sweep processes (bench/claims.py)
+        self._jobs: list = []
 
     # -- planning
     def _expand(self, arguments: list[str]) -> list[list[str]]:
@@ -230,7 +240,9 @@ class BenchSweeper(Sweeper):
         same = [r for r in results if r.key == job.key]
         if resume:
             done = [r for r in same if r.status == "completed"]
-            failed = [r for r in same if r.status in FAILED]
+            # stopped by Ctrl-C: no result of its configuration, so resume=true runs it again
+            stopped = [r for r in same if r.status == "interrupted"]
+            failed = [r for r in same if r.status in FAILED and r.status != "interrupted"]
             unrun = [r for r in same if r.status in ("invalid", "skipped")]
             if done:
                 job.action, job.dir, job.reason = "skip", done[0].dir.name, f"completed earlier in {done[0].dir.name}/"
@@ -242,9 +254,10 @@ class BenchSweeper(Sweeper):
             if unrun and job.action in ("invalid", "skipped"):
                 job.action, job.dir, job.reason = "skip", unrun[0].dir.name, f"still {job.action}: {job.reason}"
                 return
-            if failed:  # rerun_failed: run it again in the folder of its failed attempt
-                job.reason = f"{failed[0].status} earlier in {failed[0].dir.name}/: running it again"
-                job.dir = self._folder(job, taken, prefer=[r.dir.name for r in failed])
+            if failed or stopped:  # rerun_failed / interrupted: run it again in the folder of its attempt
+                again = failed + stopped
+                job.reason = f"{again[0].status} earlier in {again[0].dir.name}/: running it again"
+                job.dir = self._folder(job, taken, prefer=[r.dir.name for r in again])
                 return
         job.dir = self._folder(job, taken)
 
@@ -252,7 +265,7 @@ class BenchSweeper(Sweeper):
         base = str(job.num)
         names = [*prefer, base, f"{base}_{job.key[:8]}"] + [f"{base}_{job.key[:8]}_{i}" for i in range(2, 10_000)]
         for name in names:
-            if name in taken:
+            if name in taken or name in self._busy:  # _busy: claimed by another live process (bench/claims.py)
                 continue
             d = self.sweep_dir / name
             r = read_result(d) if d.is_dir() else None
@@ -269,12 +282,16 @@ class BenchSweeper(Sweeper):
         d = self.sweep_dir / job.dir
         old = read_result(d) if d.is_dir() else None
         rerecord = job.action in ("invalid", "skipped") and old is not None and old.status == job.action
+        # a pending status and nothing else (planned by a sweep, never started) is no attempt to keep
+        rerecord |= old is not None and old.status == "pending" and \
+            [p.name for p in d.iterdir() if p.name != ATTEMPTS] == ["status.json"]
         if d.is_dir() and not rerecord and any(p.name != ATTEMPTS for p in d.iterdir()):
             dest = move_aside(d)
             log.info("[sweep] job #%d: earlier attempt in %s/ moved to %s", job.num, job.dir,
                      dest.relative_to(self.sweep_dir))
         d.mkdir(parents=True, exist_ok=True)
-        base = {"key": job.key, **job.ident, "overrides": job.record()["overrides"], "time": time.time()}
+        base = {"key": job.key, **job.ident, "overrides": job.record()["overrides"], "time": time.time(),
+                "sweep": claims.owner()}  # the sweep process that planned it (bench/claims.py)
         if job.action in ("invalid", "skipped"):
             m = metrics.skeleton(job.cfg or {}, job.action, job.error)
             if job.memory is not None:
@@ -290,6 +307,9 @@ class BenchSweeper(Sweeper):
         """Jobs for override lists (numbered from first_num), composed, validated, keyed and given a folder
         (nothing written)."""
         jobs = [Job(num=first_num + i, overrides=list(o)) for i, o in enumerate(overrides)]
+        # run folders claimed by other live sweep processes are never chosen (bench/claims.py)
+        self._busy = {name for name, c in claims.live_claims(self.sweep_dir, prune=False).items()
+                      if not claims.is_me(c.get("owner"))}
         results = scan(self.sweep_dir)
         taken: set[str] = set(getattr(self, "_taken", set()))
         for job in jobs:
@@ -316,6 +336,8 @@ class BenchSweeper(Sweeper):
         self.manifest = {"started": time.time(), "sweep_dir": str(self.sweep_dir), "argv": sys.argv,
                          "resume": self.resume, "rerun_failed": self.rerun, "launcher": type(self.launcher).__name__,
                          "interrupted": False, "jobs": []}
+        self._t_plan = time.time()
+        self._jobs: list[Job] = []
 
     def execute(self, jobs: list[Job], plan_s: float = 0.0) -> list:
         """Log the plan, record what will not run, then run the rest (one at a time, or all at once)."""
@@ -325,12 +347,16 @@ class BenchSweeper(Sweeper):
             log.info("[sweep] dry run: nothing written, nothing run")
             return []
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
-        for j in jobs:
-            if j.action != "skip":
-                self._prepare(j)
-        self.manifest["jobs"] += [j.record() for j in jobs]
-        write_json_atomic(self.sweep_dir / MANIFEST, self.manifest)
+        # written holding the sweep folder's lock: another sweep process on this folder (bench/claims.py)
+        # sees either none or all of these folders; each job is claimed again just before it runs
+        with claims.locked(self.sweep_dir):
+            OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
+            for j in jobs:
+                if j.action != "skip":
+                    self._prepare(j)
+            self._jobs += jobs
+            self.manifest["jobs"] = [j.record() for j in self._jobs]
+            write_json_atomic(self.sweep_dir / MANIFEST, self.manifest)
         for j in to_run:
             j.overrides = list(j.overrides) + [f"hydra.sweep.subdir={j.dir}"]
         _declare_preloads(to_run)
@@ -384,63 +410,159 @@ class BenchSweeper(Sweeper):
             c[s] = c.get(s, 0) + 1
         return ", ".join(f"{v} {k}" for k, v in sorted(c.items())) or "none yet"
 
+    # -- claims: several sweep processes on one sweep folder (bench/claims.py)
+    def _claim(self, j: Job) -> str:
+        """Claim job j just before it runs: "run" (claimed, into j.dir), "done" (with resume=true:
+        another sweep completed it, or ran it since this one planned: it is not run twice) or "busy"
+        (with resume=true: another live sweep process runs it now; wait for it)."""
+        with claims.locked(self.sweep_dir):
+            others = {name: c for name, c in claims.live_claims(self.sweep_dir).items()
+                      if not claims.is_me(c.get("owner"))}
+            self._busy = set(others)
+            if self.resume:
+                held = [name for name, c in others.items() if c.get("key") == j.key]
+                if held:
+                    j.reason = f"being run by another sweep (pid {others[held[0]]['owner'].get('pid')}) in {held[0]}/"
+                    return "busy"
+                same = [r for r in scan(self.sweep_dir) if r.key == j.key]
+                done = [r for r in same if r.status == "completed"] or \
+                    [r for r in same if r.status in FINAL and (r.info.get("time") or 0) > self._t_plan]
+                if done:
+                    self._leave(j.dir)
+                    j.action, j.dir = "skip", done[0].dir.name
+                    j.reason = f"{done[0].status} by another sweep in {done[0].dir.name}/"
+                    self._rewrite_manifest()
+                    return "done"
+            st = read_json_dict(self.sweep_dir / j.dir / "status.json") or {}
+            if j.dir in others or not (st.get("status") == "pending" and claims.is_me(st.get("sweep"))):
+                # another sweep process took the folder planned for it: choose again
+                old = j.dir
+                planned = {x.dir for x in self._jobs if x is not j and x.action != "skip" and x.dir}
+                j.dir = self._folder(j, planned)
+                self._prepare(j)
+                j.overrides = [o for o in j.overrides if not o.startswith("hydra.sweep.subdir=")] + \
+                    [f"hydra.sweep.subdir={j.dir}"]
+                log.info("[sweep] job #%d: %s/ was taken by another sweep process: runs into %s/", j.num, old, j.dir)
+                self._rewrite_manifest()
+            claims.claim(self.sweep_dir, j.dir, j.key)
+            return "run"
+
+    def _leave(self, name: Optional[str]) -> None:
+        """Remove the pending status this process planned into a folder it will not run into."""
+        if not name:
+            return
+        d = self.sweep_dir / name
+        st = read_json_dict(d / "status.json") or {}
+        if st.get("status") == "pending" and claims.is_me(st.get("sweep")):
+            (d / "status.json").unlink(missing_ok=True)
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+    def _rewrite_manifest(self) -> None:
+        self.manifest["jobs"] = [x.record() for x in self._jobs]
+        write_json_atomic(self.sweep_dir / MANIFEST, self.manifest)
+
+    def _next(self, queue: list[Job], waiting: set[int]) -> Optional[Job]:
+        """The first job of the queue this process claims (None: every one left is run by another sweep)."""
+        for cand in list(queue):
+            got = self._claim(cand)
+            if got == "busy":
+                if cand.num not in waiting:
+                    waiting.add(cand.num)
+                    log.info("[sweep] job #%d is %s: waiting for it", cand.num, cand.reason)
+                continue
+            queue.remove(cand)
+            if got == "done":
+                log.info("[sweep] job #%d: %s: not run again", cand.num, cand.reason)
+                continue
+            return cand
+        return None
+
     def _run_sequential(self, to_run: list[Job]) -> list:
         from bench.job import mark_unfinished
 
         returns = []
-        for i, j in enumerate(to_run):
+        queue, waiting = list(to_run), set()
+        while queue:
             stop = self.over_budget()
             if stop:
-                log.warning("[sweep] %s: %d run(s) not started (status pending)", stop, len(to_run) - i)
-                for rest in to_run[i:]:
+                log.warning("[sweep] %s: %d run(s) not started (status pending)", stop, len(queue))
+                for rest in queue:
                     write_json_atomic(self.sweep_dir / rest.dir / "status.json",
                                       {**(read_result(self.sweep_dir / rest.dir).info or {}), "status": "pending",
                                        "reason": stop, "time": time.time()})
                 break
-            est = f", estimate {_fmt_s(j.estimate_s)}" if j.estimate_s is not None else ""
-            log.info("[sweep] run %d/%d (job #%d -> %s/): %s%s | so far: %s", i + 1, len(to_run), j.num, j.dir,
-                     " ".join(j.record()["overrides"]), est, self._counts(to_run[:i]))
-            t0 = time.time()
             try:
-                returns.append(self.launcher.launch([j.overrides], initial_job_idx=j.num))
+                j = self._next(queue, waiting)
             except KeyboardInterrupt:
-                mark_unfinished(self.sweep_dir / j.dir, j.cfg, "interrupted", "KeyboardInterrupt",
-                                "Ctrl-C (KeyboardInterrupt) in the sweep process")
                 self._stopped()
-                log.error("[sweep] interrupted during run %d/%d: stopping the sweep", i + 1, len(to_run))
+                log.error("[sweep] interrupted while waiting for another sweep's runs: stopping the sweep")
                 break
-            ret = returns[-1][0] if returns[-1] else None
-            if ret is not None and ret.status == JobStatus.FAILED:  # the task function itself raised
-                e = ret._return_value
-                log.error("[sweep] job #%d raised %s: %s", j.num, type(e).__name__, e, exc_info=e)
-                mark_unfinished(self.sweep_dir / j.dir, j.cfg, "failed", type(e).__name__,
-                                f"the job raised {type(e).__name__}: {e}")
-            r = read_result(self.sweep_dir / j.dir)
-            status = r.status if r else "unknown"
-            log.info("[sweep] run %d/%d (job #%d) ended %s in %.1f s", i + 1, len(to_run), j.num, status,
-                     time.time() - t0)
-            if status == "interrupted":
-                self._stopped()
-                log.error("[sweep] run %d/%d was interrupted: stopping the sweep (%d runs not started; "
-                          "resume=true continues it)", i + 1, len(to_run), len(to_run) - i - 1)
-                break
+            if j is None:  # every job left is being run by another sweep process: wait for it
+                if queue:
+                    time.sleep(1.0)
+                continue
+            i = to_run.index(j)
+            try:
+                est = f", estimate {_fmt_s(j.estimate_s)}" if j.estimate_s is not None else ""
+                log.info("[sweep] run %d/%d (job #%d -> %s/): %s%s | so far: %s", i + 1, len(to_run), j.num, j.dir,
+                         " ".join(j.record()["overrides"]), est, self._counts(to_run[:i]))
+                t0 = time.time()
+                try:
+                    returns.append(self.launcher.launch([j.overrides], initial_job_idx=j.num))
+                except KeyboardInterrupt:
+                    mark_unfinished(self.sweep_dir / j.dir, j.cfg, "interrupted", "KeyboardInterrupt",
+                                    "Ctrl-C (KeyboardInterrupt) in the sweep process")
+                    self._stopped()
+                    log.error("[sweep] interrupted during run %d/%d: stopping the sweep", i + 1, len(to_run))
+                    break
+                ret = returns[-1][0] if returns[-1] else None
+                if ret is not None and ret.status == JobStatus.FAILED:  # the task function itself raised
+                    e = ret._return_value
+                    log.error("[sweep] job #%d raised %s: %s", j.num, type(e).__name__, e, exc_info=e)
+                    mark_unfinished(self.sweep_dir / j.dir, j.cfg, "failed", type(e).__name__,
+                                    f"the job raised {type(e).__name__}: {e}")
+                r = read_result(self.sweep_dir / j.dir)
+                status = r.status if r else "unknown"
+                log.info("[sweep] run %d/%d (job #%d) ended %s in %.1f s", i + 1, len(to_run), j.num, status,
+                         time.time() - t0)
+                if status == "interrupted":
+                    self._stopped()
+                    log.error("[sweep] run %d/%d was interrupted: stopping the sweep (%d runs not started; "
+                              "resume=true continues it)", i + 1, len(to_run), len(queue))
+                    break
+            finally:
+                claims.release(self.sweep_dir, j.dir)
         return returns
 
     def _run_parallel(self, to_run: list[Job]) -> list:
         from bench.job import mark_unfinished
 
-        log.info("[sweep] launching %d runs at once through %s", len(to_run), type(self.launcher).__name__)
+        claimed = []
+        for j in to_run:  # another sweep process's runs are not submitted again (not waited for either)
+            if self._claim(j) == "run":
+                claimed.append(j)
+            else:
+                log.info("[sweep] job #%d: %s: not submitted", j.num, j.reason)
+        if not claimed:
+            return []
+        log.info("[sweep] launching %d runs at once through %s", len(claimed), type(self.launcher).__name__)
         if hasattr(self.launcher, "job_nums"):
-            self.launcher.job_nums = [j.num for j in to_run]
+            self.launcher.job_nums = [j.num for j in claimed]
         try:
-            return [self.launcher.launch([j.overrides for j in to_run], initial_job_idx=0)]
+            return [self.launcher.launch([j.overrides for j in claimed], initial_job_idx=0)]
         except KeyboardInterrupt:
             self._stopped()
-            for j in to_run:
+            for j in claimed:
                 mark_unfinished(self.sweep_dir / j.dir, j.cfg, "interrupted", "KeyboardInterrupt",
                                 "Ctrl-C in the sweep process: job cancelled")
             log.error("[sweep] interrupted: submitted jobs cancelled")
             return []
+        finally:
+            for j in claimed:
+                claims.release(self.sweep_dir, j.dir)
 
 
 def _declare_preloads(to_run: list[Job]) -> None:
@@ -457,9 +579,11 @@ def _declare_preloads(to_run: list[Job]) -> None:
 
 
 # ------------------------------------------------------------------------------ summary + exit code
-def summarize(sweep_dir: Path) -> dict:
-    """Counts and per-run lines of a sweep folder (the manifest's jobs; else every run folder)."""
-    man = read_json_dict(sweep_dir / MANIFEST)
+def summarize(sweep_dir: Path, manifest: Optional[dict] = None) -> dict:
+    """Counts and per-run lines of a sweep folder (the manifest's jobs - ``manifest``, this sweep's own
+    plan, else the folder's sweep.json, which another sweep process may have written since -; else
+    every run folder)."""
+    man = manifest or read_json_dict(sweep_dir / MANIFEST)
     rows = []
     if man:
         for j in man["jobs"]:

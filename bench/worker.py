@@ -33,6 +33,7 @@ from bench.metrics.timing import phase
 from bench.registry import get_spec, sweep_preloads
 from bench.schema import Plan
 from bench.strategies.base import DistContext
+from bench.teardown import exit_without_finalizing, release_process_groups
 
 log = logging.getLogger("bench.worker")
 
@@ -328,20 +329,30 @@ def worker_main(plan_dict: dict, run_dir: str, teardown_deadline: bool = False) 
             "rank": rank, "type": type(exc).__name__, "message": str(exc), "oom": is_oom(exc),
             "traceback": traceback.format_exc(), "time": time.time()})
         log.exception("rank %d failed", rank)
+        traceback.clear_frames(exc.__traceback__)  # its frames would keep the model, hence its groups, alive
         raise
     finally:
-        if dist.is_initialized():
-            _close_process_group(failed)
+        _close_process_group(failed, own_process=teardown_deadline)
 
 
-def _close_process_group(abort_it: bool) -> None:
+C10D_THREADS_LEFT = "c10d threads still running after the process groups were released"
+
+
+def _close_process_group(abort_it: bool, own_process: bool = False) -> None:
     """Destroy the group; after a failure on NCCL, abort it instead: a peer may be blocked in a
     collective this rank will never join, and destroy would wait for it (seen on 2 H200s: the
     failing rank hung until run_timeout_s instead of exiting, so the launcher never saw it fail).
     (After CUDA-graph runs on 2 H200s, aborting instead of destroying left the processes unable to
-    end, even after os._exit, until run_timeout_s: the launcher's teardown deadline ends them.)"""
-    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if abort_it and abort is not None and "nccl" in str(dist.get_backend()):
-        abort()
-    else:
-        dist.destroy_process_group()
+    end, even after os._exit, until run_timeout_s: the launcher's teardown deadline ends them.)
+    Then drop what keeps a destroyed group's C++ object - and its threads - alive (DTensor's device
+    meshes, torch.distributed.nn's default arguments, megatron's globals: bench/teardown.py), so that
+    no c10d thread is left running while a spawned rank's interpreter finalizes (the random
+    "terminate called without an active exception" abort at exit); a rank where some are left all
+    the same does not finalize its interpreter, where the process is its own (``own_process``: an
+    elastic rank; a SLURM task's process is submitit's, which records the result after this)."""
+    left = release_process_groups(abort=abort_it)
+    if left:  # DeepSpeed's engine keeps its groups: then this rank skips the interpreter's finalization
+        log.info("%s: %s%s (bench/teardown.py)", C10D_THREADS_LEFT, ", ".join(left),
+                 "; this rank ends with os._exit" if own_process else "")
+        if own_process:
+            exit_without_finalizing(1 if abort_it else 0)

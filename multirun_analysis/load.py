@@ -155,7 +155,8 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
     st = _read_json(d / "status.json", problems)
     row["status_json"] = st.get("status") if isinstance(st, dict) else None
     m = _read_json(d / "metrics.json", problems)
-    if m is not None and not isinstance(m, dict):
+    not_object = m is not None and not isinstance(m, dict)
+    if not_object:
         problems.append("metrics.json is not a JSON object")
         m = None
 
@@ -183,7 +184,9 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
 
     if m is None:
         row["status"] = "incomplete"
-        if (d / "metrics.json").is_file():
+        if not_object:  # valid JSON (a list, a number, null): not what bench writes
+            row["reason"] = "metrics.json is not a JSON object"
+        elif (d / "metrics.json").is_file():
             row["reason"] = "metrics.json unreadable (corrupt or partially written)"
         elif row["status_json"]:
             row["reason"] = f"no metrics.json; status.json says {row['status_json']!r} (in progress or killed)"

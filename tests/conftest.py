@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+import traceback
+import uuid
 from pathlib import Path
 
 import pytest
@@ -28,12 +32,120 @@ def run_bench(*overrides: str, run_dir: Path | None = None, multirun: bool = Fal
     return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=e)
 
 
+# ------------------------------------------------------------------------------ faults: processes left, results lost
+TAG = "BENCH_TEST_TAG"  # an environment variable every process of one command inherits (fork server, ranks)
+
+
+def fault_env() -> dict:
+    """An environment that marks every process a command starts (see processes_left)."""
+    return {TAG: uuid.uuid4().hex}
+
+
+def processes_left(env: dict, wait_s: float = 5.0) -> list[str]:
+    """The processes still running (zombies aside) that carry env's tag: none may outlive the command
+    that started them.  Waits up to ``wait_s`` for processes that are ending."""
+    mark = f"{TAG}={env[TAG]}".encode()
+    deadline = time.time() + wait_s
+    while True:
+        found = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if mark not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+            except OSError:  # gone meanwhile
+                continue
+            if state != "Z":
+                found.append(f"{pid} {cmd}")
+        if not found or time.time() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+def rank_pid(env: dict, run_dir: Path, rank: int) -> int | None:
+    """The pid of one rank of a running command (the process that has run_dir/rank<r>.log open)."""
+    mark = f"{TAG}={env[TAG]}".encode()
+    want = str(Path(run_dir).resolve() / f"rank{rank}.log")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark not in f.read().split(b"\0"):
+                    continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == want:
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def record_fault(fault: str, status: str, lost: int, left: int, note: str = "") -> None:
+    """One row of the fault table (results/<date>-cpu-stress/faults.md), appended to the file named by
+    $BENCH_FAULT_TABLE when it is set (tests/stress.py sets it)."""
+    path = os.environ.get("BENCH_FAULT_TABLE")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"fault": fault, "status": status, "lost": lost, "left": left, "note": note}) + "\n")
+
+
 def metrics_of(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "metrics.json").read_text())
 
 
 def loss_curve(run_dir: Path) -> list[float]:
     return metrics_of(run_dir)["loss"]["per_step"]
+
+
+def c10d_threads_left(run_dir: Path) -> list[str]:
+    """The ranks' log lines saying a c10d thread outlived the release of the process groups
+    (bench/worker.py _close_process_group): none, unless a reference to a destroyed group leaked."""
+    from bench.worker import C10D_THREADS_LEFT
+
+    return [line for p in sorted(Path(run_dir).glob("rank*.log"))
+            for line in p.read_text(errors="replace").splitlines() if C10D_THREADS_LEFT in line]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, fn, world: int, port: int, args: tuple) -> None:
+    """One rank of spawn_ranks: a gloo group around fn, released on every path (see bench/teardown.py)."""
+    import torch
+    import torch.distributed as dist
+
+    from bench.teardown import release_process_groups
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+    except BaseException as e:  # a failing assert: its frames would keep the model (and its groups) alive
+        traceback.clear_frames(e.__traceback__)
+        raise
+    finally:
+        left = release_process_groups()
+    # a c10d thread alive here would still be running while this spawned interpreter finalizes (the
+    # random "terminate called without an active exception" abort): fail every time instead
+    assert not left, f"rank {rank}: c10d threads still running after the process groups were released: {left}"
+
+
+def spawn_ranks(fn, world: int = 2, *args) -> None:
+    """Run ``fn(rank, world, *args)`` in ``world`` spawned processes joined in one gloo group (the
+    group is created before fn and released after it, even when fn raises; a rank that leaves a
+    c10d thread running fails)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_rank_main, args=(fn, world, free_port(), args), nprocs=world, join=True)
 
 
 @pytest.fixture(scope="session")

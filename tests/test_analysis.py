@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 
 try:
-    from tests.conftest import CPU_FAST, REPO, run_bench
+    from tests.conftest import CPU_FAST, REPO, record_fault, run_bench
 except ImportError:  # tests/ without __init__.py
-    from conftest import CPU_FAST, REPO, run_bench
+    from conftest import CPU_FAST, REPO, record_fault, run_bench
 
 pytestmark = pytest.mark.slow
 SINGLE_WS2_REASON = "strategy=single runs on exactly 1 device"
@@ -183,6 +183,16 @@ def _truncate(d: Path):
     return job(d, "ddp", 2), "incomplete", "metrics.json unreadable"
 
 
+def _garbage(d: Path):
+    (job(d, "ddp", 2) / "metrics.json").write_bytes(bytes(range(256)) * 4)  # not even UTF-8
+    return job(d, "ddp", 2), "incomplete", "metrics.json unreadable"
+
+
+def _not_an_object(d: Path):
+    (job(d, "ddp", 2) / "metrics.json").write_text("[1, 2, 3]")  # valid JSON, not a metrics object
+    return job(d, "ddp", 2), "incomplete", "metrics.json is not a JSON object"
+
+
 def _delete(d: Path):
     (job(d, "ddp", 1) / "metrics.json").unlink()
     return job(d, "ddp", 1), "incomplete", "no metrics.json; status.json says 'completed'"
@@ -228,7 +238,7 @@ def _no_baseline(d: Path):
     return None, None, "no completed strategy=single world_size=1 run"
 
 
-@pytest.mark.parametrize("corrupt", [_truncate, _delete, _running, _pending, _killed, _old_schema, _hung_exit,
+@pytest.mark.parametrize("corrupt", [_truncate, _garbage, _not_an_object, _delete, _running, _pending, _killed, _old_schema, _hung_exit,
                                      _no_baseline],
                          ids=lambda f: f.__name__.strip("_"))
 def test_broken_sweep_is_reported_not_fatal(sweep, tmp_path, corrupt):
@@ -252,6 +262,11 @@ def test_broken_sweep_is_reported_not_fatal(sweep, tmp_path, corrupt):
     else:  # no baseline: comparison columns empty, not an exception
         assert len(s) == 2 and s["scaling_efficiency_pct"].isna().all() and s["memory_ratio"].isna().all()
         assert s["tokens_per_s"].notna().all()
+    if corrupt in (_truncate, _garbage, _not_an_object, _delete):  # the fault table (tests/test_faults.py)
+        what = {_truncate: "truncated", _garbage: "garbage (binary)", _not_an_object: "valid JSON, not an object",
+                _delete: "missing"}[corrupt]
+        # nothing lost: every other run of the sweep is still analysed, the broken one is a row with its reason
+        record_fault(f"metrics.json {what}, fed to the analysis", f"{status} (row with its reason)", 0, 0, text)
 
 
 def test_no_runs_found_exits_1(tmp_path):

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
-import socket
 import subprocess
 import sys
 
@@ -22,7 +20,7 @@ import pytest
 import torch
 
 from bench.config import ConfigError, register_configs, validate
-from tests.conftest import CPU_FAST, REPO, loss_curve, metrics_of, run_bench
+from tests.conftest import CPU_FAST, REPO, c10d_threads_left, loss_curve, metrics_of, run_bench, spawn_ranks
 
 register_configs()
 
@@ -88,6 +86,7 @@ def test_torch_native_matches_single(run_id, single_cpu, bench_run):
             assert r["compile"]["graph_breaks"] == 0, r["compile"]
         else:
             assert r["compile"] is None
+    assert c10d_threads_left(d) == []  # DTensor's meshes kept the gloo group (and its threads) alive
 
 
 def test_torch_tp_pp_gradient_clipping_matches_single(single_cpu, bench_run):
@@ -103,12 +102,8 @@ def test_torch_tp_pp_gradient_clipping_matches_single(single_cpu, bench_run):
 
 
 # --------------------------------------------------------------------------- megatron-core on CPU
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
+# (the workers run under tests.conftest.spawn_ranks: a gloo group of 2 ranks made before and released
+# after each, whatever happens in it)
 MC = dict(name="t", d_model=64, n_heads=4, n_layers=4, d_ff=256, vocab_size=128, seq_len=16, global_batch=2)
 
 
@@ -120,12 +115,9 @@ def _grads_as_model(model):
     return g
 
 
-def _megatron_cpu_worker(rank: int, world: int, port: int) -> None:
+def _megatron_cpu_worker(rank: int, world: int) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     from megatron.core import parallel_state as ps
     from megatron.core.transformer.spec_utils import ModuleSpec
 
@@ -185,18 +177,16 @@ def _megatron_cpu_worker(rank: int, world: int, port: int) -> None:
                 out = c(x, pos, None, labels=y).mean()
                 assert abs(out.item() - ref.item()) < 1e-5, (out.item(), ref.item())
     ps.destroy_model_parallel()
-    dist.destroy_process_group()
 
 
 def test_megatron_gptmodel_on_cpu_matches_bench():
     """bench's Megatron model code (spec with SDPA core attention, TP split of bench's weights,
     PP/virtual-pipeline layer placement) against bench's GPT, on CPU."""
-    torch.multiprocessing.spawn(_megatron_cpu_worker, args=(2, _free_port()), nprocs=2, join=True)
+    spawn_ranks(_megatron_cpu_worker, 2)
 
 
-def _torch_tp_comms_worker(rank: int, world: int, port: int) -> None:
+def _torch_tp_comms_worker(rank: int, world: int) -> None:
     """Record every all-reduce of one forward + backward of bench's GPT under torch-native TP=2."""
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -213,9 +203,6 @@ def _torch_tp_comms_worker(rank: int, world: int, port: int) -> None:
                 self.dtypes.append(args[0].dtype)
             return func(*args, **(kwargs or {}))
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     ref = build_model(MC, 0, "cpu")
     model = copy.deepcopy(ref)
@@ -236,17 +223,15 @@ def _torch_tp_comms_worker(rank: int, world: int, port: int) -> None:
     for dtype, seen in counted.items():
         assert len(seen) == 4 * MC["n_layers"], (dtype, len(seen))
         assert set(seen) == {dtype}, (dtype, set(seen))
-    dist.destroy_process_group()
 
 
 def test_torch_tp_all_reduces_like_megatron():
     """Torch-native TP=2: two all-reduces per block forward and two backward (q/k/v's shared input
     gradient summed before one all-reduce), in bf16 under bf16 autocast (not the LayerNorm's fp32)."""
-    torch.multiprocessing.spawn(_torch_tp_comms_worker, args=(2, _free_port()), nprocs=2, join=True)
+    spawn_ranks(_torch_tp_comms_worker, 2)
 
 
-def _local_shard_adamw_worker(rank: int, world: int, port: int) -> None:
-    import torch.distributed as dist
+def _local_shard_adamw_worker(rank: int, world: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
@@ -254,9 +239,6 @@ def _local_shard_adamw_worker(rank: int, world: int, port: int) -> None:
     from bench.parallel.optim import LocalShardAdamW
     from bench.parallel.tp import apply_tp, local_tensor
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     model = build_model(MC, 0, "cpu")
     apply_tp(model, init_device_mesh("cpu", (world,), mesh_dim_names=("tp",)))
     ref = copy.deepcopy(model)  # the same DTensors, stepped by torch AdamW over the DTensors
@@ -280,14 +262,13 @@ def _local_shard_adamw_worker(rank: int, world: int, port: int) -> None:
         assert torch.equal(local_tensor(q), local_tensor(r)), (local_tensor(q) - local_tensor(r)).abs().max()
     opt.zero_grad()  # neither reference to the last gradients survives (the local one kept its memory)
     assert all(q.grad is None for q in opt.params) and all(lp.grad is None for lp in opt.local)
-    dist.destroy_process_group()
 
 
 def test_local_shard_adamw_steps_the_dtensors_like_adamw():
     """LocalShardAdamW (torch TP / PP, FSDP2) over TP=2 DTensor parameters: three steps leave every
     shard, in place, bit-equal to torch AdamW stepping the DTensors themselves, and zero_grad drops
     both the DTensor gradients and the local views of them."""
-    torch.multiprocessing.spawn(_local_shard_adamw_worker, args=(2, _free_port()), nprocs=2, join=True)
+    spawn_ranks(_local_shard_adamw_worker, 2)
 
 
 # --------------------------------------------------------------------------- validation

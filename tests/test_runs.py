@@ -8,7 +8,8 @@ import time
 import pytest
 
 from bench.metrics import skeleton
-from tests.conftest import CPU_FAST, loss_curve, metrics_of, run_bench
+from tests.conftest import (CPU_FAST, c10d_threads_left, fault_env, loss_curve, metrics_of, processes_left,
+                            record_fault, run_bench)
 
 
 def _keys(d: dict, prefix="") -> set[str]:
@@ -53,6 +54,7 @@ def test_ddp_two_ranks_loss_equals_single(single_cpu, bench_run):
         assert r["preloaded_modules"] == []  # a one-off run: its ranks import torch._dynamo themselves
     ref, got = loss_curve(single_cpu), loss_curve(d)
     assert len(got) == len(ref) == 4
+    assert c10d_threads_left(d) == []
     assert max(abs(a - b) for a, b in zip(ref, got)) < 1e-5, (ref, got)
 
 
@@ -63,6 +65,20 @@ def test_spawned_ranks_equal_forkserver_ranks(single_cpu, bench_run):
     assert metrics_of(d)["config"]["start_method"] == "spawn"
     assert [r["preloaded_modules"] for r in metrics_of(d)["ranks"]] == [[], []]  # each rank imports its own
     assert max(abs(a - b) for a, b in zip(loss_curve(single_cpu), loss_curve(d))) < 1e-5
+    # a spawned rank finalizes its interpreter: no c10d thread may still be running then
+    assert c10d_threads_left(d) == []
+
+
+def test_spawned_zero_ranks_skip_finalization_with_deepspeed_groups_left(bench_run):
+    """DeepSpeed's engine keeps its process groups alive (ZeRO's hooks hold it through autograd), so
+    their gloo threads outlive the release: a spawned rank then ends with os._exit instead of
+    finalizing its interpreter with them running (bench/teardown.py), and the run ends cleanly."""
+    p, d = bench_run(*CPU_FAST, "strategy=zero", "strategy.zero_stage=3", "world_size=2", "start_method=spawn")
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = metrics_of(d)
+    assert m["status"] == "completed" and "exit_warning" not in m, m.get("exit_warning")
+    left = c10d_threads_left(d)
+    assert len(left) == 2 and all("this rank ends with os._exit" in line for line in left), left
 
 
 def test_split_cpu_affinity_pins_each_rank_to_its_own_cpus(single_cpu, bench_run):
@@ -136,11 +152,19 @@ def test_oom_is_classified(bench_run):
 
 
 def test_hung_run_is_killed_by_run_timeout(bench_run):
+    """A rank that hangs mid-run (the fault suite, tests/test_faults.py): run_timeout_s ends the run,
+    status timeout recorded, and no process of it (ranks, fork server) is left behind."""
     t0 = time.time()
+    env = fault_env()
     p, d = bench_run(*CPU_FAST, "strategy=ddp", "world_size=2", "fault.kind=hang", "fault.rank=0",
-                     "fault.step=1", "run_timeout_s=25")
-    assert p.returncode == 1 and metrics_of(d)["status"] == "timeout"
+                     "fault.step=1", "run_timeout_s=25", env=env)
+    left = processes_left(env)
+    m = metrics_of(d)
+    record_fault("a rank hangs past run_timeout_s (ddp, 2 ranks)", m["status"], 0 if m["status"] == "timeout" else 1,
+                 len(left), m["error"]["message"])
+    assert p.returncode == 1 and m["status"] == "timeout"
     assert time.time() - t0 < 90
+    assert not left, left
 
 
 def test_multirun_gives_one_folder_per_job_and_records_the_invalid_one(tmp_path):

@@ -190,34 +190,30 @@ def test_completed_result_is_never_overwritten_and_ctrl_c_stops_the_sweep(tmp_pa
     assert not alive, ps
 
 
-@pytest.mark.parametrize("run", [
-    "results/2026-11-23-h200x2-ddp-ceiling-graph-exit/runs/paper_zero/22",  # zero (autocast, leaf_blocks, deepcompile added since)
-    "results/2026-11-23-h200x2-graph-teardown-paper-sweeps/runs/paper_megatron/12",
-])
-def test_recorded_runs_keep_their_key(run):
-    """resume=true matches runs by key, so the current schema must hash a committed run's overrides
-    to the key it was recorded with: knobs added since then, at their defaults, leave it unchanged
-    (bench.sweep.ADDED_AT_DEFAULT); set to anything else, they change it."""
-    import yaml
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+RECORDED = json.loads((REPO / "tests" / "data" / "recorded_runs.json").read_text())
 
-    from bench.config import register_configs
-    from bench.sweep import ADDED_AT_DEFAULT, run_key
 
-    d = REPO / run
-    recorded = json.loads((d / "status.json").read_text())["key"]
-    overrides = yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text())
-    register_configs()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
-    assert run_key(cfg) == recorded
-    assert cfg["compile_mode"] == ADDED_AT_DEFAULT["compile_mode"]
-    assert run_key({**cfg, "compile_mode": "reduce-overhead"}) != recorded
-    assert cfg["compile_mode"] == "default"  # run_key does not alter its argument
-    assert cfg["cpu_affinity"] == "none" and run_key({**cfg, "cpu_affinity": "split"}) != recorded
-    if cfg["strategy"]["name"] == "zero":
-        added = {"autocast": False, "leaf_blocks": False, "deepcompile": False, "compute_grad_norm": True}
-        for knob, default in added.items():  # added after the run was recorded
-            assert run_key({**cfg, "strategy": {**cfg["strategy"], knob: not default}}) != recorded, knob
-            assert cfg["strategy"][knob] is default
+def test_recorded_runs_keep_their_key():
+    """resume=true matches runs by key, so today's run_key must hash the resolved configuration of a
+    run recorded by an older bench (tests/data/recorded_runs.json: 100+ GPU runs, their config and
+    key) to the key it was recorded with: knobs added since (``added=True`` in the schema) leave the
+    key unchanged at their defaults, and change it at any other value."""
+    from bench.runs import _added, _sections, run_key, with_added_defaults
+
+    changed = 0
+    for rec in RECORDED:
+        cfg = rec["config"]
+        assert run_key(cfg) == rec["key"], rec["run"]
+        today = with_added_defaults(cfg)  # what composing its overrides today resolves to
+        assert run_key(today) == rec["key"], rec["run"]
+        for section, schema in _sections(today):
+            for knob, default in _added(schema).items():
+                parent = today[section] if section else today
+                now = parent[knob]
+                other = {**parent, knob: (not now) if isinstance(now, bool) else f"not-{now}"}
+                moved = {**today, section: other} if section else other
+                assert run_key(moved) != rec["key"], (rec["run"], knob)
+                changed += 1
+    assert changed > len(RECORDED)  # the check above ran (there are added knobs)
+
+

@@ -1,0 +1,153 @@
+"""End a process's torch.distributed state so that no c10d thread outlives it.
+
+``dist.destroy_process_group()`` shuts the groups down and forgets them, but a gloo group's C++
+object (with its two ``pt_gloo_runloop`` worker threads, the ``gloo_tcp_loop`` thread and, on
+rank 0, the TCPStore's ``pt_tcpstore_uv`` server thread) lives on while anything still refers to
+it.  Things that do (torch 2.13, megatron-core 0.16):
+
+* the default arguments of ``torch.distributed.nn.functional`` (``def all_reduce(...,
+  group=group.WORLD)``): imported after ``init_process_group`` - which DTensor's first
+  constructor call does (``torch._disable_dynamo`` imports ``torch._dynamo``, which imports it) -,
+  they hold the world group for the life of the process;
+* every ``DeviceMesh`` keeps its groups in ``_pg_registry``, and DTensor's caches (the
+  ``lru_cache`` of ``torch.distributed.tensor._redistribute._gen_transform_infos``, the sharding
+  propagator's) keep DTensorSpecs, hence meshes;
+* ``megatron.core.parallel_state.destroy_model_parallel()`` leaves
+  ``_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP`` set;
+* the frames of a traceback (a rank that raised) keep the model and the strategy (the callers
+  clear them: ``traceback.clear_frames``).
+
+Such a group is then never destroyed before the interpreter finalizes (gdb: no call of
+``~ProcessGroupGloo`` before ``Py_FinalizeEx``), and a gloo thread that needs the GIL during the
+finalization (a work's future callback, a Python-owned tensor it releases) ends in
+``PyThread_exit_thread`` -> a forced unwind through a ``noexcept`` frame -> ``std::terminate``:
+"terminate called without an active exception", SIGABRT, at random (a process started with
+``spawn``, which exits through ``Py_FinalizeEx``: ``torch.multiprocessing.spawn`` in the tests,
+``start_method=spawn`` ranks; the fork server's ranks leave through ``os._exit``).
+
+:func:`release_process_groups` destroys the groups, then drops those references, so that the
+groups' destructors (which drain the work queue and join their threads) run now, while the
+interpreter is whole; it returns the c10d threads still running (none, when it worked).
+Where some are left all the same (DeepSpeed: its engine holds its groups, and ZeRO's gradient and
+module hooks hold the engine through autograd's C++ nodes, a cycle the garbage collector cannot
+see), :func:`exit_without_finalizing` makes the process end like the fork server's ranks do.
+"""
+from __future__ import annotations
+
+import atexit
+import gc
+import logging
+import os
+import sys
+import types
+import warnings
+
+# the names c10d's native threads give themselves (/proc/<pid>/task/<tid>/comm)
+C10D_THREAD_PREFIXES = ("pt_gloo", "gloo_", "pt_tcpstore", "pt_nccl")
+
+
+def c10d_threads() -> list[str]:
+    """Names of this process's c10d / gloo / NCCL threads that are running now (Linux; [] elsewhere)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    names = []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name.startswith(C10D_THREAD_PREFIXES):
+            names.append(name)
+    return sorted(names)
+
+
+def _drop_group_references() -> None:
+    """Forget the process groups that outlive destroy_process_group (see the module docstring)."""
+    from torch.distributed import ProcessGroup
+
+    if "torch.distributed.device_mesh" in sys.modules:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        for obj in gc.get_objects():
+            if isinstance(obj, DeviceMesh):
+                registry = getattr(obj, "_pg_registry", None)
+                if isinstance(registry, dict):
+                    registry.clear()
+    # module globals that hold a group (megatron.core.parallel_state, deepspeed.utils.groups, ...) and
+    # default arguments bound to one when their module was imported (torch.distributed.nn.functional);
+    # a tuple of defaults holds no object the garbage collector tracks, so gc never lists it: look.
+    with warnings.catch_warnings():  # isinstance() on deprecated module attributes (torch.distributed.reduce_op) warns
+        warnings.simplefilter("ignore")
+        for name, mod in list(sys.modules.items()):
+            if mod is not None and name.startswith(_HOLDERS):
+                _drop_module_groups(name, mod, ProcessGroup)
+
+
+def _drop_module_groups(name: str, mod, group_type) -> None:
+    """In module ``mod``: globals that are a group become None, groups leave module-level dicts, and
+    default arguments that are a group (its functions', its classes' methods') become None."""
+    for attr, value in list(vars(mod).items()):
+        if isinstance(value, group_type):
+            setattr(mod, attr, None)
+        elif isinstance(value, dict) and any(isinstance(v, group_type) for v in value.values()):
+            for k in [k for k, v in value.items() if isinstance(v, group_type)]:
+                del value[k]
+        elif isinstance(value, types.FunctionType):
+            _drop_default_groups(value, group_type)
+        elif isinstance(value, type) and value.__module__ == name:
+            for member in list(vars(value).values()):
+                member = getattr(member, "__func__", member)  # staticmethod / classmethod
+                if isinstance(member, types.FunctionType):
+                    _drop_default_groups(member, group_type)
+
+
+_HOLDERS = ("torch.distributed", "megatron", "deepspeed")  # the modules _drop_group_references looks into
+
+
+def _drop_default_groups(fn, group_type) -> None:
+    """Default arguments that are a group become None (what a default of group.WORLD is before
+    init_process_group)."""
+    if fn.__defaults__ and any(isinstance(v, group_type) for v in fn.__defaults__):
+        fn.__defaults__ = tuple(None if isinstance(v, group_type) else v for v in fn.__defaults__)
+    if fn.__kwdefaults__ and any(isinstance(v, group_type) for v in fn.__kwdefaults__.values()):
+        fn.__kwdefaults__ = {k: None if isinstance(v, group_type) else v for k, v in fn.__kwdefaults__.items()}
+
+
+def release_process_groups(abort: bool = False) -> list[str]:
+    """Destroy every process group (``abort``: abort an NCCL one instead, for a rank that failed:
+    a peer may be blocked in a collective this rank will never join), drop the references that
+    keep the groups' C++ objects alive, and collect them.  Returns the c10d threads still running
+    ([] when every group is gone)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return c10d_threads()
+    if dist.is_initialized():
+        abort_fn = getattr(dist.distributed_c10d, "_abort_process_group", None)
+        if abort and abort_fn is not None and "nccl" in str(dist.get_backend()):
+            abort_fn()
+        else:
+            dist.destroy_process_group()
+    _drop_group_references()
+    gc.collect()
+    return c10d_threads()
+
+
+
+def exit_without_finalizing(exit_code: int) -> None:
+    """End this process with ``os._exit(exit_code)`` when it exits (the first atexit handler to
+    run), instead of finalizing the interpreter with c10d threads still running: how the fork
+    server's ranks always end.  Logs and standard streams are flushed first."""
+    def _exit() -> None:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(exit_code)
+
+    atexit.register(_exit)

@@ -1,0 +1,107 @@
+"""Repeat a pytest selection N times, each in a fresh pytest process, and count every test's outcomes.
+
+    python tests/stress.py 20 --out results/<date>-cpu-stress -- tests/test_model_parallel.py -k spawn
+
+prints one line per iteration and, at the end, a table: per test, how many of the N runs passed,
+failed, errored, were skipped; the exit code is 1 if any run of any test did not pass.  With
+``--out`` it writes there ``stress.md`` (command, machine, table), ``stress.json`` (every outcome),
+``failures/`` (the output of each iteration that had a failure) and ``faults.jsonl`` (the rows the
+fault tests record: tests.conftest.record_fault).  Run it niced on a shared machine:
+``nice -n 19 python tests/stress.py ...``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUTCOMES = ("passed", "failed", "error", "skipped")
+
+
+def outcomes(junit: Path) -> dict[str, str]:
+    """test id -> passed | failed | error | skipped, from a pytest junit XML file."""
+    out = {}
+    if not junit.is_file():
+        return out
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        cls, name = case.get("classname", ""), case.get("name", "")
+        test = f"{cls.replace('.', '/')}.py::{name}" if cls else name
+        kinds = {child.tag for child in case}
+        out[test] = ("failed" if "failure" in kinds else "error" if "error" in kinds
+                     else "skipped" if "skipped" in kinds else "passed")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("n", type=int, help="how many times to run the selection")
+    ap.add_argument("--out", type=Path, help="folder for stress.md, stress.json, failures/, faults.jsonl")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = ap.parse_args(argv[:cut])
+    args = argv[cut + 1:] or ["tests"]  # after --: the pytest selection and options
+    if a.out:
+        (a.out / "failures").mkdir(parents=True, exist_ok=True)
+        (a.out / "faults.jsonl").unlink(missing_ok=True)
+    counts: dict[str, dict[str, int]] = {}
+    runs, t_start = [], time.time()
+    consecutive = 0
+    with tempfile.TemporaryDirectory(prefix="bench_stress_") as tmp:
+        for i in range(1, a.n + 1):
+            junit = Path(tmp) / f"iter{i}.xml"
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            if a.out:
+                env["BENCH_FAULT_TABLE"] = str((a.out / "faults.jsonl").resolve())
+            t0 = time.time()
+            p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+                                *args], cwd=REPO, env=env, capture_output=True, text=True)
+            got = outcomes(junit)
+            for test, o in got.items():
+                counts.setdefault(test, dict.fromkeys(OUTCOMES, 0))[o] += 1
+            bad = sorted(t for t, o in got.items() if o in ("failed", "error"))
+            if not got or p.returncode not in (0, 5) and not bad:  # pytest itself failed (collection, crash)
+                bad = bad or [f"pytest exit code {p.returncode}"]
+            consecutive = 0 if bad else consecutive + 1
+            runs.append({"iteration": i, "seconds": round(time.time() - t0, 1), "returncode": p.returncode,
+                         "tests": len(got), "failed": bad})
+            if bad and a.out:
+                (a.out / "failures" / f"iter{i}.log").write_text(p.stdout[-200_000:] + p.stderr[-50_000:])
+            print(f"iteration {i}/{a.n}: {len(got) - len(bad)} passed or skipped, {len(bad)} failed "
+                  f"({time.time() - t0:.0f} s){': ' + ', '.join(bad) if bad else ''}", flush=True)
+    total_s = time.time() - t_start
+    failed_any = any(c["failed"] or c["error"] for c in counts.values()) or any(r["failed"] for r in runs)
+    lines = ["| test | runs | passed | failed | error | skipped |", "|---|---:|---:|---:|---:|---:|"]
+    for test in sorted(counts):
+        c = counts[test]
+        lines.append(f"| {test} | {sum(c.values())} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} |")
+    tot = {o: sum(c[o] for c in counts.values()) for o in OUTCOMES}
+    lines.append(f"| **all {len(counts)} tests** | {sum(tot.values())} | {tot['passed']} | {tot['failed']} | "
+                 f"{tot['error']} | {tot['skipped']} |")
+    summary = (f"{a.n} iterations in {total_s / 60:.1f} min; iterations with a failure: "
+               f"{sum(bool(r['failed']) for r in runs)}; last consecutive iterations without one: {consecutive}")
+    print("\n".join(lines) + "\n" + summary)
+    if a.out:
+        cmd = "nice -n 19 python tests/stress.py " + shlex.join([str(a.n), "--out", str(a.out), "--", *args])
+        machine = (f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+                   f"{platform.platform()}")
+        (a.out / "stress.md").write_text(
+            f"# Stress check\n\n`{cmd}`\n\n{machine}; started {time.strftime('%Y-%m-%d %H:%M', time.localtime(t_start))}"
+            f"\n\n{summary}\n\n" + "\n".join(lines) + "\n\nPer iteration (seconds, failures):\n\n"
+            + "\n".join(f"- {r['iteration']}: {r['seconds']} s, {r['tests']} tests, failed: "
+                        f"{', '.join(r['failed']) or 'none'}" for r in runs) + "\n")
+        (a.out / "stress.json").write_text(json.dumps({"command": cmd, "machine": machine, "runs": runs,
+                                                       "counts": counts, "seconds": total_s}, indent=1))
+    return 1 if failed_any else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
