@@ -198,6 +198,8 @@ def _device(c: dict, gpus: int) -> str:
         raise ConfigError("world_size", c["world_size"],
                           f"only {gpus} CUDA device(s) visible on this node; use world_size<={gpus} "
                           "(or hydra/launcher=slurm for several nodes)")
+    if c["precision"] == "auto":  # resolved here, so the run's record and key say what ran
+        c["precision"] = "bf16" if device == "cuda" else "fp32"
     if device == "cpu" and c["precision"] == "fp16":
         raise ConfigError("precision", "fp16", "fp16 needs a GPU; on CPU use fp32 or bf16")
     if device == "cpu" and c["compile"] and c["compile_mode"] == "reduce-overhead":

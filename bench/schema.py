@@ -149,8 +149,9 @@ class BenchConfig:
     model: ModelConfig = MISSING
     strategy: Any = MISSING
     world_size: int = knob(1, "ranks, one per GPU; the global batch is split over the data-parallel ones")
-    precision: str = knob("bf16", "fp32 | bf16 (autocast over fp32 weights) | fp16 (+ loss scaling, GPU only)",
-                          choices=("fp32", "bf16", "fp16"))
+    precision: str = knob("auto", "auto (bf16 on GPU, fp32 on CPU, where bf16 matmuls have no fast kernels) | "
+                          "fp32 | bf16 (autocast over fp32 weights) | fp16 (+ loss scaling, GPU only); "
+                          "recorded as what ran", choices=("auto", "fp32", "bf16", "fp16"))
     steps: int = knob(20, "optimizer steps in all, warm-up included")
     warmup_steps: int = knob(5, "steps not timed")
     zero_stage: Optional[int] = knob(None, "shorthand for strategy.zero_stage (strategy=zero zero_stage=3)",
