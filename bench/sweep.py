@@ -41,7 +41,6 @@ Progress and summary are plain log lines (no carriage returns), fine in non-inte
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import logging
@@ -426,7 +425,7 @@ class BenchSweeper(Sweeper):
                     return "busy"
                 same = [r for r in scan(self.sweep_dir) if r.key == j.key]
                 done = [r for r in same if r.status == "completed"] or \
-                    [r for r in same if r.status in FINAL and (r.info.get("time") or 0) > self._t_plan]
+                    [r for r in same if r.status in STATUSES and (r.info.get("time") or 0) > self._t_plan]
                 if done:
                     self._leave(j.dir)
                     j.action, j.dir = "skip", done[0].dir.name

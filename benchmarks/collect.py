@@ -38,7 +38,7 @@ def main() -> None:
                 continue
             m["run_dir"] = str(p.parent)
             rows.append(m)
-    hdr = (f"{'run':44} {'status':9} {'tok/s':>10} {'step ms':>8} {'MFU':>6} {'MFUmeas':>7} {'alloc GiB':>9} "
+    hdr = (f"{'run':64} {'status':9} {'tok/s':>10} {'step ms':>8} {'MFU':>6} {'MFUmeas':>7} {'alloc GiB':>9} "
            f"{'pred GiB':>8} {'loss':>7} {'ovh s':>5} {'busy%':>5} {'comm':>5}")
     print(hdr)
     for m in rows:
@@ -51,16 +51,16 @@ def main() -> None:
         cfg = m.get("config") or {}
         extra = (f" {lay['impl']}" if lay.get("impl") in ("torch", "megatron") and r["strategy"] != "fsdp" else "") + \
             "".join(f" {k}={lay[k]}" for k in ("zero_stage", "reshard_after_forward", "tp", "pp", "microbatches")
-                    if k in lay) + (f" rc={cfg['recompute']}" if cfg.get("recompute", "none") != "none" else "") + \
+                    if k in lay and lay[k] not in (1, None)) + (f" rc={cfg['recompute']}" if cfg.get("recompute", "none") != "none" else "") + \
             (" best" if cfg.get("tuning") == "best" else "")
-        name = (name + extra)[:44]
+        name = (name + extra)[:64]
         if m["status"] != "completed":
-            print(f"{name:44} {m['status']:9} {(m.get('error') or {}).get('message', '')[:80]}")
+            print(f"{name:64} {m['status']:9} {(m.get('error') or {}).get('message', '')[:80]}")
             continue
         pct = lambda x: f"{100 * x:.1f}" if x is not None else "-"  # noqa: E731
         alloc = m["memory"]["max_allocated_mb"]
         pred = ((m["memory"].get("plan") or {}).get("predicted_peak_allocated_mb") or 0) / 1024
-        print(f"{name:44} {m['status']:9} {t['tokens_per_s']:10,.0f} {1e3 * m['step_time_s']['median']:8.1f} "
+        print(f"{name:64} {m['status']:9} {t['tokens_per_s']:10,.0f} {1e3 * m['step_time_s']['median']:8.1f} "
               f"{pct(f['mfu']):>6} {pct(f['mfu_vs_measured_peak']):>7} "
               f"{(alloc / 1024 if alloc else 0):9.2f} {pred:8.2f} {m['loss']['last']:7.4f} {_overhead(m)} {_profile(m)}")
     if a.out:

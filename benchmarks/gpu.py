@@ -1,9 +1,9 @@
 """One reusable GPU runner: sweeps of conf/experiment/ presets, then a compact record of them in a folder.
 
-    python -m benchmarks.gpu OUT PRESET[:override,override...] [PRESET...] [--deadline-s S] [-- EXTRA...]
+    python -m benchmarks.gpu OUT "PRESET[:override override ...]" [PRESET...] [--deadline-s S] [-- EXTRA...]
 
 Each PRESET runs as ``python -m bench --multirun +experiment=PRESET <its overrides> <EXTRA>`` into
-``<work>/<PRESET>`` with ``resume=true`` (a call cut off by its limit is continued by the next with the
+``<work>/<PRESET>[_<n>]`` (the n-th entry of one preset) with ``resume=true`` (a call cut off by its limit is continued by the next with the
 same work folder: ``--work DIR``), one after the other, until the deadline; then OUT receives few
 files (a device call returns at most 8):
 
@@ -31,15 +31,15 @@ from pathlib import Path
 BULKY = ("all", "per_step")  # step_time_s.all, loss.per_step stay; per-rank step lists go
 
 
-def run_preset(preset: str, work: Path, extra: list[str], deadline: float, log) -> None:
+def run_preset(preset: str, folder: str, work: Path, extra: list[str], deadline: float, log) -> None:
     name, _, ov = preset.partition(":")
-    overrides = [o for o in ov.split(",") if o] if ov else []
+    overrides = ov.split()
     left = deadline - time.time()
     if left < 30:
         log(f"[gpu] {preset}: skipped, {left:.0f} s left before the deadline")
         return
     cmd = [sys.executable, "-m", "bench", "--multirun", f"+experiment={name}", *overrides, *extra,
-           f"hydra.sweep.dir={work / name}", "resume=true"]
+           f"hydra.sweep.dir={work / folder}", "resume=true"]
     log(f"[gpu] {' '.join(cmd[1:])} (limit {left:.0f} s)")
     t0 = time.time()
     try:
@@ -116,8 +116,12 @@ def main() -> None:
 
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     machine(out)
+    seen: dict[str, int] = {}
     for preset in a.presets:
-        run_preset(preset, work, extra, deadline - 25, log)  # 25 s kept for packing
+        name = preset.partition(":")[0]
+        seen[name] = seen.get(name, 0) + 1
+        folder = name if seen[name] == 1 else f"{name}_{seen[name]}"
+        run_preset(preset, folder, work, extra, deadline - 25, log)  # 25 s kept for packing
     pack(work, out)
     log(f"[gpu] packed {work} into {out}")
 
