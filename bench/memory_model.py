@@ -32,6 +32,7 @@ fragmentation (reserved over allocated: +10%) and the CUDA context, cuBLAS / NCC
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 from bench.metrics.flops import param_groups
@@ -42,6 +43,13 @@ GIB = 2**30
 MB = 2**20
 FRAGMENTATION = 0.10  # reserved / allocated - 1 allowed for
 CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS workspace, NCCL buffers
+TIGHT = 0.10  # the plan's error against measured peaks: a plan this close to the limit is called tight
+# offload: the host holds the offloaded states of every rank of the node, plus each rank's own process
+# (torch, CUDA, DeepSpeed's pinned staging buffers); the OS and page cache keep the rest. llama3_8b
+# ZeRO-3 + optimizer offload on one H200 (128 GiB host) was killed by the kernel's OOM killer
+# (results/2026-11-24-h200-llama/).
+HOST_PER_RANK_BYTES = 4 * GIB
+HOST_USABLE = 0.9
 
 # bytes per parameter: (params, grads, optimizer)
 BYTES_PER_PARAM = {
@@ -193,6 +201,18 @@ def device_memory_gib(plan: Plan, gpu_memory_gib: Optional[float] = None) -> tup
     return props.total_memory / GIB, props.name
 
 
+def host_memory_gib() -> Optional[float]:
+    """This machine's RAM (the node a local run uses; for SLURM, the planning node's: an estimate)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / GIB
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _ranks_on_node(plan: Plan) -> int:
+    return plan.world_size if plan.device == "cuda" else 1
+
+
 def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
     """The predicted memory of the largest rank of a plan (module docstring), in MiB, with its parts."""
     from bench.metrics.flops import flops_per_token, total_params
@@ -211,11 +231,20 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
     needed = allocated * (1 + FRAGMENTATION) + CONTEXT_BYTES
     mem_gib, source = device_memory_gib(plan, gpu_memory_gib)
     fits_ = None if mem_gib is None else needed <= mem_gib * GIB
+    # within the plan's error (+-10% against the measured peaks of 16 GPU runs) of the limit: said so
+    tight = bool(fits_) and needed > (1 - TIGHT) * mem_gib * GIB
+    host_needed = sum(host.values()) * _ranks_on_node(plan) + (HOST_PER_RANK_BYTES * _ranks_on_node(plan)
+                                                                 if any(host.values()) else 0)
+    host_gib = host_memory_gib()
+    host_fits = None if not any(host.values()) or host_gib is None else host_needed <= HOST_USABLE * host_gib * GIB
     mib = lambda x: round(x / MB, 1)  # noqa: E731
     summary = (f"predicted peak {allocated / GIB:.1f} GiB allocated, {needed / GIB:.1f} GiB needed "
                f"(states {(device['params'] + device['grads'] + device['optimizer']) / GIB:.1f}, activations "
                f"{(act['activations'] + act['logits']) / GIB:.1f}, buffers {buf / GIB:.1f})"
-               + (f" of {mem_gib:.0f} GiB" if mem_gib else ""))
+               + (f" of {mem_gib:.0f} GiB" if mem_gib else "")
+               + (" - tight: within the plan's 10% error of the limit, it may run out of memory" if tight else "")
+               + (f"; host {host_needed / GIB:.1f} GiB for offloaded states of {host_gib:.0f} GiB"
+                  if host_fits is not None else ""))
     return {
         "parameters": total_params(plan.model), "parameters_on_rank": round(psi), "peak_stage": ranks["stage"],
         "flops_per_token": flops_per_token(plan.model),
@@ -233,12 +262,17 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
         "allowance": f"+{int(100 * FRAGMENTATION)}% allocator fragmentation, +{CONTEXT_BYTES / GIB:.0f} GiB CUDA "
                      "context and library workspaces",
         "needed_mb": mib(needed), "device_memory_gib": mem_gib, "device_memory_source": source,
-        "fits": fits_, "summary": summary,
+        "fits": fits_, "tight": tight, "host_needed_mb": mib(host_needed), "host_memory_gib": host_gib,
+        "host_fits": host_fits, "summary": summary,
     }
 
 
 def fits(mem: dict, plan: Plan) -> Optional[str]:
     """None when the plan fits (or there is nothing to check), else the skip reason."""
+    if mem.get("host_fits") is False:
+        return (f"predicted host OOM (offloaded states need {mem['host_needed_mb'] / 1024:.3g} GiB of the host's "
+                f"{mem['host_memory_gib']:.3g} GiB, {int(100 * HOST_USABLE)}% usable): {mem['summary']}; "
+                "force_run=true runs it anyway")
     if mem.get("fits") is not False:
         return None
     return (f"predicted OOM (needs {mem['needed_mb'] / 1024:.3g} GiB of {mem['device_memory_gib']:.3g}): "
