@@ -5,7 +5,7 @@ from pathlib import Path
 import hydra
 
 from bench.config import register_configs
-from bench.task import main_task
+from bench.job import main_task
 
 # bench's Hydra plugins (hydra_plugins/bench_plugins: the sweeper, the SLURM / local-tasks
 # launchers) sit next to the bench package; Hydra finds plugins only in the hydra_plugins

@@ -1,12 +1,17 @@
 """One Hydra job = one benchmark run: validate -> (memory plan) -> launch -> record.
 
+:func:`main_task` is the Hydra task function (a single run and each job of a sweep, local or in a
+submitit/SLURM task).  Locally, :func:`run` launches every rank (bench/launch.py); inside a
+submitit task this process is itself one rank and :func:`run_task` takes over.  A single run
+reports a failure through its exit code; in a sweep the status is returned and the sweep goes on.
+
 The run folder Hydra created holds everything of the run: ``status.json`` (pending - written by
 the sweeper -, running, then the final status; with the run key, model/strategy/world size, wall
 time and fixed overhead), ``metrics.json`` (always written, with the status; measurements null
 unless completed; its ``job`` section has the run key, wall time and overhead), the ranks'
 ``rank{r}.json`` / ``rank{r}.log`` and, on failure, ``failure_rank{r}.json``.  A failing run
 never stops a sweep: the job returns its status.  Only an interrupted run (Ctrl-C) stops it
-(bench/sweep.py).  A folder that holds a completed result is never written over.
+(bench/sweep/).  A folder that holds a completed result is never written over.
 
 Fixed overhead per run (``job`` in metrics.json, and status.json): ``startup_s`` = job start
 (the task function) -> rank 0 starts its first step (process spawn, imports, process group,
@@ -16,6 +21,8 @@ everything (gather, metrics, process group teardown, process exit); ``overhead_s
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Iterable, Optional
@@ -25,7 +32,8 @@ from omegaconf import DictConfig, OmegaConf
 from bench import loggers, metrics
 from bench.config import validate
 from bench.jsonio import read_json_dict, write_json_atomic
-from bench.runs import STATUSES, holds_completed, identity, read_result, run_key, write_status
+from bench.metrics import STATUSES, identity
+from bench.runs import holds_completed, read_failures, run_key, write_status
 from bench.schema import ConfigError, Plan
 
 log = logging.getLogger("bench")
@@ -55,9 +63,7 @@ def finish(run_dir: Path, raw: dict, status: str, error: Optional[dict], failure
         m = metrics.skeleton(plan.cfg if plan else raw, status if status in STATUSES else "failed", error)
         m["failures"] = failures
         if plan is not None:
-            from bench.memory_model import memory_plan
-
-            m["memory"]["plan"] = memory_plan(plan)
+            m["memory"]["plan"] = plan.memory
     timing = job_timing(run_dir, t0, time.time())
     m["job"] = {"key": base["key"], **timing}
     write_json_atomic(mpath, m)
@@ -79,25 +85,6 @@ def record_invalid(run_dir: Path, raw: dict, base: dict, e: ConfigError, t0: flo
                                            "traceback": None, "key": e.key, "value": e.value}, [], base, t0)
 
 
-def mark_unfinished(d: Path, cfg: Optional[dict], status: str, err_type: str, message: str,
-                    failures: Optional[list] = None) -> None:
-    """Give a run that ended without recording a final status one (with the reason)."""
-    r = read_result(d)
-    if r is not None and r.status in STATUSES:
-        return
-    err = {"rank": None, "type": err_type, "message": message, "traceback": None}
-    if failures:  # the ranks' own records: the earliest is the root cause
-        root = failures[0]
-        err = {k: root.get(k) for k in ("rank", "type", "message", "traceback")}
-        status = "oom" if root.get("oom") else status
-    info = (r.info if r else {}) or {}
-    m = metrics.skeleton(cfg or {}, status, err)
-    m["failures"] = failures or []
-    m["job"] = {"key": info.get("key")}
-    write_json_atomic(d / "metrics.json", m)
-    write_json_atomic(d / "status.json", {**info, "status": status, "reason": message, "time": time.time()})
-
-
 def plan_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = (),
              gpus: Optional[int] = None) -> tuple[dict, dict, Optional[Plan], Optional[ConfigError]]:
     """(raw config, status base, plan or None, the ConfigError or None): the run key is the plan's
@@ -107,6 +94,10 @@ def plan_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = (),
         plan, err = validate(cfg, gpus=gpus, explicit=explicit), None
     except ConfigError as e:
         plan, err = None, e
+    if plan is not None:
+        from bench.memory_model import memory_plan
+
+        plan.memory = memory_plan(plan)
     final = plan.cfg if plan else raw
     return raw, {"key": run_key(final), **identity(final), "t_start": time.time()}, plan, err
 
@@ -114,7 +105,7 @@ def plan_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = (),
 def run(cfg: DictConfig, run_dir: Path, command: list[str], t0: Optional[float] = None,
         explicit: Iterable[str] = ()) -> str:
     """Run one benchmark into run_dir; returns its final status."""
-    from bench.launch import launch_local, read_failures
+    from bench.launch import launch_local
 
     t0 = time.time() if t0 is None else t0
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -126,9 +117,9 @@ def run(cfg: DictConfig, run_dir: Path, command: list[str], t0: Optional[float] 
     if err is not None:
         return record_invalid(run_dir, raw, base, err, t0)
     try:
-        from bench.memory_model import fits, memory_plan
+        from bench.memory_model import fits
 
-        mem = memory_plan(plan)
+        mem = plan.memory
         log.info("run %s: model=%s strategy=%s world_size=%d device=%s backend=%s precision=%s; %s",
                  run_dir, plan.model["name"], plan.strategy["name"], plan.world_size, plan.device,
                  plan.backend, plan.cfg["precision"], mem["summary"])
@@ -148,15 +139,75 @@ def run(cfg: DictConfig, run_dir: Path, command: list[str], t0: Optional[float] 
         raise
 
 
+def main_task(cfg: DictConfig) -> str:
+    """The Hydra task function (single run and each multirun job, local or under submitit/SLURM)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    t0 = time.time()
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    # the command that repeats this one run (a sweep's argv would repeat the whole sweep)
+    overrides = list(hc.overrides.task)
+    command = [sys.executable, "-m", "bench", *overrides]
+    explicit = [o.split("=", 1)[0].lstrip("+~") for o in overrides]  # with tuning=best these win
+    try:
+        if cfg.get("dry_run"):
+            status = dry_run(cfg, run_dir, explicit)
+        elif os.environ.get("SUBMITIT_EXECUTOR"):  # this process is one rank of a submitit/SLURM task
+            status = run_task(cfg, run_dir, command, t0, explicit)
+        else:
+            status = run(cfg, run_dir, command, t0, explicit)
+    except KeyboardInterrupt:
+        if hc.mode == RunMode.RUN:
+            raise SystemExit(130)
+        raise  # the sweeper stops the sweep
+    if hc.mode == RunMode.RUN and status != "completed":
+        # a single run reports failure through its exit code; a sweep goes on
+        raise SystemExit(exit_code(status))
+    return status
+
+
+def run_task(cfg: DictConfig, run_dir: Path, command: list[str], t0: float, explicit: Iterable[str] = ()) -> str:
+    """One rank of a submitit task (bench/slurm.py sizes each job: one task per rank); rank 0 records."""
+    from bench.config import cuda_device_count
+    from bench.launch import (launch_task_rank, no_requeue_on_time_limit_warning, since_process_start,
+                              task_rank_environment)
+
+    no_requeue_on_time_limit_warning()
+    env = task_rank_environment(int(cfg.world_size))
+    rank, ntasks = env["rank"], env["tasks"]
+    if ntasks == 1 and int(cfg.world_size) > 1:  # one task for all ranks: torch elastic inside the allocation
+        return run(cfg, run_dir, command, t0, explicit)
+    if holds_completed(run_dir):  # every rank reads the same (metrics.json is written last)
+        log.error("%s already holds a completed result: not running into it", run_dir)
+        return "refused"
+    raw, base, plan, err = plan_run(cfg, run_dir, explicit, gpus=cuda_device_count() * env["nodes"])
+    base["submitit_job_id"] = env["job_id"]
+    base["process_start_s"] = since_process_start(t0)  # task process start -> task function (not in startup_s)
+    if rank == 0:
+        write_status(run_dir, "running", **base)
+    if ntasks != int(cfg.world_size):
+        err = ConfigError("world_size", cfg.world_size, f"the job has {ntasks} tasks (one per rank is needed); "
+                          "use hydra/launcher=slurm, which sizes each job by its world_size")
+    if err is not None:
+        return record_invalid(run_dir, raw, base, err, t0) if rank == 0 else "invalid"
+    plan.cfg["_command"] = command
+    if rank == 0:
+        log.info("run %s: %s, rank %d of %d (%d node(s)), master %s:%s", run_dir, env["describe"], rank, ntasks,
+                 env["nodes"], os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
+    return launch_task_rank(plan, run_dir, rank, lambda o: finish(run_dir, raw, o.status, o.error, o.failures, base, t0))
+
+
 def dry_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = ()) -> str:
     """dry_run=true: validate, print and write the memory plan (run_dir/plan.json); start no process."""
-    from bench.memory_model import fits, memory_plan
+    from bench.memory_model import fits
 
     raw, base, plan, err = plan_run(cfg, run_dir, explicit)
     if err is not None:
         log.error("%s", err)
         return "invalid"
-    mem = memory_plan(plan)
+    mem = plan.memory
     verdict = fits(mem, plan)
     lay = mem["layout"]
     log.info("plan: model=%s (%.3gB parameters, %.3g GFLOP/token) strategy=%s world_size=%d tp=%d pp=%d dp=%d "

@@ -36,7 +36,7 @@ import os
 from typing import Any, Optional
 
 from bench.metrics.flops import param_groups
-from bench.registry import get_spec
+from bench.strategies.registry import get_spec
 from bench.schema import Plan
 
 GIB = 2**30
@@ -45,9 +45,7 @@ FRAGMENTATION = 0.10  # reserved / allocated - 1 allowed for
 CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS workspace, NCCL buffers
 TIGHT = 0.10  # the plan's error against measured peaks: a plan this close to the limit is called tight
 # offload: the host holds the offloaded states of every rank of the node, plus each rank's own process
-# (torch, CUDA, DeepSpeed's pinned staging buffers); the OS and page cache keep the rest. llama3_8b
-# ZeRO-3 + optimizer offload on one H200 (128 GiB host) was killed by the kernel's OOM killer
-# (results/2026-11-24-h200-llama/).
+# (torch, CUDA, DeepSpeed's pinned staging buffers); the OS and page cache keep the rest.
 HOST_PER_RANK_BYTES = 4 * GIB
 HOST_USABLE = 0.9
 

@@ -31,6 +31,9 @@ import torch.nn as nn
 import torch.utils.checkpoint
 import torch.nn.functional as F
 
+# precision name -> the dtype of a run's 16-bit compute (or fp32): one table for every strategy
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
 ARCHS = ("gpt", "llama")
 
 

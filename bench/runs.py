@@ -1,6 +1,6 @@
 """Run identity and run folders: the run key, the statuses, and reading what a folder holds.
 
-One module below the single run (bench/job.py), the sweeper (bench/sweep.py, bench/slurm.py) and
+One module below the single run (bench/job.py), the sweeper (bench/sweep/, bench/slurm.py) and
 the analysis (multirun_analysis), so that all three agree on what a run is:
 
 * :func:`run_key`: a hash of the resolved configuration, without the keys that do not change
@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from bench.jsonio import read_json_dict, write_json_atomic
+from bench.metrics import STATUSES, skeleton
 from bench.schema import BenchConfig, ModelConfig, fields_of
 
-# final statuses; skipped: not launched, the memory plan predicted an out-of-memory (force_run=true runs it)
-STATUSES = ("completed", "failed", "oom", "invalid", "skipped", "timeout", "interrupted")
 FAILED = ("failed", "oom", "timeout", "interrupted")  # final, not completed, worth a re-run
 ATTEMPTS = ".attempts"
 
@@ -46,7 +45,7 @@ def _added(schema: type) -> dict[str, Any]:
 
 
 def _strategy_schema(cfg: dict) -> Optional[type]:
-    from bench.registry import specs
+    from bench.strategies.registry import specs
 
     s = cfg.get("strategy")
     spec = specs().get(s.get("name")) if isinstance(s, dict) else None
@@ -90,17 +89,6 @@ def with_added_defaults(cfg: dict) -> dict:
         if section:
             out[section] = target
     return out
-
-
-def identity(cfg: dict) -> dict:
-    """The columns that say what ran (flat): tables, the cost estimate, the sweep summary."""
-    m, s = cfg.get("model") or {}, cfg.get("strategy") or {}
-    return {
-        "model": m.get("name"), "strategy": s.get("name"), "impl": s.get("impl"),
-        "world_size": cfg.get("world_size"), "precision": cfg.get("precision"),
-        "compile": cfg.get("compile"), "steps": cfg.get("steps"), "warmup_steps": cfg.get("warmup_steps"),
-        "global_batch": m.get("global_batch"), "seq_len": m.get("seq_len"), "seed": cfg.get("seed"),
-    }
 
 
 # ------------------------------------------------------------------------------ run folders
@@ -160,3 +148,28 @@ def move_aside(d: Path) -> Optional[Path]:
     for p in items:
         shutil.move(str(p), str(dest / p.name))
     return dest
+
+
+def read_failures(run_dir: Path) -> list[dict]:
+    """The ranks' own failure records, earliest first (the first is the root cause)."""
+    found = (read_json_dict(p) for p in run_dir.glob("failure_rank*.json"))
+    return sorted((f for f in found if f is not None), key=lambda f: f.get("time", 0))
+
+
+def mark_unfinished(d: Path, cfg: Optional[dict], status: str, err_type: str, message: str,
+                    failures: Optional[list] = None) -> None:
+    """Give a run that ended without recording a final status one (with the reason)."""
+    r = read_result(d)
+    if r is not None and r.status in STATUSES:
+        return
+    err = {"rank": None, "type": err_type, "message": message, "traceback": None}
+    if failures:  # the ranks' own records: the earliest is the root cause
+        root = failures[0]
+        err = {k: root.get(k) for k in ("rank", "type", "message", "traceback")}
+        status = "oom" if root.get("oom") else status
+    info = (r.info if r else {}) or {}
+    m = skeleton(cfg or {}, status, err)
+    m["failures"] = failures or []
+    m["job"] = {"key": info.get("key")}
+    write_json_atomic(d / "metrics.json", m)
+    write_json_atomic(d / "status.json", {**info, "status": status, "reason": message, "time": time.time()})

@@ -29,14 +29,15 @@ class ConfigError(ValueError):
 
 
 def knob(default: Any = MISSING, doc: str = "", *, choices: Optional[tuple] = None, tune: Optional[tuple] = None,
-         added: bool = False, volatile: bool = False, alias: Optional[str] = None,
+         requires: Optional[dict] = None, added: bool = False, volatile: bool = False, alias: Optional[str] = None,
          factory: Optional[Callable[[], Any]] = None):
     """A schema field with its documentation (docs/knobs.md is generated from it), its valid
     ``choices`` (checked by bench.config.validate), its candidate values for the knob search
-    (``tune``), its run-key rule (``added``, ``volatile``: module docstring), and for a top-level
-    shorthand the strategy key it sets (``alias``)."""
-    md = {"doc": doc, "choices": choices, "tune": tune, "added": added, "volatile": volatile or bool(alias),
-          "alias": alias}
+    (``tune``) and the settings such a candidate needs to take effect (``requires``, dotted key ->
+    value: compile_mode needs compile=true), its run-key rule (``added``, ``volatile``: module
+    docstring), and for a top-level shorthand the strategy key it sets (``alias``)."""
+    md = {"doc": doc, "choices": choices, "tune": tune, "requires": requires, "added": added,
+          "volatile": volatile or bool(alias), "alias": alias}
     if factory is not None:
         return field(default_factory=factory, metadata=md)
     return field(default=default, metadata=md)
@@ -164,7 +165,7 @@ class BenchConfig:
     compile_mode: str = knob("default", "torch.compile mode: default | reduce-overhead (CUDA graphs) | "
                              "max-autotune-no-cudagraphs", choices=("default", "reduce-overhead",
                                                                     "max-autotune-no-cudagraphs"),
-                             tune=("default", "reduce-overhead"), added=True)
+                             tune=("default", "reduce-overhead"), requires={"compile": True}, added=True)
     recompute: str = knob("none", "activation recomputation: none | full (each block's forward again in backward, "
                           "only block inputs kept) | selective (the attention core again: Korthikanti et al. 2022)",
                           choices=("none", "full", "selective"), added=True)
@@ -213,6 +214,7 @@ class Plan:
     micro_batch_size: int  # sequences per micro-batch on one data-parallel rank
     grad_accum: int  # micro-batches per optimizer step on one data-parallel rank
     tuning: Optional[dict] = None  # tuning=best: what the profile applied and skipped (bench/tuning.py)
+    memory: Optional[dict] = None  # the memory plan (bench/memory_model.py), made before launch, recorded by rank 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -25,12 +25,11 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from bench import metrics
 from bench.jsonio import write_json_atomic
-from bench.memory_model import memory_plan
 from bench.metrics import provenance
 from bench.metrics.nvml import NvmlSampler
 from bench.metrics.profile import profile_steps
 from bench.metrics.timing import phase
-from bench.registry import get_spec, sweep_preloads
+from bench.strategies.registry import get_spec, sweep_preloads
 from bench.schema import Plan
 from bench.strategies.base import DistContext
 from bench.teardown import exit_without_finalizing, release_process_groups
@@ -281,7 +280,7 @@ def _write_metrics(plan: Plan, run_dir: Path, device, gathered: list, strategy, 
     if plan.tuning:
         layout["tuning"] = plan.tuning
     m = metrics.assemble(cfg, device.type, gathered, layout, prov, matmul_peak)
-    m["memory"]["plan"] = memory_plan(plan)
+    m["memory"]["plan"] = plan.memory  # predicted before launch (bench/job.py), beside the measured peak
     write_json_atomic(run_dir / "metrics.json", m)
     log.info(metrics.one_line(m))
 

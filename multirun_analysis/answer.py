@@ -21,7 +21,7 @@ from typing import Optional
 
 import pandas as pd
 
-from bench.registry import specs
+from bench.strategies.registry import specs
 from bench.schema import BenchConfig, fields_of
 from multirun_analysis.summarize import _fmt, _hashable, key_columns
 

@@ -18,6 +18,8 @@ import math
 
 import pandas as pd
 
+from multirun_analysis.tables import md_table
+
 PARTS = ("compute", "communication", "overlapped", "idle", "wall")
 STACK = (("compute only", "#4C72B0"), ("overlapped", "#8172B3"), ("exposed communication", "#DD8452"),
          ("idle", "#BBBBBB"))
@@ -69,8 +71,6 @@ def stack_parts(row) -> dict:
 
 def report_section(summary: pd.DataFrame, runs: pd.DataFrame | None = None) -> list[str]:
     """report.md lines: the breakdown table and its plot (nothing when no run was profiled)."""
-    from multirun_analysis.report import md_table
-
     d = profiled(summary)
     if d.empty:
         return []

@@ -24,6 +24,9 @@ from typing import Any, Iterable
 import pandas as pd
 
 from bench.runs import STATUSES, with_added_defaults
+from bench.schema import BenchConfig, fields_of
+
+SHORTHANDS = {n for n, f in fields_of(BenchConfig).items() if f.metadata.get("alias")}
 from multirun_analysis import breakdown
 
 SCHEMA_VERSION = 1  # the metrics.json schema this module was written against
@@ -180,7 +183,8 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
             row["overrides"] = " ".join(map(str, st["overrides"]))
     if cfg is None:
         problems.append("no config (.hydra/config.yaml and metrics.json config both missing)")
-    flat_cfg = flatten({k: v for k, v in (cfg or {}).items() if k != "_command"})
+    # the shorthands (zero_stage=, microbatches=) were copied into strategy.*: their columns say it
+    flat_cfg = flatten({k: v for k, v in (cfg or {}).items() if k != "_command" and k not in SHORTHANDS})
 
     if m is None:
         row["status"] = "incomplete"

@@ -7,14 +7,13 @@ environment the numbers were measured in, and the exact column definitions.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import re
 from pathlib import Path
 
 import pandas as pd
 
-from multirun_analysis import breakdown
-from multirun_analysis import answer
+from multirun_analysis import answer, breakdown
+from multirun_analysis.tables import table_rows, md_table
 from multirun_analysis.summarize import DEFINITIONS, _fmt
 
 COMPACT = [("model", "model", str), ("label", "strategy", str), ("world_size", "GPUs", "{:g}"),
@@ -38,35 +37,9 @@ FAILED_MD = [("status", "status", str), ("model", "model", str), ("strategy", "s
              ("world_size", "GPUs", "{:g}"), ("reason", "reason", str), ("run_dir", "run", str)]
 
 
-def _cell(v, fmt) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "–"
-    try:
-        if fmt == "pct":
-            return f"{100 * float(v):.1f}"
-        return fmt(v) if callable(fmt) else fmt.format(float(v))
-    except (TypeError, ValueError):
-        return str(v)
-
-
-def _rows(df: pd.DataFrame, spec):
-    spec = [s for s in spec if s[0] in df.columns]
-    return [h for _, h, _ in spec], [[_cell(r[c], f) for c, _, f in spec] for _, r in df.iterrows()]
-
-
-def md_table(df: pd.DataFrame, spec) -> str:
-    heads, rows = _rows(df, spec)
-    if not rows:
-        return "_(none)_\n"
-    esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
 def compact_table(summary: pd.DataFrame) -> str:
     """The summary as a fixed-width terminal table."""
-    heads, rows = _rows(summary, COMPACT)
+    heads, rows = table_rows(summary, COMPACT)
     if not rows:
         return "(no completed runs)"
     w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]

@@ -79,13 +79,15 @@ from typing import Iterable, Optional
 import pandas as pd
 
 from bench.runs import volatile_keys
+from multirun_analysis.load import SHORTHANDS
 from multirun_analysis import breakdown
 from multirun_analysis.load import config_columns
 
 DEFINITIONS = __doc__  # the exact column definitions, also printed into report.md
 # bookkeeping, not what ran: the keys a sweep's run key leaves out too (deadlines, resume, ...), and
 # seeds, whose runs are repeats of one experiment
-EXCLUDED_FROM_KEY = ("seed", "command") + volatile_keys()
+# a shorthand's name (zero_stage, microbatches) is the column of the strategy key it sets (load.py)
+EXCLUDED_FROM_KEY = ("seed", "command") + tuple(k for k in volatile_keys() if k not in SHORTHANDS)
 EXCLUDED_PREFIXES = ("metrics.", "hydra.", "cfg.metrics.", "vars.", "fault.", "logger.")
 BASELINE = {"strategy": "single", "world_size": 1}
 BASELINE_MATCH = ("model", "global_batch", "seq_len", "precision", "compile", "device_type")

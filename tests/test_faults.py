@@ -159,7 +159,7 @@ def test_ctrl_c_mid_sweep_then_resume_completes_every_run(tmp_path, conf):
     record_fault("SIGINT to a sweep mid-run, then resume=true", "interrupted, then completed", lost, len(left),
                  "the interrupted run is run again by resume=true, its attempt kept in .attempts/")
     assert p2.returncode == 0, out2[-3000:]
-    assert "2 to run, 0 invalid" in out2 and "1 skipped" in out2, out2[-3000:]
+    assert "2 to run, 0 invalid" in out2 and "1 resumed" in out2, out2[-3000:]
     assert statuses == {"q1": "completed", "slow": "completed", "q2": "completed"}, out2[-3000:]
     assert _stamps(jobs["q1"]) == first  # the completed result: not a file touched
     assert jobs2["slow"] == jobs["slow"] and (jobs["slow"] / ".attempts" / "1" / "status.json").is_file()

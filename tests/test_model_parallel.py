@@ -286,9 +286,9 @@ def _error(gpus: int, *overrides: str) -> ConfigError:
 
 
 def test_every_registered_strategy_has_a_runnable_class():
-    """The registry (bench/registry.py) finds each strategy module's spec; every spec names a Strategy
+    """The registry (bench/strategies/registry.py) finds each strategy module's spec; every spec names a Strategy
     subclass for its implementations and a schema whose name default is the strategy's name."""
-    from bench.registry import specs
+    from bench.strategies.registry import specs
     from bench.strategies.base import Strategy
 
     found = specs()
@@ -497,7 +497,7 @@ def test_fork_server_preloads_make_no_cuda_call():
     """The fork server imports these before it forks the ranks (start_method=forkserver); a rank
     forked from a process that has started CUDA cannot use CUDA, so none may touch it at import."""
     from bench.launch import _PRELOAD
-    from bench.registry import SWEEP_PRELOAD, get_spec
+    from bench.strategies.registry import SWEEP_PRELOAD, get_spec
 
     modules = [*_PRELOAD, *SWEEP_PRELOAD, *get_spec("megatron").preload({"impl": "megatron"}),
                *get_spec("zero").preload({})]

@@ -13,7 +13,8 @@ from hydra import compose, initialize_config_dir
 from bench.config import ConfigError, register_configs, validate
 from bench.memory_model import model_state_bytes
 from bench.metrics.flops import total_params
-from bench.strategies.zero import build_ds_config, deep_merge, fix_cuda_arch_list
+from bench.strategies.deepspeed_env import fix_cuda_arch_list
+from bench.strategies.zero import build_ds_config
 from tests.conftest import CPU_FAST, REPO, metrics_of, run_bench
 
 TOL = 1e-5
@@ -96,8 +97,8 @@ def test_zero_stage_matches_single(stage, zero_runs, baseline):
     ds = lay["ds_config"]
     assert ds["zero_optimization"]["stage"] == stage
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 4, 1)
-    pred = lay["predicted_memory_mb"]
-    assert pred["stage"] == stage and pred["host"]["total"] == 0
+    pred = m["memory"]["plan"]["model_states"]
+    assert pred["stage"] == stage and sum(pred["host_mb"].values()) == 0
     for r in m["ranks"]:  # start-up cost attributed to its parts (issue 6)
         assert set(r["setup_phases_s"]) == {"import deepspeed", "bench model",
                                             "deepspeed.initialize (optimizer op load included)"}
@@ -134,7 +135,7 @@ def test_fsdp2_matches_single(reshard, fsdp_runs, baseline):
     assert_one_step_per_global_batch(m)
     lay = m["layout"]
     assert lay["reshard_after_forward"] is reshard and lay["dp"] == 2
-    assert lay["predicted_memory_mb"]["device"]["total"] > 0
+    assert sum(m["memory"]["plan"]["model_states"]["device_mb"].values()) > 0
 
 
 def test_fsdp2_block_units_and_uneven_shards_match_single(tmp_path_factory):
@@ -182,7 +183,7 @@ def test_zero_offload_matches_single(offload, tmp_path_factory, baseline):
     lay = m["layout"]
     assert lay["optimizer"] == "deepspeed.ops.adam.DeepSpeedCPUAdam(adamw_mode=True)"
     assert lay["ds_config"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
-    assert lay["predicted_memory_mb"]["host"]["optimizer"] > 0
+    assert m["memory"]["plan"]["model_states"]["host_mb"]["optimizer"] > 0
 
 
 def test_zero_autocast_follows_single_bf16(tmp_path_factory):
@@ -203,7 +204,7 @@ def test_zero_autocast_follows_single_bf16(tmp_path_factory):
     assert one["loss"]["per_step"] == ref
     lay = one["layout"]
     assert lay["ds_config"]["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"} and "bf16" not in lay["ds_config"]
-    assert lay["autocast"] is True and lay["predicted_memory_mb"]["scheme"] == "fp32"
+    assert lay["autocast"] is True and one["memory"]["plan"]["model_states"]["scheme"] == "fp32"
     two = runs("zero_autocast_ws2", "strategy=zero", "strategy.autocast=true", "world_size=2",
                "strategy.zero_stage=0,2,3", multirun=True)
     assert sorted(m["config"]["strategy"]["zero_stage"] for m in two) == [0, 2, 3]
@@ -333,7 +334,6 @@ def test_ds_config_generated_from_hydra():
     ds2 = build_ds_config(plan_of("strategy=zero", "strategy.zero_stage=2", "precision=bf16", "device=cpu"))
     assert ds2["zero_optimization"]["overlap_comm"] is False and "stage3_prefetch_bucket_size" not in ds2["zero_optimization"]
     assert ds2["bf16"] == {"enabled": True} and "fp16" not in ds2
-    assert deep_merge({"a": {"b": 1, "c": 2}}, {"a": {"c": 3}, "d": 4}) == {"a": {"b": 1, "c": 3}, "d": 4}
 
 
 def test_cuda_arch_list_rewrite():

@@ -1,4 +1,4 @@
-"""Sweeps end to end on CPU (real processes, bench/sweep.py): failure isolation, statuses, summary,
+"""Sweeps end to end on CPU (real processes, bench/sweep/): failure isolation, statuses, summary,
 exit code, resume, rerun_failed, Ctrl-C.  The test's own sweep arms come from a config folder
 added to Hydra's search path, so one sweep holds exactly the runs we want."""
 from __future__ import annotations
@@ -106,10 +106,10 @@ def test_sweep_isolates_failures_and_reports_them(first_sweep):
             jobs[c]["metrics"]["ranks"])
     # summary: printed and in summary.json
     summary = json.loads((sweep / "summary.json").read_text())
-    assert summary["counts"] == {"completed": 2, "invalid": 1, "failed": 0, "oom": 1, "timeout": 1,
+    assert summary["counts"] == {"completed": 2, "invalid": 1, "skipped": 0, "failed": 0, "oom": 1, "timeout": 1,
                                  "interrupted": 0, "pending": 0, "unknown": 0}
     assert summary["exit_code"] == 1
-    assert "SUMMARY 5 runs: completed=2 invalid=1 failed=0 oom=1 timeout=1 interrupted=0" in out
+    assert "SUMMARY 5 runs: completed=2 invalid=1 skipped=0 failed=0 oom=1 timeout=1 interrupted=0" in out
     # progress: the plan, one line per run, the live step line with tokens/s; no carriage returns
     assert "[sweep] 5 runs in" in out and "4 to run, 1 invalid" in out
     assert "[sweep] run 4/4" in out and "tokens/s so far" in out and "\r" not in out
@@ -123,7 +123,7 @@ def test_resume_runs_nothing_new_and_rerun_failed_only_the_failed(first_sweep):
 
     p = _sweep(conf, sweep, "resume=true")
     out = p.stdout + p.stderr
-    assert "0 to run, 0 invalid (recorded without running), 5 skipped" in out, out[-3000:]
+    assert "0 to run, 0 invalid and 0 predicted not to fit (recorded without running), 5 resumed" in out, out[-3000:]
     assert {c: _stamps(j["dir"]) for c, j in jobs.items()} == before  # not a file touched
     assert p.returncode == 1  # the sweep still holds an oom and a timeout
     assert json.loads((sweep / "summary.json").read_text())["resumed"] == 5
@@ -135,7 +135,7 @@ def test_resume_runs_nothing_new_and_rerun_failed_only_the_failed(first_sweep):
     p = _sweep(conf, sweep, "resume=true", "rerun_failed=true")
     out = p.stdout + p.stderr
     assert p.returncode == 1, out[-3000:]
-    assert "2 to run, 0 invalid (recorded without running), 3 skipped" in out
+    assert "2 to run, 0 invalid and 0 predicted not to fit (recorded without running), 3 resumed" in out
     after = {c: _stamps(j["dir"]) for c, j in jobs.items()}
     for c in ("ok_single", "ok_ddp", "invalid"):
         assert after[c] == before[c], c  # completed and invalid results untouched

@@ -10,9 +10,21 @@ from typing import Any, Optional
 
 from bench.metrics import flops as _flops
 from bench.metrics.timing import step_time_stats
-from bench.runs import STATUSES, identity
 
 SCHEMA_VERSION = 1
+# a run's final statuses; skipped: not launched, the memory plan predicted an out-of-memory (force_run=true runs it)
+STATUSES = ("completed", "failed", "oom", "invalid", "skipped", "timeout", "interrupted")
+
+
+def identity(cfg: dict) -> dict:
+    """The columns that say what ran (flat): tables, the cost estimate, the sweep summary."""
+    m, s = cfg.get("model") or {}, cfg.get("strategy") or {}
+    return {
+        "model": m.get("name"), "strategy": s.get("name"), "impl": s.get("impl"),
+        "world_size": cfg.get("world_size"), "precision": cfg.get("precision"),
+        "compile": cfg.get("compile"), "steps": cfg.get("steps"), "warmup_steps": cfg.get("warmup_steps"),
+        "global_batch": m.get("global_batch"), "seq_len": m.get("seq_len"), "seed": cfg.get("seed"),
+    }
 
 
 def skeleton(cfg: dict, status: str, error: Optional[dict] = None) -> dict:
@@ -80,6 +92,10 @@ def assemble(cfg: dict, device_type: str, ranks: list[dict], describe: dict, pro
 
     skipped = ranks[0]["skipped"]
     applied_timed = timed - sum(skipped[warmup:])
+    if applied_timed == 0:  # no token was trained in the window: no throughput to report
+        raise RuntimeError(f"every one of the {timed} timed steps was skipped by the fp16 loss scaler (gradient "
+                           "overflow): nothing was trained in the timed window; raise warmup_steps so that the "
+                           "loss scale settles before it, or use precision=bf16")
     tokens_per_step = sum(r["tokens_per_step"] for r in ranks)
     window = max(r["window_s"] for r in ranks)
     tokens_timed = tokens_per_step * applied_timed

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from bench.strategies.base import DTYPES
+from bench.model import DTYPES
 
 
 def apply_fsdp(model: nn.Module, dp_mesh, precision: str, knobs: dict, offload: bool, device_type: str) -> dict:

@@ -1,1 +1,1 @@
-"""Strategies, one module each; each registers its StrategySpec (bench/registry.py finds them)."""
+"""Strategies, one module each; each registers its StrategySpec (bench/strategies/registry.py finds them)."""

@@ -4,7 +4,7 @@ A strategy is one module in this package that registers one :class:`StrategySpec
 schema (the only source of its defaults, with each knob's documentation and search candidates),
 its validation rules, how it holds model states (the memory plan), its tuning profile, what the
 fork server should preload, and its class.  Nothing outside the module names the strategy:
-bench.config, the memory plan, the run key and the knob search all ask bench/registry.py.
+bench.config, the memory plan, the run key and the knob search all ask bench/strategies/registry.py.
 
 A strategy owns how the model is built, wrapped, fed and stepped, and nothing more: the worker
 owns timing, synchronization, metrics and writing.  A strategy never times its steps; it only
@@ -20,10 +20,10 @@ from typing import Any, Callable, ClassVar, Optional
 import torch
 
 from bench.data import SyntheticStream
+from bench.model import DTYPES
 from bench.metrics.timing import phase
 from bench.schema import Plan
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class StrategySpec:
     devices: tuple[str, ...] = ("cpu", "cuda")
 
 
-REGISTRY: dict[str, StrategySpec] = {}  # filled by each strategy module's register(); read via bench.registry
+REGISTRY: dict[str, StrategySpec] = {}  # filled by each strategy module's register(); read via bench.strategies.registry
 
 
 def register(spec: StrategySpec) -> StrategySpec:

@@ -19,19 +19,18 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from omegaconf import OmegaConf
 
 from bench.model import Block, build_model, lm_loss
 from bench.parallel.ac import apply_ac
 from bench.parallel.compile import compile_kwargs
 from bench.schema import ConfigError, Plan, StrategyConfig, alias_default, check_positive, check_whole, knob
 from bench.strategies.base import ModelStates, StepResult, Strategy, StrategySpec, register
+from bench.strategies.deepspeed_env import ensure_torch_extensions_dir, fix_cuda_arch_list
 
 # --------------------------------------------------------------------------- schema
 @dataclass
@@ -198,46 +197,6 @@ def model_states(cfg: dict) -> ModelStates:
 
 
 # --------------------------------------------------------------------------- the DeepSpeed engine
-REPO = Path(__file__).resolve().parents[2]
-# One JIT-build cache for DeepSpeed's C++/CUDA ops (cpu_adam, fused_adam, ...) per checkout:
-# git-ignored, shared by runs and tests, so each op compiles once per machine.
-DEFAULT_TORCH_EXTENSIONS_DIR = REPO / ".torch_extensions"
-
-
-def ensure_torch_extensions_dir() -> str:
-    """TORCH_EXTENSIONS_DIR, defaulting to <repo>/.torch_extensions (an explicit setting wins)."""
-    return os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(DEFAULT_TORCH_EXTENSIONS_DIR))
-
-
-_ARCH_SUFFIX = re.compile(r"(\d+\.\d+)[a-z]+")  # 9.0a, 10.0f (arch-/family-specific targets)
-
-
-def fix_cuda_arch_list(environ: Optional[dict] = None) -> Optional[dict]:
-    """DeepSpeed 0.19.8's op builder parses TORCH_CUDA_ARCH_LIST entries as int.int(+PTX) and
-    fails on "9.0a" (ValueError: '0a'); rewrite such entries to the plain arch ("9.0a" -> "9.0").
-    Returns {"from", "to"} when the variable was rewritten, else None."""
-    env = os.environ if environ is None else environ
-    old = env.get("TORCH_CUDA_ARCH_LIST")
-    if not old:
-        return None
-    new = _ARCH_SUFFIX.sub(r"\1", old)
-    if new == old:
-        return None
-    env["TORCH_CUDA_ARCH_LIST"] = new
-    return {"from": old, "to": new}
-
-
-def deep_merge(base: dict, over: dict) -> dict:
-    """base with over merged in recursively (over wins; dicts merge, everything else replaces)."""
-    out = copy.deepcopy(base)
-    for k, v in (over or {}).items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = deep_merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
-
-
 AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # DeepSpeed's torch_autocast.dtype names
 
 
@@ -287,7 +246,8 @@ def build_ds_config(plan) -> dict:
                        "loss_scale_window": f["loss_scale_window"], "hysteresis": f["hysteresis"],
                        "consecutive_hysteresis": f["consecutive_hysteresis"],
                        "min_loss_scale": f["min_loss_scale"]}
-    return deep_merge(cfg, s["ds_config"] or {})
+    # strategy.ds_config (a raw dict) merged last: dicts merge, anything else replaces
+    return OmegaConf.to_container(OmegaConf.merge(cfg, s["ds_config"] or {}))
 
 
 PRECISION_NOTES = {  # (precision, autocast) -> what ran

@@ -1,6 +1,6 @@
-"""hydra/sweeper=bench (bench.sweep.BenchSweeper) and hydra/sweeper=tune (bench.search.TuneSweeper)."""
-from bench.search import TuneSweeper as _TuneSweeper
-from bench.sweep import BenchSweeper as _BenchSweeper
+"""hydra/sweeper=bench (bench.sweep.sweeper.BenchSweeper) and hydra/sweeper=tune (bench.sweep.search.TuneSweeper)."""
+from bench.sweep.search import TuneSweeper as _TuneSweeper
+from bench.sweep.sweeper import BenchSweeper as _BenchSweeper
 
 
 class BenchSweeper(_BenchSweeper):

@@ -46,9 +46,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from bench.strategies.base import DTYPES
-
-from bench.model import sdpa_kv
+from bench.model import DTYPES, sdpa_kv
 
 
 

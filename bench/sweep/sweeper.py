@@ -1,162 +1,29 @@
-"""Sweeps: the plan of a multirun, resume, run folders, cost guard, progress and the summary.
-
-``hydra/sweeper=bench`` (the default, conf/hydra/sweeper/bench.yaml) sweeps like Hydra's basic
-sweeper (the same cartesian product of ``a=1,2 b=x,y`` and ``hydra.sweeper.params``) plus, before
-anything runs, a plan of every job:
-
-* its resolved configuration and **run key** (bench/runs.py: a hash of the resolved configuration
-  without the keys that do not change what runs; stored in the run's status.json and metrics.json);
-* a pre-check (``bench.config.validate``): a combination that cannot run is recorded right away
-  as status ``invalid`` with the reason, and no process (or SLURM job) is started for it; one the
-  memory plan predicts will not fit is recorded ``skipped`` with the prediction (``force_run=true``
-  runs it);
-* with ``resume=true``: a job whose key already has a completed result anywhere in the sweep
-  folder is skipped (so are failed/oom/timeout ones unless ``rerun_failed=true``, and invalid
-  ones that are still invalid); an interrupted one (Ctrl-C: no result of its configuration) is
-  run again;
-* its folder: ``<sweep dir>/<job number>`` unless that folder holds a completed result, or a final
-  result of another configuration; then ``<number>_<key[:8]>`` (``_2``, ``_3``, ... for repeats).
-  A completed result is never written over; a failed attempt that is run again in place is moved
-  to ``<folder>/.attempts/<n>/`` first.  The job's folder is passed to Hydra as
-  ``hydra.sweep.subdir``, so Hydra's own files (.hydra/, the job log) never touch another result;
-* status ``pending`` written into the folder of every job that will run.
-
-Then it prints how many runs the sweep expands to and, where earlier results exist (this sweep
-folder, ``<cwd>/multirun`` and ``hydra.sweeper.history``), an estimate of GPU time; launches the
-jobs one at a time (local launchers: one benchmark at a time, a live ``run i/N`` line each) or all
-at once (``hydra/launcher=slurm``); and stops after a run that ended ``interrupted`` (Ctrl-C).
-``dry_run=true`` (or ``hydra.sweeper.dry_run=true``) prints the plan, one memory-plan line per run,
-and runs nothing.
-
-Several sweep processes may run on one sweep folder at once (bench/claims.py): each plans holding
-the folder's lock and claims each job just before it runs; a run folder claimed by another live
-process is never chosen, moved aside or written; with ``resume=true`` a job another process runs
-is waited for and one it completed is not run again, so two ``resume=true`` sweeps share the work.
-
-:class:`SweepCallback` (``hydra.callbacks.bench_sweep``) prints the summary at the end of the
-multirun, writes ``<sweep dir>/summary.json`` and sets the exit code: 0 when every run completed
-or was invalid / skipped (a combination that cannot run does not fail a sweep), 130 when the sweep was
-interrupted, 1 when any run failed, ran out of memory, timed out or never reported a status.
-Progress and summary are plain log lines (no carriage returns), fine in non-interactive logs.
-"""
+"""The sweeper (``hydra/sweeper=bench``): plan every job, record what will not run, run the rest
+(bench/sweep/__init__.py says what the plan decides)."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import os
-import statistics
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
-from hydra.experimental.callback import Callback
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from bench import claims
 from bench.jsonio import read_json_dict, write_json_atomic
-from bench.runs import ATTEMPTS, FAILED, STATUSES, identity, move_aside, read_result, run_key, scan
+from bench.metrics import STATUSES, identity, skeleton
+from bench.runs import ATTEMPTS, FAILED, mark_unfinished, move_aside, read_result, run_key, scan
+from bench.sweep import claims
+from bench.sweep.cost import fmt_s
+from bench.sweep.jobs import MANIFEST, Job, declare_preloads, expand, log_plan, override_key
+from bench.sweep.summary import progress
 
 log = logging.getLogger("bench.sweep")
-
-MANIFEST = "sweep.json"
-SUMMARY = "summary.json"
-
-
-# ------------------------------------------------------------------------------ cost estimate
-def _history_records(dirs: Sequence[Path]) -> list[dict]:
-    recs, seen = [], set()
-    for root in dirs:
-        if not root.is_dir():
-            continue
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = [x for x in dirnames if not x.startswith(".")]
-            depth = len(Path(dirpath).relative_to(root).parts)
-            if depth >= 4:
-                dirnames[:] = []
-            if "status.json" in filenames:
-                p = Path(dirpath).resolve()
-                if p in seen:
-                    continue
-                seen.add(p)
-                st = read_json_dict(p / "status.json")
-                if st and st.get("status") == "completed" and st.get("wall_s"):
-                    recs.append(st)
-    return recs
-
-
-class CostModel:
-    """wall(run) ~ fixed overhead + steps x time per step, medians over completed runs with the
-    same model / strategy / world size (and precision, when there are such runs)."""
-
-    def __init__(self, records: list[dict]):
-        self.by: dict[tuple, list[dict]] = {}
-        for r in records:
-            for k in (self._k(r, True), self._k(r, False)):
-                self.by.setdefault(k, []).append(r)
-
-    @staticmethod
-    def _k(r: dict, precise: bool) -> tuple:
-        base = (r.get("model"), r.get("strategy"), r.get("world_size"))
-        return base + ((r.get("precision"),) if precise else ())
-
-    def estimate(self, ident: dict) -> Optional[float]:
-        rs = self.by.get(self._k(ident, True)) or self.by.get(self._k(ident, False))
-        if not rs:
-            return None
-        over = statistics.median(r.get("overhead_s") or 0.0 for r in rs)
-        per_step = statistics.median(max(0.0, r["wall_s"] - (r.get("overhead_s") or 0.0)) / max(1, r.get("steps") or 1)
-                                     for r in rs)
-        return over + per_step * (ident.get("steps") or 1)
-
-
-def _fmt_s(s: float) -> str:
-    return f"{s / 3600:.2f} h" if s >= 3600 else (f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s")
-
-
-# ------------------------------------------------------------------------------ the sweeper
-@dataclass
-class Job:
-    num: int
-    overrides: list[str]
-    cfg: Optional[dict] = None  # resolved task config, tuning applied (None: it could not be composed/resolved)
-    key: Optional[str] = None
-    ident: dict = field(default_factory=dict)
-    action: str = "run"  # run | invalid / skipped (recorded without running) | skip (resumed)
-    reason: Optional[str] = None
-    error: Optional[dict] = None  # pre-check ConfigError (invalid) or predicted OOM (skipped)
-    dir: Optional[str] = None  # folder name in the sweep dir
-    estimate_s: Optional[float] = None
-    memory: Optional[dict] = None  # the memory plan (bench/memory_model.py)
-
-    def record(self) -> dict:
-        return {"num": self.num, "dir": self.dir, "key": self.key, "action": self.action, "reason": self.reason,
-                "overrides": [o for o in self.overrides if not o.startswith("hydra.sweep.subdir=")],
-                **self.ident, "estimate_s": self.estimate_s}
-
-
-def override_key(override: str) -> str:
-    """The dotted key an override string sets ("+strategy.x=1" -> "strategy.x")."""
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def expand(parser: OverridesParser, arguments: Sequence[str]) -> list[list[str]]:
-    """The cartesian product of a sweep's overrides (``a=1,2 b=x,y``), in Hydra's basic sweeper's order."""
-    lists: dict[str, list[str]] = {}
-    for o in parser.parse_overrides(list(arguments)):
-        key = o.get_key_element()
-        if o.is_sweep_override():
-            if not o.is_discrete_sweep():
-                raise ValueError(f"{o.input_line}: only lists (a=1,2) can be swept, not ranges or intervals")
-            lists[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
-        else:
-            lists[key] = [f"{key}={o.get_value_element_as_str()}"]
-    return [list(x) for x in itertools.product(*lists.values())]
 
 
 class BenchSweeper(Sweeper):
@@ -180,7 +47,7 @@ class BenchSweeper(Sweeper):
         self.hydra_context, self.config = hydra_context, config
         self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
                                                                 task_function=task_function, config=config)
-        self._busy: set[str] = set()  # run folders claimed by other live sweep processes (bench/claims.py)
+        self._busy: set[str] = set()  # run folders claimed by other live sweep processes (bench/sweep/claims.py)
         self._jobs: list = []
 
     # -- planning
@@ -264,7 +131,7 @@ class BenchSweeper(Sweeper):
         base = str(job.num)
         names = [*prefer, base, f"{base}_{job.key[:8]}"] + [f"{base}_{job.key[:8]}_{i}" for i in range(2, 10_000)]
         for name in names:
-            if name in taken or name in self._busy:  # _busy: claimed by another live process (bench/claims.py)
+            if name in taken or name in self._busy:  # _busy: claimed by another live process (bench/sweep/claims.py)
                 continue
             d = self.sweep_dir / name
             r = read_result(d) if d.is_dir() else None
@@ -276,8 +143,6 @@ class BenchSweeper(Sweeper):
 
     def _prepare(self, job: Job) -> None:
         """Write what a planned job's folder shows before it runs."""
-        from bench import metrics
-
         d = self.sweep_dir / job.dir
         old = read_result(d) if d.is_dir() else None
         rerecord = job.action in ("invalid", "skipped") and old is not None and old.status == job.action
@@ -290,9 +155,9 @@ class BenchSweeper(Sweeper):
                      dest.relative_to(self.sweep_dir))
         d.mkdir(parents=True, exist_ok=True)
         base = {"key": job.key, **job.ident, "overrides": job.record()["overrides"], "time": time.time(),
-                "sweep": claims.owner()}  # the sweep process that planned it (bench/claims.py)
+                "sweep": claims.owner()}  # the sweep process that planned it (bench/sweep/claims.py)
         if job.action in ("invalid", "skipped"):
-            m = metrics.skeleton(job.cfg or {}, job.action, job.error)
+            m = skeleton(job.cfg or {}, job.action, job.error)
             if job.memory is not None:
                 m["memory"]["plan"] = job.memory
             m["job"] = {"key": job.key, "wall_s": 0.0, "startup_s": None, "teardown_s": None, "overhead_s": None,
@@ -306,7 +171,7 @@ class BenchSweeper(Sweeper):
         """Jobs for override lists (numbered from first_num), composed, validated, keyed and given a folder
         (nothing written)."""
         jobs = [Job(num=first_num + i, overrides=list(o)) for i, o in enumerate(overrides)]
-        # run folders claimed by other live sweep processes are never chosen (bench/claims.py)
+        # run folders claimed by other live sweep processes are never chosen (bench/sweep/claims.py)
         self._busy = {name for name, c in claims.live_claims(self.sweep_dir, prune=False).items()
                       if not claims.is_me(c.get("owner"))}
         results = scan(self.sweep_dir)
@@ -341,12 +206,14 @@ class BenchSweeper(Sweeper):
     def execute(self, jobs: list[Job], plan_s: float = 0.0) -> list:
         """Log the plan, record what will not run, then run the rest (one at a time, or all at once)."""
         to_run = [j for j in jobs if j.action == "run"]
-        self._log_plan(jobs, to_run, self.resume, self.rerun, plan_s, self.dry)
+        cwd = Path(str(OmegaConf.select(self.config, "hydra.runtime.cwd", default=os.getcwd())))
+        log_plan(jobs, to_run, self.sweep_dir, [self.sweep_dir, cwd / "multirun", *map(Path, map(str, self.history))],
+                 self.resume, self.rerun, plan_s, self.dry)
         if self.dry:
             log.info("[sweep] dry run: nothing written, nothing run")
             return []
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        # written holding the sweep folder's lock: another sweep process on this folder (bench/claims.py)
+        # written holding the sweep folder's lock: another sweep process on this folder (bench/sweep/claims.py)
         # sees either none or all of these folders; each job is claimed again just before it runs
         with claims.locked(self.sweep_dir):
             OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
@@ -358,7 +225,7 @@ class BenchSweeper(Sweeper):
             write_json_atomic(self.sweep_dir / MANIFEST, self.manifest)
         for j in to_run:
             j.overrides = list(j.overrides) + [f"hydra.sweep.subdir={j.dir}"]
-        _declare_preloads(to_run)
+        declare_preloads(to_run)
         sequential = self.sequential
         if sequential is None:
             sequential = not getattr(self.launcher, "parallel_jobs", False)
@@ -370,46 +237,11 @@ class BenchSweeper(Sweeper):
         """Why no further run should start (None: go on); the knob search stops at its GPU-time budget."""
         return None
 
-    def _log_plan(self, jobs: list[Job], to_run: list[Job], resume: bool, rerun: bool, plan_s: float,
-                  dry: bool) -> None:
-        cwd = Path(str(OmegaConf.select(self.config, "hydra.runtime.cwd", default=os.getcwd())))
-        hist_dirs = [self.sweep_dir, cwd / "multirun", *[Path(str(h)) for h in self.history]]
-        model = CostModel(_history_records(hist_dirs))
-        for j in to_run:
-            j.estimate_s = model.estimate(j.ident)
-        n = {a: sum(j.action == a for j in jobs) for a in ("invalid", "skipped", "skip")}
-        log.info("[sweep] %d runs in %s: %d to run, %d invalid and %d predicted not to fit (recorded without "
-                 "running), %d resumed (resume=%s rerun_failed=%s); planned in %.1f s", len(jobs), self.sweep_dir,
-                 len(to_run), n["invalid"], n["skipped"], n["skip"], resume, rerun, plan_s)
-        known = [j for j in to_run if j.estimate_s is not None]
-        if known:
-            wall = sum(j.estimate_s for j in known)
-            gpu = sum(j.estimate_s * (j.ident.get("world_size") or 1) for j in known)
-            log.info("[sweep] estimate from earlier results: %s of GPU time, %s of wall time one run at a time, "
-                     "for %d of the %d runs to run%s", _fmt_s(gpu), _fmt_s(wall), len(known), len(to_run),
-                     f" ({len(to_run) - len(known)} without earlier results: not estimated)"
-                     if len(known) < len(to_run) else "")
-        elif to_run:
-            log.info("[sweep] no earlier results of these model/strategy/world sizes: no GPU time estimate")
-        for j in jobs:
-            if j.action != "run" or dry:
-                mem = f" | {j.memory['summary']}" if j.memory and dry else ""
-                log.info("[sweep]   #%d %s: %s%s%s", j.num, " ".join(j.record()["overrides"]) or "(defaults)",
-                         j.action, f" ({j.reason.splitlines()[0]})" if j.reason else "", mem)
-
     def _stopped(self) -> None:
         self.manifest["interrupted"] = True
         write_json_atomic(self.sweep_dir / MANIFEST, self.manifest)
 
-    def _counts(self, upto: list[Job]) -> str:
-        c: dict[str, int] = {}
-        for j in upto:
-            r = read_result(self.sweep_dir / j.dir)
-            s = r.status if r else "unknown"
-            c[s] = c.get(s, 0) + 1
-        return ", ".join(f"{v} {k}" for k, v in sorted(c.items())) or "none yet"
-
-    # -- claims: several sweep processes on one sweep folder (bench/claims.py)
+    # -- claims: several sweep processes on one sweep folder (bench/sweep/claims.py)
     def _claim(self, j: Job) -> str:
         """Claim job j just before it runs: "run" (claimed, into j.dir), "done" (with resume=true:
         another sweep completed it, or ran it since this one planned: it is not run twice) or "busy"
@@ -480,8 +312,6 @@ class BenchSweeper(Sweeper):
         return None
 
     def _run_sequential(self, to_run: list[Job]) -> list:
-        from bench.job import mark_unfinished
-
         returns = []
         queue, waiting = list(to_run), set()
         while queue:
@@ -505,9 +335,9 @@ class BenchSweeper(Sweeper):
                 continue
             i = to_run.index(j)
             try:
-                est = f", estimate {_fmt_s(j.estimate_s)}" if j.estimate_s is not None else ""
+                est = f", estimate {fmt_s(j.estimate_s)}" if j.estimate_s is not None else ""
                 log.info("[sweep] run %d/%d (job #%d -> %s/): %s%s | so far: %s", i + 1, len(to_run), j.num, j.dir,
-                         " ".join(j.record()["overrides"]), est, self._counts(to_run[:i]))
+                         " ".join(j.record()["overrides"]), est, progress(self.sweep_dir, to_run[:i]))
                 t0 = time.time()
                 try:
                     returns.append(self.launcher.launch([j.overrides], initial_job_idx=j.num))
@@ -537,8 +367,6 @@ class BenchSweeper(Sweeper):
         return returns
 
     def _run_parallel(self, to_run: list[Job]) -> list:
-        from bench.job import mark_unfinished
-
         claimed = []
         for j in to_run:  # another sweep process's runs are not submitted again (not waited for either)
             if self._claim(j) == "run":
@@ -562,94 +390,3 @@ class BenchSweeper(Sweeper):
         finally:
             for j in claimed:
                 claims.release(self.sweep_dir, j.dir)
-
-
-def _declare_preloads(to_run: list[Job]) -> None:
-    """What the fork server should import once for all the runs (bench/launch.py), declared before
-    the first run starts it: a Megatron run late in a sweep then finds megatron.core imported."""
-    from bench.launch import preload
-    from bench.registry import sweep_preloads
-
-    forked = [j for j in to_run if j.cfg and j.cfg.get("start_method") == "forkserver"]
-    if len(forked) < 2:
-        return
-    for j in forked:
-        preload(sweep_preloads(j.cfg["strategy"]))
-
-
-# ------------------------------------------------------------------------------ summary + exit code
-def summarize(sweep_dir: Path, manifest: Optional[dict] = None) -> dict:
-    """Counts and per-run lines of a sweep folder (the manifest's jobs - ``manifest``, this sweep's own
-    plan, else the folder's sweep.json, which another sweep process may have written since -; else
-    every run folder)."""
-    man = manifest or read_json_dict(sweep_dir / MANIFEST)
-    rows = []
-    if man:
-        for j in man["jobs"]:
-            r = read_result(sweep_dir / j["dir"]) if j.get("dir") else None
-            status = r.status if r else "unknown"
-            rows.append({**j, "status": status, "resumed": j["action"] == "skip",
-                         "wall_s": (r.info.get("wall_s") if r else None),
-                         "overhead_s": (r.info.get("overhead_s") if r else None),
-                         "reason": (r.info.get("reason") if r and r.info.get("reason") else j.get("reason"))})
-    else:
-        for r in scan(sweep_dir):
-            rows.append({"num": None, "dir": r.dir.name, "key": r.key, "action": "run", "status": r.status,
-                         "resumed": False, **{k: r.info.get(k) for k in ("model", "strategy", "world_size",
-                                                                         "wall_s", "overhead_s", "reason")}})
-    counts = {s: 0 for s in ("completed", "invalid", "skipped", "failed", "oom", "timeout", "interrupted",
-                             "pending", "unknown")}
-    for row in rows:
-        # pending: never started (the sweep stopped); running/None: started but never reported its end
-        counts[row["status"] if row["status"] in counts else "unknown"] += 1
-    resumed = sum(r["resumed"] for r in rows)
-    return {"sweep_dir": str(sweep_dir), "runs": len(rows), "counts": counts, "resumed": resumed, "rows": rows}
-
-
-def exit_code_of(summary: dict, interrupted: bool) -> int:
-    c = summary["counts"]
-    if interrupted or c["interrupted"]:
-        return 130
-    if c["failed"] or c["oom"] or c["timeout"] or c["unknown"]:
-        return 1
-    return 0
-
-
-def format_summary(s: dict, code: int) -> list[str]:
-    c = s["counts"]
-    lines = [f"[sweep] SUMMARY {s['runs']} runs: completed={c['completed']} invalid={c['invalid']} "
-             f"skipped={c['skipped']} failed={c['failed']} oom={c['oom']} timeout={c['timeout']} "
-             f"interrupted={c['interrupted']} "
-             f"not_run={c['pending']} unknown={c['unknown']} (resumed={s['resumed']}, skipped as invalid="
-             f"{c['invalid']}) exit={code}"]
-    for r in s["rows"]:
-        ident = f"{r.get('model')}/{r.get('strategy')} ws={r.get('world_size')}"
-        wall = f" {r['wall_s']:.1f} s" if r.get("wall_s") else ""
-        over = f" (overhead {r['overhead_s']:.1f} s)" if r.get("overhead_s") else ""
-        why = ""
-        if r["status"] not in ("completed",) and r.get("reason"):
-            why = " - " + str(r["reason"]).splitlines()[0][:160]
-        tag = " [resumed]" if r["resumed"] else ""
-        lines.append(f"[sweep]   #{r.get('num')} {r.get('dir')}/ {r['status']:<11} {ident}{wall}{over}{tag}{why}")
-    lines.append(f"[sweep] results in {s['sweep_dir']}")
-    return lines
-
-
-class SweepCallback(Callback):
-    """Summary and exit code of a multirun (registered in conf/config.yaml, hydra.callbacks); what the
-    sweep did is read from its folder (the manifest), not from the sweeper's memory."""
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if OmegaConf.select(config, "hydra.sweeper.dry_run", default=False) or config.get("dry_run"):
-            return
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        man = read_json_dict(sweep_dir / MANIFEST) or {}
-        s = summarize(sweep_dir)
-        code = exit_code_of(s, bool(man.get("interrupted")))
-        s["exit_code"] = code
-        write_json_atomic(sweep_dir / SUMMARY, {k: v for k, v in s.items()})
-        for line in format_summary(s, code):
-            log.info(line)
-        sys.stdout.flush()
-        if code:
-            raise SystemExit(code)

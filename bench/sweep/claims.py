@@ -12,7 +12,7 @@ the other's run folder aside while it is being written.  Coordination, all in th
   or a different process start time) is stale: the next sweep to look removes it.  A claim made on
   another host cannot be checked and counts as live.
 
-bench/sweep.py: a run folder claimed by another live process is never chosen, moved aside or
+bench/sweep/sweeper.py: a run folder claimed by another live process is never chosen, moved aside or
 written; with ``resume=true`` a job whose key another live process has claimed is left to it (the
 sweep waits for it and reports its result), and one that another sweep completed meanwhile is not
 run again.

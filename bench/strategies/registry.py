@@ -1,4 +1,4 @@
-"""The strategies bench knows: every module of bench/strategies/ registers its own StrategySpec
+"""The strategies bench knows: every other module of this package registers its own StrategySpec
 (bench/strategies/base.py) when imported; this module imports them all, once, and answers by name.
 Adding a strategy is adding its module: nothing here names one."""
 from __future__ import annotations
@@ -24,7 +24,7 @@ def specs() -> dict[str, StrategySpec]:
         import bench.strategies as pkg
 
         for m in pkgutil.iter_modules(pkg.__path__):
-            if m.name != "base":
+            if m.name not in ("base", "registry"):
                 importlib.import_module(f"bench.strategies.{m.name}")
         _discovered = True
     return REGISTRY

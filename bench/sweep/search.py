@@ -22,6 +22,7 @@ invalid and skipped runs), and a grid this small is searched exhaustively at run
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -29,21 +30,37 @@ from pathlib import Path
 from typing import Any, Optional
 
 from bench.jsonio import read_json_dict, write_json_atomic
-from bench.registry import get_spec
+from bench.strategies.registry import get_spec
 from bench.runs import read_result, scan
 from bench.schema import BenchConfig, fields_of
-from bench.sweep import BenchSweeper, Job, override_key
+from bench.sweep.jobs import Job, override_key
+from bench.sweep.sweeper import BenchSweeper
 
 RESULT = "tune.json"
 log = logging.getLogger("bench.sweep")
 
 
-def tunables(cfg: dict, fixed: set[str]) -> list[tuple[str, tuple]]:
-    """(dotted key, candidate values) of the knobs a search varies for this strategy."""
+def tunables(cfg: dict, fixed: set[str]) -> list[tuple[str, tuple, dict]]:
+    """(dotted key, candidate values, the settings a candidate needs) of the knobs a search varies for
+    this strategy: not those the command line sets, nor those whose needed settings it sets otherwise."""
     spec = get_spec(cfg["strategy"]["name"])
-    out = [(n, f.metadata["tune"]) for n, f in fields_of(BenchConfig).items() if f.metadata.get("tune")]
-    out += [(f"strategy.{n}", f.metadata["tune"]) for n, f in fields_of(spec.schema).items() if f.metadata.get("tune")]
-    return [(k, v) for k, v in out if k not in fixed]
+    fields = [("", f) for f in fields_of(BenchConfig).values()] + \
+        [("strategy.", f) for f in fields_of(spec.schema).values()]
+    out = []
+    for prefix, f in fields:
+        key, needs = prefix + f.name, f.metadata.get("requires") or {}
+        if not f.metadata.get("tune") or key in fixed:
+            continue
+        if any(k in fixed and _get(cfg, k) != v for k, v in needs.items()):
+            continue  # e.g. compile_mode when the command line says compile=false
+        out.append((key, f.metadata["tune"], needs))
+    return out
+
+
+def _get(cfg: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = cfg.get(part) if isinstance(cfg, dict) else None
+    return cfg
 
 
 def _fmt(v: Any) -> str:
@@ -71,7 +88,7 @@ class TuneSweeper(BenchSweeper):
 
     def over_budget(self) -> Optional[str]:
         spent = self.spent_min()
-        return f"the search's budget is spent ({spent:.1f} of tune.budget_min={self.budget_min:g} GPU-minutes)" \
+        return f"the search's budget is spent ({spent:.1f} of hydra.sweeper.budget_min={self.budget_min:g} GPU-minutes)" \
             if spent >= self.budget_min else None
 
     # -- candidates
@@ -86,9 +103,10 @@ class TuneSweeper(BenchSweeper):
         if spec.profiles.get("best"):
             out.append(("best", base + ["tuning=best"]))
         anchor = base + (["tuning=best"] if spec.profiles.get("best") else [])
-        for key, values in tunables(probe.cfg, fixed):
+        for key, values, needs in tunables(probe.cfg, fixed):
             for v in values:
-                out.append((f"{key}={_fmt(v)}", anchor + [f"{key}={_fmt(v)}"]))
+                extra = [f"{k}={_fmt(x)}" for k, x in needs.items() if _get(probe.cfg, k) != x]
+                out.append((f"{key}={_fmt(v)}", anchor + extra + [f"{key}={_fmt(v)}"]))
         return out
 
     def _rung_overrides(self, overrides: list[str], rung: int) -> list[str]:
@@ -107,8 +125,9 @@ class TuneSweeper(BenchSweeper):
             trials = [{"name": name, "overrides": ov, "rung": -1} for name, ov in self._candidates(base)]
             state.append({"base": base, "trials": trials, "seen": set()})
         for rung in range(len(self.rungs)):
-            jobs: list[Job] = []
+            per_base: list[list[Job]] = []
             for st in state:
+                per_base.append(jobs := [])
                 alive = [t for t in st["trials"] if t["rung"] == rung - 1 and t.get("promoted", rung == 0)]
                 planned = self.plan([self._rung_overrides(t["overrides"], rung) for t in alive], first_num=num)
                 num += len(planned)
@@ -119,6 +138,9 @@ class TuneSweeper(BenchSweeper):
                     st["seen"].add(j.key)
                     t.update(rung=rung, key=j.key, job=j)
                     jobs.append(j)
+            # round-robin over the bases (every default, then every best, then the variants): a budget
+            # that runs out cuts every strategy's search short, not the last strategies' whole search
+            jobs = [j for group in itertools.zip_longest(*per_base) for j in group if j is not None]
             if not jobs:
                 break
             log_rung(rung, len(jobs), self.rungs[rung])

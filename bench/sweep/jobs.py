@@ -1,0 +1,97 @@
+"""A sweep's jobs: one per combination of the overrides, what the plan decided for it, and the files
+that say what a sweep did (``sweep.json``: the plan; ``summary.json``: the outcome)."""
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from bench.sweep.cost import CostModel, fmt_s, history_records
+
+log = logging.getLogger("bench.sweep")
+
+MANIFEST = "sweep.json"
+SUMMARY = "summary.json"
+
+
+@dataclass
+class Job:
+    num: int
+    overrides: list[str]
+    cfg: Optional[dict] = None  # resolved task config, tuning applied (None: it could not be composed/resolved)
+    key: Optional[str] = None
+    ident: dict = field(default_factory=dict)
+    action: str = "run"  # run | invalid / skipped (recorded without running) | skip (resumed)
+    reason: Optional[str] = None
+    error: Optional[dict] = None  # pre-check ConfigError (invalid) or predicted OOM (skipped)
+    dir: Optional[str] = None  # folder name in the sweep dir
+    estimate_s: Optional[float] = None
+    memory: Optional[dict] = None  # the memory plan (bench/memory_model.py)
+
+    def record(self) -> dict:
+        return {"num": self.num, "dir": self.dir, "key": self.key, "action": self.action, "reason": self.reason,
+                "overrides": [o for o in self.overrides if not o.startswith("hydra.sweep.subdir=")],
+                **self.ident, "estimate_s": self.estimate_s}
+
+
+def override_key(override: str) -> str:
+    """The dotted key an override string sets ("+strategy.x=1" -> "strategy.x")."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def expand(parser: OverridesParser, arguments: Sequence[str]) -> list[list[str]]:
+    """The cartesian product of a sweep's overrides (``a=1,2 b=x,y``), in Hydra's basic sweeper's order."""
+    lists: dict[str, list[str]] = {}
+    for o in parser.parse_overrides(list(arguments)):
+        key = o.get_key_element()
+        if o.is_sweep_override():
+            if not o.is_discrete_sweep():
+                raise ValueError(f"{o.input_line}: only lists (a=1,2) can be swept, not ranges or intervals")
+            lists[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+        else:
+            lists[key] = [f"{key}={o.get_value_element_as_str()}"]
+    return [list(x) for x in itertools.product(*lists.values())]
+
+
+def log_plan(jobs: list[Job], to_run: list[Job], sweep_dir: Path, history: Sequence[Path], resume: bool, rerun: bool,
+             plan_s: float, dry: bool) -> None:
+    """What the sweep will do, with a GPU-time estimate from earlier results in ``history`` folders."""
+    model = CostModel(history_records(history))
+    for j in to_run:
+        j.estimate_s = model.estimate(j.ident)
+    n = {a: sum(j.action == a for j in jobs) for a in ("invalid", "skipped", "skip")}
+    log.info("[sweep] %d runs in %s: %d to run, %d invalid and %d predicted not to fit (recorded without "
+             "running), %d resumed (resume=%s rerun_failed=%s); planned in %.1f s", len(jobs), sweep_dir,
+             len(to_run), n["invalid"], n["skipped"], n["skip"], resume, rerun, plan_s)
+    known = [j for j in to_run if j.estimate_s is not None]
+    if known:
+        wall = sum(j.estimate_s for j in known)
+        gpu = sum(j.estimate_s * (j.ident.get("world_size") or 1) for j in known)
+        log.info("[sweep] estimate from earlier results: %s of GPU time, %s of wall time one run at a time, "
+                 "for %d of the %d runs to run%s", fmt_s(gpu), fmt_s(wall), len(known), len(to_run),
+                 f" ({len(to_run) - len(known)} without earlier results: not estimated)"
+                 if len(known) < len(to_run) else "")
+    elif to_run:
+        log.info("[sweep] no earlier results of these model/strategy/world sizes: no GPU time estimate")
+    for j in jobs:
+        if j.action != "run" or dry:
+            mem = f" | {j.memory['summary']}" if j.memory and dry else ""
+            log.info("[sweep]   #%d %s: %s%s%s", j.num, " ".join(j.record()["overrides"]) or "(defaults)",
+                     j.action, f" ({j.reason.splitlines()[0]})" if j.reason else "", mem)
+
+
+def declare_preloads(to_run: list[Job]) -> None:
+    """What the fork server should import once for all the runs (bench/launch.py), declared before
+    the first run starts it: a Megatron run late in a sweep then finds megatron.core imported."""
+    from bench.launch import preload
+    from bench.strategies.registry import sweep_preloads
+
+    forked = [j for j in to_run if j.cfg and j.cfg.get("start_method") == "forkserver"]
+    if len(forked) < 2:
+        return
+    for j in forked:
+        preload(sweep_preloads(j.cfg["strategy"]))

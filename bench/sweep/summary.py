@@ -1,0 +1,103 @@
+"""A sweep's summary and exit code, read from its folder (the manifest), not from a sweeper's memory."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from bench.jsonio import read_json_dict, write_json_atomic
+from bench.runs import read_result, scan
+from bench.sweep.jobs import MANIFEST, SUMMARY
+
+log = logging.getLogger("bench.sweep")
+
+
+def progress(sweep_dir: Path, upto: list) -> str:
+    """The statuses so far of a sweep's jobs (a progress line)."""
+    c: dict[str, int] = {}
+    for j in upto:
+        r = read_result(sweep_dir / j.dir)
+        s = r.status if r else "unknown"
+        c[s] = c.get(s, 0) + 1
+    return ", ".join(f"{v} {k}" for k, v in sorted(c.items())) or "none yet"
+
+
+def summarize(sweep_dir: Path, manifest: Optional[dict] = None) -> dict:
+    """Counts and per-run lines of a sweep folder (the manifest's jobs - ``manifest``, this sweep's own
+    plan, else the folder's sweep.json, which another sweep process may have written since -; else
+    every run folder)."""
+    man = manifest or read_json_dict(sweep_dir / MANIFEST)
+    rows = []
+    if man:
+        for j in man["jobs"]:
+            r = read_result(sweep_dir / j["dir"]) if j.get("dir") else None
+            status = r.status if r else "unknown"
+            rows.append({**j, "status": status, "resumed": j["action"] == "skip",
+                         "wall_s": (r.info.get("wall_s") if r else None),
+                         "overhead_s": (r.info.get("overhead_s") if r else None),
+                         "reason": (r.info.get("reason") if r and r.info.get("reason") else j.get("reason"))})
+    else:
+        for r in scan(sweep_dir):
+            rows.append({"num": None, "dir": r.dir.name, "key": r.key, "action": "run", "status": r.status,
+                         "resumed": False, **{k: r.info.get(k) for k in ("model", "strategy", "world_size",
+                                                                         "wall_s", "overhead_s", "reason")}})
+    counts = {s: 0 for s in ("completed", "invalid", "skipped", "failed", "oom", "timeout", "interrupted",
+                             "pending", "unknown")}
+    for row in rows:
+        # pending: never started (the sweep stopped); running/None: started but never reported its end
+        counts[row["status"] if row["status"] in counts else "unknown"] += 1
+    resumed = sum(r["resumed"] for r in rows)
+    return {"sweep_dir": str(sweep_dir), "runs": len(rows), "counts": counts, "resumed": resumed, "rows": rows}
+
+
+def exit_code_of(summary: dict, interrupted: bool) -> int:
+    c = summary["counts"]
+    if interrupted or c["interrupted"]:
+        return 130
+    if c["failed"] or c["oom"] or c["timeout"] or c["unknown"]:
+        return 1
+    return 0
+
+
+def format_summary(s: dict, code: int) -> list[str]:
+    c = s["counts"]
+    lines = [f"[sweep] SUMMARY {s['runs']} runs: completed={c['completed']} invalid={c['invalid']} "
+             f"skipped={c['skipped']} failed={c['failed']} oom={c['oom']} timeout={c['timeout']} "
+             f"interrupted={c['interrupted']} "
+             f"not_run={c['pending']} unknown={c['unknown']} (resumed={s['resumed']}, skipped as invalid="
+             f"{c['invalid']}) exit={code}"]
+    for r in s["rows"]:
+        ident = f"{r.get('model')}/{r.get('strategy')} ws={r.get('world_size')}"
+        wall = f" {r['wall_s']:.1f} s" if r.get("wall_s") else ""
+        over = f" (overhead {r['overhead_s']:.1f} s)" if r.get("overhead_s") else ""
+        why = ""
+        if r["status"] not in ("completed",) and r.get("reason"):
+            why = " - " + str(r["reason"]).splitlines()[0][:160]
+        tag = " [resumed]" if r["resumed"] else ""
+        lines.append(f"[sweep]   #{r.get('num')} {r.get('dir')}/ {r['status']:<11} {ident}{wall}{over}{tag}{why}")
+    lines.append(f"[sweep] results in {s['sweep_dir']}")
+    return lines
+
+
+class SweepCallback(Callback):
+    """Summary and exit code of a multirun (registered in conf/config.yaml, hydra.callbacks); what the
+    sweep did is read from its folder (the manifest), not from the sweeper's memory."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if OmegaConf.select(config, "hydra.sweeper.dry_run", default=False) or config.get("dry_run"):
+            return
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        man = read_json_dict(sweep_dir / MANIFEST) or {}
+        s = summarize(sweep_dir)
+        code = exit_code_of(s, bool(man.get("interrupted")))
+        s["exit_code"] = code
+        write_json_atomic(sweep_dir / SUMMARY, {k: v for k, v in s.items()})
+        for line in format_summary(s, code):
+            log.info(line)
+        sys.stdout.flush()
+        if code:
+            raise SystemExit(code)

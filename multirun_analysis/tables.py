@@ -1,0 +1,33 @@
+"""Markdown and terminal tables: a column spec is (column, heading, format), format a str.format
+pattern, "pct" (a fraction shown in percent) or a callable; a missing value shows as "–"."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+
+def _cell(v, fmt) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    try:
+        if fmt == "pct":
+            return f"{100 * float(v):.1f}"
+        return fmt(v) if callable(fmt) else fmt.format(float(v))
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def table_rows(df: pd.DataFrame, spec):
+    spec = [s for s in spec if s[0] in df.columns]
+    return [h for _, h, _ in spec], [[_cell(r[c], f) for c, _, f in spec] for _, r in df.iterrows()]
+
+
+def md_table(df: pd.DataFrame, spec) -> str:
+    heads, rows = table_rows(df, spec)
+    if not rows:
+        return "_(none)_\n"
+    esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,90 @@
+"""The knob search (bench/sweep/search.py, ``+experiment=tune``) end to end on CPU: 2 gloo DDP ranks on the
+tiny model.  Its timings mean nothing here; its mechanics are what is tested: the candidates, successive
+halving (a rung's best third runs again, longer), the GPU-time budget that stops it, resuming an
+interrupted search, tune.json's winner as a command line, and the analysis' default vs best."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, run_bench
+
+# compile=false on the command line: a knob the command line sets is not searched (nor compile_mode,
+# whose candidates need compile=true), so the search is default vs strategy.bucket_cap_mb=100
+SEARCH = ("+experiment=tune", "strategy=ddp", "world_size=2", "compile=false", "device=cpu", "precision=fp32",
+          "hydra.sweeper.rungs=[[1,2],[1,3]]")
+
+
+def _tune(sweep) -> dict:
+    return json.loads((sweep / "tune.json").read_text())
+
+
+def _statuses(sweep) -> dict[str, str]:
+    return {d.name: json.loads((d / "status.json").read_text())["status"]
+            for d in sweep.iterdir() if (d / "status.json").is_file()}
+
+
+def _stamps(sweep) -> dict[str, int]:
+    return {d.name: (d / "metrics.json").stat().st_mtime_ns for d in sweep.iterdir() if (d / "metrics.json").is_file()}
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    sweep = tmp_path_factory.mktemp("search") / "sweep"
+    p = run_bench(*SEARCH, run_dir=sweep, multirun=True, timeout=600)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    return sweep, p.stdout + p.stderr
+
+
+def test_search_halves_the_candidates_and_names_a_winner(searched):
+    sweep, out = searched
+    base = _tune(sweep)["bases"][0]
+    trials = {t["name"]: t for t in base["trials"]}
+    # bucket_cap_mb=25 is the default: the same run key, one trial
+    assert set(trials) == {"default", "strategy.bucket_cap_mb=25.0", "strategy.bucket_cap_mb=100.0"}
+    assert trials["strategy.bucket_cap_mb=25.0"]["duplicate_of"] == "default"
+    ran = [t for t in trials.values() if "duplicate_of" not in t]
+    assert all(t["status"] == "completed" and t["tokens_per_s"] > 0 for t in ran)
+    # rung 0: both; rung 1 (longer): only the faster one (keep = a third, at least one)
+    assert sorted(t["rung"] for t in ran) == [0, 1]
+    assert "[tune] rung 0: 2 trial(s) at 1 warm-up + 2 timed steps" in out
+    assert "[tune] rung 1: 1 trial(s) at 1 warm-up + 3 timed steps" in out
+    w = base["winner"]
+    assert w["rung"] == 1 and w["name"] in trials and w["tokens_per_s"] > 0
+    assert base["command"].startswith("python -m bench ") and "strategy=ddp" in base["command"]
+    assert "warmup_steps" not in base["command"] and "hydra." not in base["command"]
+    assert sorted(_statuses(sweep).values()) == ["completed"] * 3, _statuses(sweep)
+
+
+def test_analysis_of_a_search_shows_default_beside_best(searched, tmp_path):
+    sweep, _ = searched
+    p = subprocess.run([sys.executable, "-m", "multirun_analysis", str(sweep), "--no-plots", "--out", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    md = (tmp_path / "report.md").read_text()
+    assert "## Each strategy at its defaults and at its best" in md and "python -m bench " in md
+
+
+def test_budget_stops_the_search_and_resume_goes_on(tmp_path):
+    sweep = tmp_path / "sweep"
+    # a budget of 0.001 GPU-minutes: the first run starts (nothing spent yet), none after it
+    p = run_bench(*SEARCH, "hydra.sweeper.budget_min=0.001", run_dir=sweep, multirun=True, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert "the search's budget is spent" in out and "hydra.sweeper.budget_min=0.001" in out
+    st = _statuses(sweep)
+    assert sorted(st.values()) == ["completed", "pending"], st
+    pending = next(d for d, s in st.items() if s == "pending")
+    assert "budget" in json.loads((sweep / pending / "status.json").read_text())["reason"]
+    first = _stamps(sweep)
+
+    p = run_bench(*SEARCH, "resume=true", run_dir=sweep, multirun=True, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    st = _statuses(sweep)
+    assert sorted(st.values()) == ["completed"] * 3, st  # the pending trial ran, then rung 1
+    assert {d: t for d, t in _stamps(sweep).items() if d in first} == first  # the completed trial was reused
+    assert _tune(sweep)["bases"][0]["winner"]["rung"] == 1
