@@ -160,8 +160,8 @@ class MegatronModelParallel(Strategy):
                 optimizer="adam", lr=o["lr"], weight_decay=o["weight_decay"], adam_beta1=o["beta1"],
                 adam_beta2=o["beta2"], adam_eps=1e-8, clip_grad=o["grad_clip"],
                 bf16=cfg["precision"] == "bf16", fp16=cfg["precision"] == "fp16",
-                # torch's GradScaler starts at 2**16; Megatron's 2**32 skipped the first ~16 steps, so
-                # a short run's whole timed window could be skipped (gpt2 fp16 on one H200, 2026-11-25)
+                # torch's GradScaler starts at 2**16; from Megatron's default 2**32 the scale halves on
+                # each overflow, so the first ~16 steps can be skipped: a short run's whole timed window
                 initial_loss_scale=2.0 ** 16,
                 params_dtype=DTYPES[cfg["precision"]], use_distributed_optimizer=s["use_distributed_optimizer"],
                 overlap_param_gather=s["overlap_param_gather"],
