@@ -5,8 +5,8 @@
 prints one line per iteration and, at the end, a table: per test, how many of the N runs passed,
 failed, errored, were skipped; the exit code is 1 if any run of any test did not pass.  With
 ``--out`` it writes there ``stress.md`` (command, machine, table), ``stress.json`` (every outcome),
-``failures/`` (the output of each iteration that had a failure) and ``faults.jsonl`` (the rows the
-fault tests record: tests.conftest.record_fault).  Run it niced on a shared machine:
+``failures/`` (the output of each iteration that had a failure), ``faults.jsonl`` (the rows the
+fault tests record: tests.conftest.record_fault) and ``faults.md`` (those rows as one table per fault).  Run it niced on a shared machine:
 ``nice -n 19 python tests/stress.py ...``.
 """
 from __future__ import annotations
@@ -39,6 +39,26 @@ def outcomes(junit: Path) -> dict[str, str]:
         out[test] = ("failed" if "failure" in kinds else "error" if "error" in kinds
                      else "skipped" if "skipped" in kinds else "passed")
     return out
+
+
+def write_fault_table(out: Path, cmd: str) -> None:
+    """faults.md from the rows the fault tests recorded in faults.jsonl: per fault, the statuses recorded,
+    and over every repetition the results lost and the processes left behind (both must be 0)."""
+    src = out / "faults.jsonl"
+    rows = [json.loads(line) for line in src.read_text().splitlines() if line.strip()] if src.is_file() else []
+    if not rows:
+        return
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["fault"], []).append(r)
+    lines = ["| fault | repetitions | status recorded | results lost (max) | processes left (max) |",
+             "|---|---:|---|---:|---:|"]
+    for fault, rs in sorted(by.items()):
+        statuses = ", ".join(sorted({r["status"] for r in rs}))
+        lines.append(f"| {fault} | {len(rs)} | {statuses} | {max(r['lost'] for r in rs)} | {max(r['left'] for r in rs)} |")
+    (out / "faults.md").write_text(f"# Faults injected on CPU (gloo)\n\nFrom `{cmd}` (tests/test_faults.py, "
+                                   "tests/test_runs.py, tests/test_analysis.py record one row each time they run).\n\n"
+                                   + "\n".join(lines) + "\n")
 
 
 def main(argv=None) -> int:
@@ -100,6 +120,7 @@ def main(argv=None) -> int:
                         f"{', '.join(r['failed']) or 'none'}" for r in runs) + "\n")
         (a.out / "stress.json").write_text(json.dumps({"command": cmd, "machine": machine, "runs": runs,
                                                        "counts": counts, "seconds": total_s}, indent=1))
+        write_fault_table(a.out, cmd)
     return 1 if failed_any else 0
 
 

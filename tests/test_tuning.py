@@ -98,7 +98,9 @@ def test_zero_stage_shorthand_runs_as_typed(single_cpu, bench_run):
     ("strategy=fsdp", "world_size=2", "compile=false"),  # reshard_after_forward=false applied, compile kept
     ("strategy=ddp", "world_size=2"),  # nothing to apply: its defaults are its best
     ("strategy=pp", "strategy.impl=torch", "world_size=2"),  # cuda_graph skipped (Megatron only)
-], ids=["zero1", "zero3", "fsdp", "ddp", "torch_pp"])
+    ("strategy=tp", "strategy.impl=torch", "world_size=2"),  # cuda_graph skipped (Megatron only)
+    ("strategy=single", "compile=false"),  # its profile's compile=true: the command line wins
+], ids=["zero1", "zero3", "fsdp", "ddp", "torch_pp", "torch_tp", "single"])
 def test_best_trains_the_same_model(overrides, single_cpu, bench_run):
     p, d = bench_run(*CPU_FAST, "tuning=best", *overrides)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -110,6 +112,8 @@ def test_best_trains_the_same_model(overrides, single_cpu, bench_run):
         assert m["config"]["strategy"]["compute_grad_norm"] is False
     if "zero_stage=3" in overrides:
         assert m["layout"]["ds_config"]["zero_optimization"]["leaf_module"]
+    if "strategy=fsdp" in overrides or "strategy=single" in overrides:
+        assert "compile" in tuning["kept"] and m["config"]["compile"] is False
     if "strategy=fsdp" in overrides:
-        assert m["layout"]["reshard_after_forward"] is False and "compile" in tuning["kept"]
+        assert m["layout"]["reshard_after_forward"] is False
     assert tuning["summary"] in p.stdout + p.stderr  # said in the log too

@@ -2,14 +2,21 @@
 that say what a sweep did (``sweep.json``: the plan; ``summary.json``: the outcome)."""
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from bench.config import validate
+from bench.memory_model import fits, memory_plan
+from bench.metrics import identity
+from bench.runs import run_key
+from bench.schema import ConfigError
 from bench.sweep.cost import CostModel, fmt_s, history_records
 
 log = logging.getLogger("bench.sweep")
@@ -56,6 +63,38 @@ def expand(parser: OverridesParser, arguments: Sequence[str]) -> list[list[str]]
             lists[key] = [f"{key}={o.get_value_element_as_str()}"]
     return [list(x) for x in itertools.product(*lists.values())]
 
+
+
+def compose(job: Job, load: Callable[[list[str]], DictConfig], gpus: Callable[[dict], int],
+            gpu_memory_gib: Callable[[dict], Optional[float]]) -> None:
+    """Plan one job: its resolved config (``tuning`` applied), run key and memory plan; ``invalid``
+    (cannot be composed or validated) or ``skipped`` (predicted not to fit) with the reason."""
+    try:
+        sc = load(list(job.overrides))
+        with open_dict(sc):
+            del sc["hydra"]
+        job.cfg = OmegaConf.to_container(sc, resolve=True)
+    except Exception as e:  # an override or interpolation that cannot be resolved for this job
+        job.action, job.reason = "invalid", f"configuration cannot be composed: {' '.join(str(e).split())}"
+        job.error = {"rank": None, "type": type(e).__name__, "message": str(e), "traceback": None,
+                     "key": None, "value": None}
+        job.key = hashlib.sha256(" ".join(job.overrides).encode()).hexdigest()[:16]
+        return
+    try:
+        plan = validate(dict(job.cfg), gpus=gpus(job.cfg), explicit=map(override_key, job.overrides))
+    except ConfigError as e:
+        job.key, job.ident = run_key(job.cfg), identity(job.cfg)
+        job.action, job.reason = "invalid", str(e)
+        job.error = {"rank": None, "type": "ConfigError", "message": str(e), "traceback": None,
+                     "key": e.key, "value": e.value}
+        return
+    job.cfg = plan.cfg  # the settings that will run (tuning=best applied)
+    job.key, job.ident = run_key(job.cfg), identity(job.cfg)
+    job.memory = memory_plan(plan, gpu_memory_gib=gpu_memory_gib(job.cfg))
+    verdict = fits(job.memory, plan)
+    if verdict is not None and not job.cfg["force_run"]:
+        job.action, job.reason = "skipped", verdict
+        job.error = {"rank": None, "type": "PredictedOOM", "message": verdict, "traceback": None}
 
 def log_plan(jobs: list[Job], to_run: list[Job], sweep_dir: Path, history: Sequence[Path], resume: bool, rerun: bool,
              plan_s: float, dry: bool) -> None:

@@ -2,7 +2,6 @@
 (bench/sweep/__init__.py says what the plan decides)."""
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sys
@@ -13,14 +12,14 @@ from typing import Any, Optional, Sequence
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
 from hydra.plugins.sweeper import Sweeper
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from bench.jsonio import read_json_dict, write_json_atomic
-from bench.metrics import STATUSES, identity, skeleton
-from bench.runs import ATTEMPTS, FAILED, mark_unfinished, move_aside, read_result, run_key, scan
+from bench.metrics import STATUSES, skeleton
+from bench.runs import ATTEMPTS, FAILED, mark_unfinished, move_aside, read_result, scan
 from bench.sweep import claims
 from bench.sweep.cost import fmt_s
-from bench.sweep.jobs import MANIFEST, Job, declare_preloads, expand, log_plan, override_key
+from bench.sweep.jobs import MANIFEST, Job, compose, declare_preloads, expand, log_plan
 from bench.sweep.summary import progress
 
 log = logging.getLogger("bench.sweep")
@@ -56,37 +55,8 @@ class BenchSweeper(Sweeper):
         return expand(OverridesParser.create(config_loader=self.hydra_context.config_loader), params + list(arguments))
 
     def _compose(self, job: Job) -> None:
-        from bench.config import validate
-        from bench.schema import ConfigError
-
-        try:
-            sc = self.hydra_context.config_loader.load_sweep_config(self.config, list(job.overrides))
-            with open_dict(sc):
-                del sc["hydra"]
-            job.cfg = OmegaConf.to_container(sc, resolve=True)
-        except Exception as e:  # an override or interpolation that cannot be resolved for this job
-            job.action, job.reason = "invalid", f"configuration cannot be composed: {' '.join(str(e).split())}"
-            job.error = {"rank": None, "type": type(e).__name__, "message": str(e), "traceback": None,
-                         "key": None, "value": None}
-            job.key = hashlib.sha256(" ".join(job.overrides).encode()).hexdigest()[:16]
-            return
-        try:
-            plan = validate(dict(job.cfg), gpus=self._gpus_for(job.cfg), explicit=map(override_key, job.overrides))
-        except ConfigError as e:
-            job.key, job.ident = run_key(job.cfg), identity(job.cfg)
-            job.action, job.reason = "invalid", str(e)
-            job.error = {"rank": None, "type": "ConfigError", "message": str(e), "traceback": None,
-                         "key": e.key, "value": e.value}
-            return
-        job.cfg = plan.cfg  # the settings that will run (tuning=best applied)
-        job.key, job.ident = run_key(job.cfg), identity(job.cfg)
-        from bench.memory_model import fits, memory_plan
-
-        job.memory = memory_plan(plan, gpu_memory_gib=self._gpu_memory_gib(job.cfg))
-        verdict = fits(job.memory, plan)
-        if verdict is not None and not job.cfg["force_run"]:
-            job.action, job.reason = "skipped", verdict
-            job.error = {"rank": None, "type": "PredictedOOM", "message": verdict, "traceback": None}
+        compose(job, lambda overrides: self.hydra_context.config_loader.load_sweep_config(self.config, overrides),
+                self._gpus_for, self._gpu_memory_gib)
 
     def _gpus_for(self, cfg: dict) -> int:
         fn = getattr(self.launcher, "precheck_gpus", None)
@@ -131,15 +101,22 @@ class BenchSweeper(Sweeper):
         base = str(job.num)
         names = [*prefer, base, f"{base}_{job.key[:8]}"] + [f"{base}_{job.key[:8]}_{i}" for i in range(2, 10_000)]
         for name in names:
-            if name in taken or name in self._busy:  # _busy: claimed by another live process (bench/sweep/claims.py)
-                continue
-            d = self.sweep_dir / name
-            r = read_result(d) if d.is_dir() else None
-            if r is None or r.status not in STATUSES:  # empty, or a stale pending/running attempt
-                return name
-            if r.status != "completed" and r.key == job.key:  # this configuration's failed/invalid attempt
+            if self._free(name, job, taken):
                 return name
         raise RuntimeError(f"no free folder for job {job.num} in {self.sweep_dir}")
+
+    def _choose_again(self, j: Job, jobs: Sequence[Job]) -> None:
+        """Another sweep process took the folder planned for j: the first free one not planned for jobs."""
+        j.dir = self._folder(j, {x.dir for x in jobs if x is not j and x.action != "skip" and x.dir})
+
+    def _free(self, name: str, job: Job, taken: set[str]) -> bool:
+        """Not planned for another job nor claimed by another live process (_busy); empty, a stale attempt,
+        or this configuration's own failed / invalid one."""
+        if name in taken or name in self._busy:
+            return False
+        d = self.sweep_dir / name
+        r = read_result(d) if d.is_dir() else None
+        return r is None or r.status not in STATUSES or (r.status != "completed" and r.key == job.key)
 
     def _prepare(self, job: Job) -> None:
         """Write what a planned job's folder shows before it runs."""
@@ -217,8 +194,14 @@ class BenchSweeper(Sweeper):
         # sees either none or all of these folders; each job is claimed again just before it runs
         with claims.locked(self.sweep_dir):
             OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
+            # the folders were chosen while planning, without the lock: another sweep process may have
+            # claimed one (and started writing into it) or completed a run in it since: choose again
+            self._busy = {name for name, c in claims.live_claims(self.sweep_dir).items()
+                          if not claims.is_me(c.get("owner"))}
             for j in jobs:
                 if j.action != "skip":
+                    if not self._free(j.dir, j, set()):
+                        self._choose_again(j, self._jobs + jobs)
                     self._prepare(j)
             self._jobs += jobs
             self.manifest["jobs"] = [j.record() for j in self._jobs]
@@ -268,8 +251,7 @@ class BenchSweeper(Sweeper):
             if j.dir in others or not (st.get("status") == "pending" and claims.is_me(st.get("sweep"))):
                 # another sweep process took the folder planned for it: choose again
                 old = j.dir
-                planned = {x.dir for x in self._jobs if x is not j and x.action != "skip" and x.dir}
-                j.dir = self._folder(j, planned)
+                self._choose_again(j, self._jobs)
                 self._prepare(j)
                 j.overrides = [o for o in j.overrides if not o.startswith("hydra.sweep.subdir=")] + \
                     [f"hydra.sweep.subdir={j.dir}"]
