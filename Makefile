@@ -4,6 +4,8 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 ARGS  ?=
+# test processes (pytest-xdist): most tests start 2-4 rank processes of their own; 2 suits the 2-core CI
+WORKERS ?= 2
 
 .PHONY: run test setup clean
 setup: $(VENV)/.installed
@@ -18,7 +20,7 @@ run: setup
 	$(PY) -m bench $(ARGS)
 
 test: setup
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n $(WORKERS) $(ARGS)
 
 clean:
 	rm -rf outputs multirun .pytest_cache
