@@ -1,7 +1,7 @@
 """One Hydra job = one benchmark run: validate -> (memory plan) -> launch -> record.
 
 :func:`main_task` is the Hydra task function (a single run and each job of a sweep, local or in a
-submitit/SLURM task).  Locally, :func:`run` launches every rank (bench/launch.py); inside a
+submitit/SLURM task).  Locally, :func:`run` launches every rank (bench/launch/); inside a
 submitit task this process is itself one rank and :func:`run_task` takes over.  A single run
 reports a failure through its exit code; in a sweep the status is returned and the sweep goes on.
 
@@ -105,7 +105,7 @@ def plan_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = (),
 def run(cfg: DictConfig, run_dir: Path, command: list[str], t0: Optional[float] = None,
         explicit: Iterable[str] = ()) -> str:
     """Run one benchmark into run_dir; returns its final status."""
-    from bench.launch import launch_local
+    from bench.launch.local import launch_local
 
     t0 = time.time() if t0 is None else t0
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -171,7 +171,7 @@ def main_task(cfg: DictConfig) -> str:
 def run_task(cfg: DictConfig, run_dir: Path, command: list[str], t0: float, explicit: Iterable[str] = ()) -> str:
     """One rank of a submitit task (bench/slurm.py sizes each job: one task per rank); rank 0 records."""
     from bench.config import cuda_device_count
-    from bench.launch import (launch_task_rank, no_requeue_on_time_limit_warning, since_process_start,
+    from bench.launch.task import (launch_task_rank, no_requeue_on_time_limit_warning, since_process_start,
                               task_rank_environment)
 
     no_requeue_on_time_limit_warning()

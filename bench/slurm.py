@@ -19,17 +19,37 @@ executor parameters before submitting it:
   are passed through (``hydra.launcher.partition=gpu hydra.launcher.account=abc``);
 * each job is submitted on its own (no array): SLURM runs them in parallel; bench's sweeper
   launches local jobs one at a time (submitit_local would run a whole sweep at once);
-* a job that ended without a final status (node failure, scancel, SLURM time limit) is marked
-  ``failed`` with submitit's error by the launcher (the controller).
+* a job sbatch refuses (GPUs, a partition or an account the cluster does not have) is recorded
+  ``failed`` with sbatch's error, and the sweep goes on (it used to end with a traceback, its runs
+  left ``pending``);
+* when a job is over is SLURM's word: ``squeue -t all`` every few seconds (a job in a final state, or
+  no longer listed).  submitit asks ``sacct``, which needs SLURM's accounting database: without
+  one, a job that ended without submitit's result file (SLURM's time limit, scancel, node failure,
+  bench's own watchdog, which ends the processes with os._exit) was never seen to end and the sweep
+  waited forever; with one, only after submitit's polling delay (up to 10 minutes);
+* a job that ended without a final status (killed before rank 0 could record one) is marked by the
+  launcher (the controller) from SLURM's last state: ``timeout`` when SLURM says TIMEOUT / TimeLimit,
+  ``oom`` for OUT_OF_MEMORY, else ``failed``, with SLURM's state and reason and submitit's error.
 
-Task side.  Under submitit there is no torchrun: :func:`run_task` runs in every task; when the job
+Task side (bench/job.py ``run_task``, bench/launch/task.py ``launch_task_rank``).  Under submitit there is
+no torchrun: the task function runs in every task; when the job
 has world_size tasks, this process IS a rank: it exports the torch.distributed environment from
 submitit (``TorchDistributedEnvironment().export()``: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT), validates and calls ``bench.worker.worker_main`` directly.  Rank 0 writes
+MASTER_PORT; a world_size=1 run in its one task too), validates and calls ``bench.worker.worker_main``
+directly.  Rank 0 writes
 status.json and metrics.json, the other ranks only their rank files.  A watchdog thread in every
 rank ends the run on ``run_timeout_s`` or when another rank has failed (its failure_rank*.json
 appears in the shared run folder), so one failing rank cannot leave the others waiting in a
-collective; rank 0 records the root cause first.  A job given one task (e.g.
+collective; rank 0 records the root cause first.  The same watchdog acts on SLURM's SIGTERM (seen
+through a wakeup pipe, so also while the main thread is blocked in a collective): rank 0 asks squeue
+why - reason ``TimeLimit``: status ``timeout``; else (scancel, preemption) ``failed``, reason
+"cancelled" - records it within KillWait, and every rank exits.  submitit's own handlers would ignore
+SIGTERM (nothing recorded before SLURM's SIGKILL) and, on the time-limit warning (USR2,
+signal_delay_s before the limit, up to a minute early), requeue the job or raise "timed-out too many
+times" inside the run: bench only logs the warning (a benchmark run is not resumable).  A requeued
+job (``scontrol requeue``, preemption) runs again into the same folder; the launcher waits for it.
+Ctrl-C in the sweep process: the launcher records its unfinished runs ``interrupted`` before it
+cancels their jobs, and the ranks keep that status (resume=true runs them again).  A job given one task (e.g.
 ``hydra/launcher=submitit_slurm`` with its defaults) runs the local elastic launch inside the
 allocation instead (all ranks on that node).
 """
@@ -38,7 +58,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -54,10 +73,6 @@ from bench.jsonio import write_json_atomic
 log = logging.getLogger("bench.slurm")
 
 _GENERIC = set(OmegaConf.structured(BaseQueueConf).keys())  # submitit's shared parameter names
-
-
-def in_submitit_task() -> bool:
-    return bool(os.environ.get("SUBMITIT_EXECUTOR"))
 
 
 def split_ranks(world_size: int, gpus_per_node: Optional[int]) -> tuple[int, int]:
@@ -146,6 +161,7 @@ class _PerJobResources:
         if root not in pp.split(os.pathsep):
             os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (root, pp) if x)
         submitted = []
+        refused: dict[int, JobReturn] = {}
         try:
             for num, overrides in zip(nums, job_overrides):
                 sc = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -153,33 +169,85 @@ class _PerJobResources:
                 # a fresh executor per job: update_parameters merges, and None means "keep"
                 executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init)
                 executor.update_parameters(**{**base, **self._prefixed(res)})
-                job = executor.submit(self, list(overrides), "hydra.sweep.dir", num, f"job_id_for_{num}",
-                                      Singleton.get_state())
+                try:
+                    job = executor.submit(self, list(overrides), "hydra.sweep.dir", num, f"job_id_for_{num}",
+                                          Singleton.get_state())
+                except Exception as e:  # sbatch refused it (GPUs, partition, account the cluster lacks):
+                    refused[num] = self._refused(num, list(overrides), sc, e)  # this run fails, the sweep goes on
+                    continue
                 log.info("[%s] #%d submitted as %s: %s (%s)", self._EXECUTOR, num, job.job_id,
                          " ".join(filter_overrides(overrides)), ", ".join(f"{k}={v}" for k, v in res.items() if v is not None))
                 submitted.append((num, list(overrides), sc, job))
-            return self._collect(submitted)
+            done = dict(zip([item[0] for item in submitted], self._collect(submitted)))
+            return [refused[num] if num in refused else done[num] for num in nums]
         except KeyboardInterrupt:
+            from bench.runs import read_result
+
             for num, _, sc, job in submitted:
                 if not job.done():
+                    # recorded before the cancel: the job's ranks, ended by SLURM's SIGTERM, keep it
+                    # (a cancelled run is otherwise "failed"), so resume=true runs it again
+                    try:
+                        d = self._job_dir(sc, num)
+                        r = read_result(d) if d.is_dir() else None
+                        mark_failed(d, sc, "Ctrl-C in the sweep process: job cancelled", r.info if r else {},
+                                    "interrupted")
+                    except Exception:
+                        log.exception("[%s] #%d: recording the interruption failed", self._EXECUTOR, num)
                     try:
                         job.cancel(check=False)
                     except Exception:
                         pass
             raise
 
+    def _refused(self, num: int, overrides: list, sc: DictConfig, e: Exception) -> JobReturn:
+        from bench.runs import read_result
+
+        d = self._job_dir(sc, num)
+        r = read_result(d) if d.is_dir() else None
+        msg = f"the job could not be submitted: {type(e).__name__}: {' '.join(str(e).split())[-2000:]}"
+        mark_failed(d, sc, msg, r.info if r else {})
+        log.error("[%s] #%d: %s", self._EXECUTOR, num, msg)
+        ret = JobReturn(overrides=overrides, working_dir=os.getcwd(), task_name="bench")
+        ret.return_value = "failed"
+        ret.status = JobStatus.COMPLETED  # recorded; the sweep goes on
+        return ret
+
+    # -- when is a job over, and how did it end
+    _QUEUE_POLL_S = 3.0
+
+    def _queue_states(self, job_ids: list[str]) -> Optional[dict[str, tuple[str, str]]]:
+        """{job id: (state, reason)} of the jobs the scheduler still lists, or None where it cannot say
+        (not SLURM, or squeue failed): then submitit decides (job.done())."""
+        return None
+
     def _collect(self, submitted: list) -> list[JobReturn]:
         out: dict[int, JobReturn] = {}
         pending = list(submitted)
         total, n_done = len(submitted), 0
+        seen: dict[str, tuple[str, str]] = {}  # the last state/reason the scheduler gave for each job
+        next_poll, queue_ok = 0.0, False
         while pending:
+            states = None
+            if time.monotonic() >= next_poll:
+                states = self._queue_states([str(item[3].job_id) for item in pending])
+                next_poll = time.monotonic() + self._QUEUE_POLL_S
+                queue_ok = states is not None
+                seen.update(states or {})
             still = []
             for item in pending:
                 num, overrides, sc, job = item
-                if not job.done():
+                jid = str(job.job_id)
+                if states is not None:  # the scheduler's word: gone from the queue, or in a final state
+                    done = jid not in states or states[jid][0] not in _ACTIVE
+                elif queue_ok:  # it answered at the last poll: wait for the next one
+                    done = False
+                else:  # no scheduler to ask (local tasks, or squeue failed): submitit's result file or sacct
+                    done = job.done()
+                if not done:
                     still.append(item)
                     continue
-                out[num] = self._finish(num, overrides, sc, job)
+                out[num] = self._finish(num, overrides, sc, job, seen.get(jid))
                 n_done += 1
                 if total > 1:
                     log.info("[%s] %d/%d jobs done: #%d %s", self._EXECUTOR, n_done, total, num,
@@ -189,7 +257,8 @@ class _PerJobResources:
                 time.sleep(1.0)
         return [out[num] for num, *_ in submitted]
 
-    def _finish(self, num: int, overrides: list, sc: DictConfig, job) -> JobReturn:
+    def _finish(self, num: int, overrides: list, sc: DictConfig, job,
+                queued: Optional[tuple[str, str]] = None) -> JobReturn:
         from bench.runs import STATUSES as FINAL
         from bench.runs import read_result
 
@@ -198,18 +267,40 @@ class _PerJobResources:
         status = r.status if r else None
         ret, error = None, None
         if status not in FINAL:  # ask submitit why (a task raised, or the job died: node failure,
-            try:                 # scancel, time limit); bench's own outcome needs no result pickle
-                ret = job.results()[0]
-            except Exception as e:
-                error = e
+            # scancel, time limit); bench's own outcome needs no result pickle.  Without a result pickle
+            # job.results() waits for sacct to call the job done, forever on a cluster without accounting
+            if self._EXECUTOR == "slurm":  # a shared filesystem may show the task's result file late
+                deadline = time.monotonic() + 5
+                while not job.paths.result_pickle.exists() and time.monotonic() < deadline:
+                    time.sleep(0.5)
+            if job.paths.result_pickle.exists() or self._EXECUTOR != "slurm":
+                try:
+                    ret = job.results()[0]
+                except Exception as e:
+                    error = e
+            else:
+                error = _NoResult(job)
+            if isinstance(ret, JobReturn) and ret.status == JobStatus.FAILED:  # the task function raised:
+                error = ret._return_value  # hydra's launcher caught it into the JobReturn
+                log.error("[%s] #%d: the job raised %s: %s", self._EXECUTOR, num, type(error).__name__, error,
+                          exc_info=error if isinstance(error, BaseException) else None)
             r = read_result(d) if d.is_dir() else None
             status = r.status if r else None
         if status not in FINAL:
+            state, reason = queued or (None, None)
             msg = f"submitit job {job.job_id} ended without a final status"
+            status = "failed"
+            if state:
+                msg = f"SLURM job {job.job_id} ended {state} (reason {reason}) without a final status from the run"
+                if state == "TIMEOUT" or reason == "TimeLimit":
+                    status, msg = "timeout", msg + ": it reached its time limit (hydra.launcher.timeout_min)"
+                elif state == "OUT_OF_MEMORY":
+                    status = "oom"
             if error is not None:
                 msg += f": {type(error).__name__}: {' '.join(str(error).split())[-2000:]}"
-            mark_failed(d, sc, msg, r.info if r else {})
-            status = "failed"
+            mark_failed(d, sc, msg, r.info if r else {}, status)
+            r = read_result(d)
+            status = r.status if r else status
             log.error("[%s] #%d: %s", self._EXECUTOR, num, msg)
         if ret is None or not isinstance(ret, JobReturn):
             ret = JobReturn(overrides=overrides, working_dir=os.getcwd(), task_name="bench")
@@ -219,9 +310,26 @@ class _PerJobResources:
         return ret
 
 
-def mark_failed(d: Path, sc: DictConfig, message: str, info: dict) -> None:
-    from bench.job import mark_unfinished
-    from bench.launch import read_failures
+# SLURM job states of a job that is not over yet (squeue %T); any other state, or a job squeue no longer
+# lists (MinJobAge after its end), is over
+_ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
+           "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+
+
+class _NoResult(Exception):
+    def __init__(self, job) -> None:
+        tail = ""
+        try:
+            err = Path(job.paths.stderr).read_text(errors="replace").strip().splitlines()[-15:]
+            tail = " | ".join(line for line in err if line.strip())
+        except OSError:
+            pass
+        super().__init__(f"the job was ended before the task could report (no {Path(job.paths.result_pickle).name})"
+                         + (f"; its stderr ends: {tail}" if tail else ""))
+
+
+def mark_failed(d: Path, sc: DictConfig, message: str, info: dict, status: str = "failed") -> None:
+    from bench.runs import mark_unfinished, read_failures
 
     d.mkdir(parents=True, exist_ok=True)
     try:
@@ -231,13 +339,42 @@ def mark_failed(d: Path, sc: DictConfig, message: str, info: dict) -> None:
         task = {}
     if info and not (d / "status.json").exists():
         write_json_atomic(d / "status.json", info)
-    mark_unfinished(d, task, "failed", "JobFailure", message, read_failures(d))
+    err_type = {"timeout": "SlurmTimeLimit", "interrupted": "KeyboardInterrupt"}.get(status, "JobFailure")
+    mark_unfinished(d, task, status, err_type, message, read_failures(d))
 
 
 class BenchSlurmLauncher(_PerJobResources, SlurmLauncher):
     """hydra/launcher=slurm: one SLURM job per run, sized by its world_size; jobs run in parallel."""
 
     parallel_jobs = True
+
+    def _queue_states(self, job_ids: list[str]) -> Optional[dict[str, tuple[str, str]]]:
+        """squeue's state and reason of each job it still lists (``-t all``: ended ones too, for
+        MinJobAge).  submitit asks sacct, which needs SLURM's accounting database: without one (small
+        clusters, tests/slurm_cluster.py) a job killed before it wrote its result (time limit, scancel,
+        node failure) would never be seen to end, and the sweep would wait forever."""
+        import subprocess
+
+        out: dict[str, tuple[str, str]] = {}
+        for i in range(0, len(job_ids), 200):
+            chunk = job_ids[i:i + 200]
+            try:
+                p = subprocess.run(["squeue", "-h", "-t", "all", "-j", ",".join(chunk), "-o", "%i|%T|%r"],
+                                   capture_output=True, text=True, timeout=60)
+            except (OSError, subprocess.SubprocessError) as e:
+                log.warning("[slurm] squeue failed (%s): asking submitit (sacct) instead", e)
+                return None
+            if p.returncode != 0:
+                if "Invalid job id" in p.stderr:  # every job of the chunk has left the queue
+                    continue
+                log.warning("[slurm] squeue failed (exit %d: %s): asking submitit (sacct) instead", p.returncode,
+                            p.stderr.strip()[-300:])
+                return None
+            for line in p.stdout.splitlines():
+                parts = line.strip().split("|")
+                if len(parts) >= 3:
+                    out[parts[0]] = (parts[1], parts[2])
+        return out
 
 
 class BenchLocalLauncher(_PerJobResources, LocalLauncher):
@@ -255,132 +392,3 @@ class BenchLocalLauncher(_PerJobResources, LocalLauncher):
         from bench.config import cuda_device_count
 
         return cuda_device_count()
-
-
-# ---------------------------------------------------------------------------------- task side
-class _Watchdog(threading.Thread):
-    """Ends this rank on run_timeout_s or when another rank has failed; rank 0 records it first."""
-
-    def __init__(self, run_dir: Path, rank: int, timeout_s: Optional[float], finalize) -> None:
-        super().__init__(daemon=True, name="bench-watchdog")
-        self.run_dir, self.rank, self.timeout_s, self.finalize = run_dir, rank, timeout_s, finalize
-        self.t0 = time.time()
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.wait(0.5):
-            if self.timeout_s and time.time() - self.t0 > self.timeout_s:
-                self._fire("timeout")
-            peers = [p for p in self.run_dir.glob("failure_rank*.json") if p.name != f"failure_rank{self.rank}.json"]
-            if peers:
-                time.sleep(1.0)  # let the failing rank's peers write theirs: the earliest is the root cause
-                if not self.stopped.is_set():
-                    self._fire("peer")
-
-    def _fire(self, why: str) -> None:
-        log.error("rank %d: %s: ending this rank", self.rank,
-                  f"run exceeded run_timeout_s={self.timeout_s}" if why == "timeout" else "another rank failed")
-        if self.rank == 0:
-            try:
-                self.finalize(why)
-            except BaseException:
-                log.exception("recording the outcome failed")
-        else:
-            time.sleep(2.0)  # give rank 0 the time to record the outcome
-        logging.shutdown()
-        os._exit(1)
-
-
-def _since_process_start(t: float) -> Optional[float]:
-    """Seconds from this process's start (Linux /proc) to t: submitit's own start-up (unpickling, imports)."""
-    try:
-        btime = next(int(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
-        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
-        return t - (btime + ticks / os.sysconf("SC_CLK_TCK"))
-    except Exception:
-        return None
-
-
-def run_task(cfg: DictConfig, run_dir: Path, command: list[str], t0: float, explicit=()) -> str:
-    """The task function body in a submitit task (see the module docstring)."""
-    import submitit
-
-    from bench.config import cuda_device_count
-    from bench.job import finish, plan_run, record_invalid, run
-    from bench.launch import read_failures
-    from bench.runs import holds_completed, write_status
-    from bench.schema import ConfigError
-
-    env = submitit.JobEnvironment()
-    rank, ntasks = env.global_rank, env.num_tasks
-    if ntasks == 1 and int(cfg.world_size) > 1:  # one task for all ranks: torch elastic inside the allocation
-        return run(cfg, run_dir, command, t0, explicit)
-    if holds_completed(run_dir):  # every rank reads the same (metrics.json is written last)
-        log.error("%s already holds a completed result: not running into it", run_dir)
-        return "refused"
-    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-    raw, base, plan, err = plan_run(cfg, run_dir, explicit, gpus=cuda_device_count() * env.num_nodes)
-    base["submitit_job_id"] = env.job_id
-    base["process_start_s"] = _since_process_start(t0)  # task process start -> task function (not in startup_s)
-    if rank == 0:
-        write_status(run_dir, "running", **base)
-    if ntasks != int(cfg.world_size):
-        e = ConfigError("world_size", cfg.world_size, f"the job has {ntasks} tasks (one per rank is needed); "
-                        "use hydra/launcher=slurm, which sizes each job by its world_size")
-        return record_invalid(run_dir, raw, base, e, t0) if rank == 0 else "invalid"
-    if err is not None:
-        return record_invalid(run_dir, raw, base, err, t0) if rank == 0 else "invalid"
-    plan.cfg["_command"] = command
-    if rank == 0:
-        log.info("run %s: %s, rank %d of %d (%d node(s)), master %s:%s", run_dir, env, rank, ntasks,
-                 env.num_nodes, os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
-
-    lock = threading.Lock()
-    recorded: list[str] = []
-
-    def finalize(why: str, exc: Optional[BaseException] = None) -> str:
-        with lock:
-            if recorded:
-                return recorded[0]
-            failures = read_failures(run_dir)
-            if why == "completed":
-                status, error = "completed", None
-            elif why == "timeout":
-                status, error = "timeout", {"rank": None, "type": "Timeout", "traceback": None,
-                                            "message": f"run exceeded run_timeout_s={cfg.run_timeout_s}; "
-                                                       "all its ranks were ended"}
-            elif failures:
-                root = failures[0]
-                interrupted = root.get("type") == "KeyboardInterrupt"
-                status = "interrupted" if interrupted else ("oom" if root.get("oom") else "failed")
-                error = {k: root.get(k) for k in ("rank", "type", "message", "traceback")}
-            else:
-                status, error = "failed", {"rank": rank, "type": type(exc).__name__ if exc else "Unknown",
-                                           "message": str(exc), "traceback": None}
-            recorded.append(finish(run_dir, raw, status, error, failures, base, t0))
-            return recorded[0]
-
-    from bench.worker import worker_main
-
-    dog = _Watchdog(run_dir, rank, cfg.get("run_timeout_s"), finalize)
-    dog.start()
-    root = logging.getLogger()
-    saved = (root.handlers[:], root.level)  # worker_main reconfigures logging for its rank files
-    exc: Optional[BaseException] = None
-    try:
-        worker_main(plan.to_dict(), str(run_dir))
-    except BaseException as e:  # KeyboardInterrupt included: recorded as interrupted
-        exc = e
-    finally:
-        dog.stopped.set()
-        for h in root.handlers[:]:
-            root.removeHandler(h)
-            h.close()
-        for h in saved[0]:
-            root.addHandler(h)
-        root.setLevel(saved[1])
-    if rank != 0:
-        return "completed" if exc is None else "failed"
-    if exc is not None:
-        time.sleep(1.0)  # the peers' failure files: the earliest is the root cause
-    return finalize("completed" if exc is None else "failed", exc)

@@ -122,9 +122,9 @@ def _pin_cpus(plan: Plan, local_rank: int) -> list[int]:
 
 def _device(plan: Plan, local_rank: int) -> torch.device:
     if plan.device == "cuda":
-        if torch.cuda._is_in_bad_fork():  # the fork server started CUDA (it must not: bench/launch.py)
+        if torch.cuda._is_in_bad_fork():  # the fork server started CUDA (it must not: bench/launch/local.py)
             raise RuntimeError("this rank was forked from a process that had started CUDA, so it cannot use "
-                               "CUDA; run with start_method=spawn and report the modules in bench.launch._PRELOAD")
+                               "CUDA; run with start_method=spawn and report the modules in bench.launch.local._PRELOAD")
         torch.cuda.set_device(local_rank)
         if plan.cfg["precision"] == "fp32":  # TF32 for fp32 matmuls only when asked (config tf32)
             torch.backends.cuda.matmul.allow_tf32 = plan.cfg["tf32"]

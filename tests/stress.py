@@ -22,6 +22,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 OUTCOMES = ("passed", "failed", "error", "skipped")
@@ -61,6 +62,37 @@ def write_fault_table(out: Path, cmd: str) -> None:
                                    + "\n".join(lines) + "\n")
 
 
+def report(out: Optional[Path], n: int, args: list[str], runs: list[dict], counts: dict, t_start: float) -> bool:
+    """Print and (``out``) write the outcome so far: per test counts, per iteration, the fault table.
+    Written after every iteration, so a stress run stopped early still says what it did.  True when
+    any run of any test did not pass."""
+    failed_any = any(c["failed"] or c["error"] for c in counts.values()) or any(r["failed"] for r in runs)
+    last_bad = max((r["iteration"] for r in runs if r["failed"]), default=0)
+    lines = ["| test | runs | passed | failed | error | skipped |", "|---|---:|---:|---:|---:|---:|"]
+    for test in sorted(counts):
+        c = counts[test]
+        lines.append(f"| {test} | {sum(c.values())} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} |")
+    tot = {o: sum(c[o] for c in counts.values()) for o in OUTCOMES}
+    lines.append(f"| **all {len(counts)} tests** | {sum(tot.values())} | {tot['passed']} | {tot['failed']} | "
+                 f"{tot['error']} | {tot['skipped']} |")
+    summary = (f"{len(runs)} of {n} iterations done in {(time.time() - t_start) / 60:.1f} min; iterations with a "
+               f"failure: {sum(bool(r['failed']) for r in runs)}; last consecutive iterations without one: "
+               f"{len(runs) - last_bad}")
+    if out is None:
+        return failed_any
+    cmd = "nice -n 19 python tests/stress.py " + shlex.join([str(n), "--out", str(out), "--", *args])
+    machine = f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.platform()}"
+    (out / "stress.md").write_text(
+        f"# Stress check\n\n`{cmd}`\n\n{machine}; started {time.strftime('%Y-%m-%d %H:%M', time.localtime(t_start))}"
+        f"\n\n{summary}\n\n" + "\n".join(lines) + "\n\nPer iteration (seconds, failures):\n\n"
+        + "\n".join(f"- {r['iteration']}: {r['seconds']} s, {r['tests']} tests, failed: "
+                    f"{', '.join(r['failed']) or 'none'}" for r in runs) + "\n")
+    (out / "stress.json").write_text(json.dumps({"command": cmd, "machine": machine, "runs": runs, "counts": counts,
+                                                 "seconds": time.time() - t_start}, indent=1))
+    write_fault_table(out, cmd)
+    return failed_any
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("n", type=int, help="how many times to run the selection")
@@ -73,8 +105,9 @@ def main(argv=None) -> int:
         (a.out / "failures").mkdir(parents=True, exist_ok=True)
         (a.out / "faults.jsonl").unlink(missing_ok=True)
     counts: dict[str, dict[str, int]] = {}
-    runs, t_start = [], time.time()
-    consecutive = 0
+    runs: list[dict] = []
+    t_start = time.time()
+    failed_any = False
     with tempfile.TemporaryDirectory(prefix="bench_stress_") as tmp:
         for i in range(1, a.n + 1):
             junit = Path(tmp) / f"iter{i}.xml"
@@ -90,37 +123,14 @@ def main(argv=None) -> int:
             bad = sorted(t for t, o in got.items() if o in ("failed", "error"))
             if not got or p.returncode not in (0, 5) and not bad:  # pytest itself failed (collection, crash)
                 bad = bad or [f"pytest exit code {p.returncode}"]
-            consecutive = 0 if bad else consecutive + 1
             runs.append({"iteration": i, "seconds": round(time.time() - t0, 1), "returncode": p.returncode,
                          "tests": len(got), "failed": bad})
             if bad and a.out:
                 (a.out / "failures" / f"iter{i}.log").write_text(p.stdout[-200_000:] + p.stderr[-50_000:])
             print(f"iteration {i}/{a.n}: {len(got) - len(bad)} passed or skipped, {len(bad)} failed "
                   f"({time.time() - t0:.0f} s){': ' + ', '.join(bad) if bad else ''}", flush=True)
-    total_s = time.time() - t_start
-    failed_any = any(c["failed"] or c["error"] for c in counts.values()) or any(r["failed"] for r in runs)
-    lines = ["| test | runs | passed | failed | error | skipped |", "|---|---:|---:|---:|---:|---:|"]
-    for test in sorted(counts):
-        c = counts[test]
-        lines.append(f"| {test} | {sum(c.values())} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} |")
-    tot = {o: sum(c[o] for c in counts.values()) for o in OUTCOMES}
-    lines.append(f"| **all {len(counts)} tests** | {sum(tot.values())} | {tot['passed']} | {tot['failed']} | "
-                 f"{tot['error']} | {tot['skipped']} |")
-    summary = (f"{a.n} iterations in {total_s / 60:.1f} min; iterations with a failure: "
-               f"{sum(bool(r['failed']) for r in runs)}; last consecutive iterations without one: {consecutive}")
-    print("\n".join(lines) + "\n" + summary)
-    if a.out:
-        cmd = "nice -n 19 python tests/stress.py " + shlex.join([str(a.n), "--out", str(a.out), "--", *args])
-        machine = (f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-                   f"{platform.platform()}")
-        (a.out / "stress.md").write_text(
-            f"# Stress check\n\n`{cmd}`\n\n{machine}; started {time.strftime('%Y-%m-%d %H:%M', time.localtime(t_start))}"
-            f"\n\n{summary}\n\n" + "\n".join(lines) + "\n\nPer iteration (seconds, failures):\n\n"
-            + "\n".join(f"- {r['iteration']}: {r['seconds']} s, {r['tests']} tests, failed: "
-                        f"{', '.join(r['failed']) or 'none'}" for r in runs) + "\n")
-        (a.out / "stress.json").write_text(json.dumps({"command": cmd, "machine": machine, "runs": runs,
-                                                       "counts": counts, "seconds": total_s}, indent=1))
-        write_fault_table(a.out, cmd)
+            failed_any = report(a.out, a.n, args, runs, counts, t_start)
+    print((a.out / "stress.md").read_text() if a.out else "")
     return 1 if failed_any else 0
 
 

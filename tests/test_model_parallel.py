@@ -496,7 +496,7 @@ print(calls)
 def test_fork_server_preloads_make_no_cuda_call():
     """The fork server imports these before it forks the ranks (start_method=forkserver); a rank
     forked from a process that has started CUDA cannot use CUDA, so none may touch it at import."""
-    from bench.launch import _PRELOAD
+    from bench.launch.local import _PRELOAD
     from bench.strategies.registry import SWEEP_PRELOAD, get_spec
 
     modules = [*_PRELOAD, *SWEEP_PRELOAD, *get_spec("megatron").preload({"impl": "megatron"}),

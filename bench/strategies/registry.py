@@ -10,7 +10,7 @@ from bench.strategies.base import REGISTRY, StrategySpec
 
 _discovered = False
 
-# What a sweep's fork server imports for every run (bench/launch.py): torch._dynamo, which
+# What a sweep's fork server imports for every run (bench/launch/local.py): torch._dynamo, which
 # torch.optim and DDP import at their first use (1.1 s of DDP's setup on the 2-core CPU machine).
 # None of these, nor a strategy's own (StrategySpec.preload), makes a CUDA call when imported,
 # so each forked rank still starts CUDA itself.

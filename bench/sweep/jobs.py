@@ -124,9 +124,9 @@ def log_plan(jobs: list[Job], to_run: list[Job], sweep_dir: Path, history: Seque
 
 
 def declare_preloads(to_run: list[Job]) -> None:
-    """What the fork server should import once for all the runs (bench/launch.py), declared before
+    """What the fork server should import once for all the runs (bench/launch/local.py), declared before
     the first run starts it: a Megatron run late in a sweep then finds megatron.core imported."""
-    from bench.launch import preload
+    from bench.launch.local import preload
     from bench.strategies.registry import sweep_preloads
 
     forked = [j for j in to_run if j.cfg and j.cfg.get("start_method") == "forkserver"]
