@@ -19,8 +19,7 @@ from bench.layout import resolve_microbatches, resolve_schedule
 from bench.loggers import check as check_logger
 from bench.schema import (BenchConfig, ConfigError, LoggerConfig, ModelConfig, Plan, check_choice, check_positive,
                           fields_of)
-from bench.strategies.registry import get_spec, specs
-from bench.strategies.base import StrategySpec
+from bench.strategies.registry import StrategySpec, get_spec, specs
 
 
 def _alias(key: str, default: Any, *, _root_) -> Any:

@@ -23,7 +23,7 @@ import pandas as pd
 
 from bench.strategies.registry import specs
 from bench.schema import BenchConfig, fields_of
-from multirun_analysis.summarize import _fmt, _hashable, key_columns
+from multirun_analysis.tables import fmt_value, key_columns, plain
 
 WORKLOAD = ("model", "world_size", "tokens_per_step")
 
@@ -56,7 +56,7 @@ def _identity_cols(s: pd.DataFrame) -> list[str]:
 
 def _is_default(row: pd.Series, tuned: dict) -> bool:
     for col, default in tuned.items():
-        if col in row.index and _hashable(row[col]) is not None and _hashable(row[col]) != default:
+        if col in row.index and plain(row[col]) is not None and plain(row[col]) != default:
             return False
     return True
 
@@ -66,7 +66,7 @@ def _strategy_name(row: pd.Series, cols: list[str]) -> str:
     for c in cols:
         if c in ("strategy", "model", "world_size"):
             continue
-        v = _hashable(row.get(c))
+        v = plain(row.get(c))
         if c == "zero_stage" and v is not None:
             parts[0] = f"zero-{v}"
         elif c in ("tp", "pp") and v not in (None, 1):
@@ -90,14 +90,14 @@ def default_vs_best(summary: pd.DataFrame) -> pd.DataFrame:
     tuned = tuned_knobs()
     ident = _identity_cols(s)
     rows = []
-    groups = s.groupby([s[c].map(_fmt) for c in WORKLOAD + tuple(ident) if c in s.columns], sort=False, dropna=False)
+    groups = s.groupby([s[c].map(fmt_value) for c in WORKLOAD + tuple(ident) if c in s.columns], sort=False, dropna=False)
     for _, g in groups:
         g = g.sort_values("tokens_per_s", ascending=False)
         best = g.iloc[0]
         defaults = g[[_is_default(r, tuned) for _, r in g.iterrows()]]
         d = defaults.iloc[0] if len(defaults) else None
-        differ = [f"{c}={_fmt(best[c])}" for c in tuned if c in g.columns and d is not None
-                  and _hashable(best[c]) != _hashable(d[c])]
+        differ = [f"{c}={fmt_value(best[c])}" for c in tuned if c in g.columns and d is not None
+                  and plain(best[c]) != plain(d[c])]
         rows.append({**{c: best.get(c) for c in WORKLOAD}, "strategy_id": _strategy_name(best, ident),
                      "default_tokens_per_s": d["tokens_per_s"] if d is not None else math.nan,
                      "best_tokens_per_s": best["tokens_per_s"], "best_label": best.get("label"),
@@ -125,7 +125,7 @@ def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> 
         return ["No run completed: nothing to rank."]
     table = default_vs_best(summary)
     out = []
-    for keys, g in table.groupby([table[c].map(_fmt) for c in WORKLOAD], sort=True):
+    for keys, g in table.groupby([table[c].map(fmt_value) for c in WORKLOAD], sort=True):
         model, ws, tps = keys
         budget = memory_budget_gib * 1024 if memory_budget_gib else None
         fits = g if budget is None else g[pd.to_numeric(g["best_mem_peak_mb"], errors="coerce") <= budget]
@@ -172,7 +172,7 @@ def prediction_error(runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     ok["error_pct"] = 100 * (ok["_p"] / ok["_m"] - 1)
     rows = []
-    for name, g in ok.groupby(ok["strategy"].map(_fmt)):
+    for name, g in ok.groupby(ok["strategy"].map(fmt_value)):
         rows.append({"strategy": name, "runs": len(g), "median_error_pct": g["error_pct"].median(),
                      "min_error_pct": g["error_pct"].min(), "max_error_pct": g["error_pct"].max(),
                      "within_10pct": int((g["error_pct"].abs() <= 10).sum())})

@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 from multirun_analysis import answer, breakdown
-from multirun_analysis.tables import table_rows, md_table
-from multirun_analysis.summarize import DEFINITIONS, _fmt
+from multirun_analysis.tables import fmt_value, md_table, table_rows
+from multirun_analysis.summarize import DEFINITIONS
 
 COMPACT = [("model", "model", str), ("label", "strategy", str), ("world_size", "GPUs", "{:g}"),
            ("n_runs", "n", "{:g}"), ("tokens_per_s", "tokens/s", "{:,.0f}"), ("time_s", "time s", "{:.3f}"),
@@ -52,7 +52,7 @@ def environment(runs: pd.DataFrame) -> list[str]:
     def uniq(col):
         if col not in runs.columns:
             return []
-        return sorted({_fmt(x) for x in runs[col].dropna() if str(x) not in ("", "None")})
+        return sorted({fmt_value(x) for x in runs[col].dropna() if str(x) not in ("", "None")})
     lines = []
     for col, name in (("prov.hostname", "hosts"), ("device_type", "device type"), ("prov.devices", "devices"),
                       ("prov.platform", "platform"), ("prov.cpu_count", "CPU count"),

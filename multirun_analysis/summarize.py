@@ -79,9 +79,9 @@ from typing import Iterable, Optional
 import pandas as pd
 
 from bench.runs import volatile_keys
-from multirun_analysis.load import SHORTHANDS
 from multirun_analysis import breakdown
-from multirun_analysis.load import config_columns
+from multirun_analysis.load import SHORTHANDS, config_columns
+from multirun_analysis.tables import fmt_value, key_columns, plain
 
 DEFINITIONS = __doc__  # the exact column definitions, also printed into report.md
 # bookkeeping, not what ran: the keys a sweep's run key leaves out too (deadlines, resume, ...), and
@@ -115,15 +115,9 @@ def experiment_key(runs: pd.DataFrame) -> list[str]:
             if c not in EXCLUDED_FROM_KEY and not c.startswith(EXCLUDED_PREFIXES)]
 
 
-def _hashable(v):
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return None
-    return v.item() if hasattr(v, "item") else v
-
-
 def _key_strings(df: pd.DataFrame, cols: list[str]) -> pd.Series:
     """One JSON string per row: a group key where NaN == NaN and types do not matter to pandas."""
-    return pd.Series([json.dumps([_hashable(v) for v in vals], default=str)
+    return pd.Series([json.dumps([plain(v) for v in vals], default=str)
                       for vals in df[cols].itertuples(index=False, name=None)], index=df.index, dtype=object)
 
 
@@ -132,7 +126,7 @@ def _col(g: pd.DataFrame, c: str) -> pd.Series:
 
 
 def _joined(xs: Iterable) -> Optional[str]:
-    vals = sorted({str(_hashable(x)) for x in xs if _hashable(x) is not None})
+    vals = sorted({str(plain(x)) for x in xs if plain(x) is not None})
     return ", ".join(vals) if vals else None
 
 
@@ -148,7 +142,7 @@ def summarize(runs: pd.DataFrame, compare: bool = True, baseline: dict | None = 
         ok = g[g["usable"].astype(bool)]
         if ok.empty:
             continue
-        rec = {k: _hashable(g[k].iloc[0]) for k in key}
+        rec = {k: plain(g[k].iloc[0]) for k in key}
         bad = g[~g["usable"].astype(bool)]
         rec.update(n_runs=len(ok), n_failed=len(bad), failed_statuses=_joined(bad["status"]),
                    seeds=_joined(ok["seed"]) if "seed" in ok else None,
@@ -176,16 +170,8 @@ def summarize(runs: pd.DataFrame, compare: bool = True, baseline: dict | None = 
     return s.reset_index(drop=True)
 
 
-def key_columns(summary: pd.DataFrame) -> list[str]:
-    """The experiment-key columns of a summary (attrs, or the columns before ``label``)."""
-    if summary.attrs.get("key_columns"):
-        return list(summary.attrs["key_columns"])
-    cols = list(summary.columns)
-    return cols[:cols.index("label")] if "label" in cols else []
-
-
 def _same(a, b) -> bool:
-    a, b = _hashable(a), _hashable(b)
+    a, b = plain(a), plain(b)
     return a == b or (a is None and b is None)
 
 
@@ -237,13 +223,6 @@ def compare_to_baseline(summary: pd.DataFrame, baseline: dict | None = None,
     return s
 
 
-def _fmt(v) -> str:
-    v = _hashable(v)
-    if isinstance(v, float) and v.is_integer():
-        return str(int(v))
-    return str(v)
-
-
 def variant_labels(s: pd.DataFrame, exclude: Iterable[str] = ()) -> pd.Series:
     """A short name per experiment: the strategy plus the knobs that split it.
 
@@ -256,15 +235,15 @@ def variant_labels(s: pd.DataFrame, exclude: Iterable[str] = ()) -> pd.Series:
         return pd.Series([], dtype=object)
     drop = {"model", "strategy", "world_size", *exclude}
     cand = [c for c in key_columns(s) if c not in drop]
-    labels = pd.Series([str(_hashable(x)) for x in s.get("strategy", pd.Series("?", index=s.index))],
+    labels = pd.Series([str(plain(x)) for x in s.get("strategy", pd.Series("?", index=s.index))],
                        index=s.index, dtype=object)
-    mcol = s["model"].map(_fmt) if "model" in s else pd.Series("", index=s.index)
-    scol = s["strategy"].map(_fmt) if "strategy" in s else pd.Series("", index=s.index)
-    wcol = s["world_size"].map(_fmt) if "world_size" in s else pd.Series("", index=s.index)
+    mcol = s["model"].map(fmt_value) if "model" in s else pd.Series("", index=s.index)
+    scol = s["strategy"].map(fmt_value) if "strategy" in s else pd.Series("", index=s.index)
+    wcol = s["world_size"].map(fmt_value) if "world_size" in s else pd.Series("", index=s.index)
     for (_, _), g in s.groupby([mcol, scol], sort=False):
         split = [c for c in cand if _key_strings(g, [c]).groupby(wcol[g.index]).nunique().max() > 1]
         for i in g.index:
-            extra = [f"{c}={_fmt(g.at[i, c])}" for c in split if _hashable(g.at[i, c]) not in (None, "none")]
+            extra = [f"{c}={fmt_value(g.at[i, c])}" for c in split if plain(g.at[i, c]) not in (None, "none")]
             if extra:
                 labels[i] += " " + " ".join(extra)
     return labels
@@ -284,7 +263,7 @@ def fixed_overhead(runs: pd.DataFrame) -> pd.DataFrame:
     by = [c for c in ("strategy", "impl", "world_size") if c in ok.columns]
     phases = [c for c in ok.columns if c.startswith(("rank0.startup_phases_s.", "rank0.setup_phases_s."))]
     recs = []
-    for keys, g in (ok.groupby([ok[c].map(_fmt) if c != "world_size" else ok[c] for c in by], sort=True)
+    for keys, g in (ok.groupby([ok[c].map(fmt_value) if c != "world_size" else ok[c] for c in by], sort=True)
                     if len(ok) and by else []):
         rec = dict(zip(by, keys if isinstance(keys, tuple) else (keys,)))
         over = _col(g, "job.overhead_s")

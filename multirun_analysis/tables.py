@@ -31,3 +31,26 @@ def md_table(df: pd.DataFrame, spec) -> str:
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def plain(v):
+    """A cell as a plain Python value (numpy scalars unwrapped), None for NaN or missing: NaN == NaN in keys."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return v.item() if hasattr(v, "item") else v
+
+
+def fmt_value(v) -> str:
+    """A cell as text (a whole float without its .0)."""
+    v = plain(v)
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def key_columns(summary: pd.DataFrame) -> list[str]:
+    """The experiment-key columns of a summary (attrs, or the columns before ``label``)."""
+    if summary.attrs.get("key_columns"):
+        return list(summary.attrs["key_columns"])
+    cols = list(summary.columns)
+    return cols[:cols.index("label")] if "label" in cols else []

@@ -1,10 +1,4 @@
-"""The strategy interface, the description every strategy registers, and the registry.
-
-A strategy is one module in this package that registers one :class:`StrategySpec`: its config
-schema (the only source of its defaults, with each knob's documentation and search candidates),
-its validation rules, how it holds model states (the memory plan), its tuning profile, what the
-fork server should preload, and its class.  Nothing outside the module names the strategy:
-bench.config, the memory plan, the run key and the knob search all ask bench/strategies/registry.py.
+"""The strategy interface: what a strategy's class does (what it registers: bench/strategies/registry.py).
 
 A strategy owns how the model is built, wrapped, fed and stepped, and nothing more: the worker
 owns timing, synchronization, metrics and writing.  A strategy never times its steps; it only
@@ -14,8 +8,8 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Optional
 
 import torch
 
@@ -23,59 +17,6 @@ from bench.data import SyntheticStream
 from bench.model import DTYPES
 from bench.metrics.timing import phase
 from bench.schema import Plan
-
-
-
-@dataclass(frozen=True)
-class ModelStates:
-    """How a strategy holds parameters, gradients and optimizer states (bench/memory_model.py).
-
-    ``scheme``: bytes per parameter, a key of memory_model.BYTES_PER_PARAM; ``stage``: ZeRO stage
-    (>= 1 optimizer / dp, >= 2 gradients / dp, 3 parameters / dp); the offloads move a part to the
-    host; ``unsharded_params_live``: the gathered 16-bit parameters of the whole model stay alive
-    from forward to backward (FSDP2 without resharding)."""
-
-    scheme: str
-    stage: int = 0
-    offload_optimizer: bool = False
-    offload_param: bool = False
-    offload_grads: bool = False
-    host_fp32_grad_partition: bool = False
-    unsharded_params_live: bool = False
-    note: str = ""
-
-
-def replicated_states(cfg: dict) -> ModelStates:
-    """A torch optimizer over fp32 weights (autocast or not), replicated over data-parallel ranks."""
-    return ModelStates("fp32", note="model states replicated over data-parallel ranks, torch AdamW over fp32 weights"
-                       + (" (autocast)" if cfg["precision"] != "fp32" else ""))
-
-
-@dataclass(frozen=True)
-class StrategySpec:
-    """Everything bench knows about one strategy (module docstring)."""
-
-    name: str
-    schema: type  # its config dataclass: every knob, its default, doc, choices and search candidates
-    summary: str  # one line: what it is (README / docs table)
-    implementation: Callable[[Plan], type["Strategy"]]  # the class that runs a plan (lazy imports allowed)
-    rules: Callable[[Plan], None] = lambda plan: None  # its own cross-field rules; raise ConfigError
-    model_states: Callable[[dict], ModelStates] = replicated_states  # memory plan: how it holds model states
-    # tuning profiles (tuning=best): {dotted key: (value, evidence)}; bench/tuning.py applies them
-    profiles: dict[str, dict[str, tuple[Any, str]]] = field(default_factory=dict)
-    preload: Callable[[dict], tuple[str, ...]] = lambda strategy_cfg: ()  # fork-server imports (no CUDA calls)
-    process_env: Callable[[Plan], dict[str, str]] = lambda plan: {}  # environment needed before CUDA starts
-    devices: tuple[str, ...] = ("cpu", "cuda")
-
-
-REGISTRY: dict[str, StrategySpec] = {}  # filled by each strategy module's register(); read via bench.strategies.registry
-
-
-def register(spec: StrategySpec) -> StrategySpec:
-    if spec.name in REGISTRY and REGISTRY[spec.name] is not spec:
-        raise ValueError(f"strategy {spec.name!r} registered twice")
-    REGISTRY[spec.name] = spec
-    return spec
 
 
 @dataclass

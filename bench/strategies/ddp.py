@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench.schema import ConfigError, Plan, StrategyConfig, knob
-from bench.strategies.base import StrategySpec, register
+from bench.strategies.registry import StrategySpec, register
 from bench.strategies.torch_native import TorchParallel
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.schema import LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConfig, alias_default, knob
-from bench.strategies.base import ModelStates, StrategySpec, register
+from bench.strategies.registry import ModelStates, StrategySpec, register
 from bench.strategies.torch_native import TorchParallel
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from bench.schema import LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConfig, alias_default, knob
-from bench.strategies.base import ModelStates, StrategySpec, register
 from bench.strategies.megatron import CUDA_GRAPH_CAPTURE_STEP
+from bench.strategies.registry import ModelStates, StrategySpec, register
 from bench.strategies.torch_native import TorchParallel
 
 

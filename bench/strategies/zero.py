@@ -29,8 +29,9 @@ from bench.model import Block, build_model, lm_loss
 from bench.parallel.ac import apply_ac
 from bench.parallel.compile import compile_kwargs
 from bench.schema import ConfigError, Plan, StrategyConfig, alias_default, check_positive, check_whole, knob
-from bench.strategies.base import ModelStates, StepResult, Strategy, StrategySpec, register
+from bench.strategies.base import StepResult, Strategy
 from bench.strategies.deepspeed_env import ensure_torch_extensions_dir, fix_cuda_arch_list
+from bench.strategies.registry import ModelStates, StrategySpec, register
 
 # --------------------------------------------------------------------------- schema
 @dataclass

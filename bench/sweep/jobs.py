@@ -1,5 +1,4 @@
-"""A sweep's jobs: one per combination of the overrides, what the plan decided for it, and the files
-that say what a sweep did (``sweep.json``: the plan; ``summary.json``: the outcome)."""
+"""A sweep's jobs: one per combination of the overrides, and what the plan decided for each."""
 from __future__ import annotations
 
 import hashlib
@@ -20,9 +19,6 @@ from bench.schema import ConfigError
 from bench.sweep.cost import CostModel, fmt_s, history_records
 
 log = logging.getLogger("bench.sweep")
-
-MANIFEST = "sweep.json"
-SUMMARY = "summary.json"
 
 
 @dataclass

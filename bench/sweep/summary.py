@@ -1,4 +1,5 @@
-"""A sweep's summary and exit code, read from its folder (the manifest), not from a sweeper's memory."""
+"""A sweep's summary and exit code, read from its folder, not from a sweeper's memory: ``sweep.json``
+(the plan: every job and what was decided for it) and ``summary.json`` (the outcome)."""
 from __future__ import annotations
 
 import logging
@@ -11,9 +12,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.runs import read_result, scan
-from bench.sweep.jobs import MANIFEST, SUMMARY
 
 log = logging.getLogger("bench.sweep")
+
+MANIFEST = "sweep.json"
+SUMMARY = "summary.json"
 
 
 def progress(sweep_dir: Path, upto: list) -> str:

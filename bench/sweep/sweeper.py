@@ -19,8 +19,8 @@ from bench.metrics import STATUSES, skeleton
 from bench.runs import ATTEMPTS, FAILED, mark_unfinished, move_aside, read_result, scan
 from bench.sweep import claims
 from bench.sweep.cost import fmt_s
-from bench.sweep.jobs import MANIFEST, Job, compose, declare_preloads, expand, log_plan
-from bench.sweep.summary import progress
+from bench.sweep.jobs import Job, compose, declare_preloads, expand, log_plan
+from bench.sweep.summary import MANIFEST, progress
 
 log = logging.getLogger("bench.sweep")
 
