@@ -173,8 +173,15 @@ def buffer_bytes(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
         n = min(float(s["reduce_bucket_size"]), psi)
         return n * gb, "ZeRO reduce bucket (min(reduce_bucket_size, parameters) x gradient bytes)"
     if name == "zero" and s["zero_stage"] == 3:
+        # parameters are gathered and gradients bucketed in the parameters' dtype (fp32 under autocast);
+        # DeepSpeed 0.19.8 allocates the reduce bucket whole at start (stage3.py: torch.empty(reduce_bucket_size)),
+        # and under autocast 2 more bytes per bucket element showed (1 x H100, 300m and gpt2, buckets 5e7 and 5e8:
+        # results/2026-11-25-h100-search-1gpu)
+        pb = 4 if plan.cfg["precision"] == "fp32" or s["autocast"] else 2
         n = min(float(s["prefetch_bucket_size"]) + per_block, psi)
-        return 2 * n, "ZeRO-3 gathered parameters (prefetch bucket + one block, 16-bit)"
+        bucket = float(s["reduce_bucket_size"]) * (pb + (2 if s["autocast"] else 0))
+        return n * pb + bucket, ("ZeRO-3 gathered parameters (prefetch bucket + one block) and the whole reduce "
+                                 "bucket (reduce_bucket_size elements), in the parameters' dtype")
     if name == "fsdp" and s["reshard_after_forward"]:
         unit = per_block * s["blocks_per_unit"]
         cb = 4 if plan.cfg["precision"] == "fp32" else 2

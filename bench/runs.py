@@ -8,12 +8,14 @@ the analysis (multirun_analysis), so that all three agree on what a run is:
   recorded while they are at their default (``added``): an older sweep folder still resumes.
   Both sets are read from the schema (bench/schema.py ``knob``), never from a hand-kept list;
 * :func:`with_added_defaults`: the reading side of that rule, for runs recorded before a knob;
-* the statuses, ``status.json`` (written at each change) and :func:`read_result`.
+* the statuses, ``status.json`` (written at each change) and :func:`read_result`;
+* :func:`rerun_command`: a run's overrides as the command that runs that setting once.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import shutil
 import time
 from dataclasses import MISSING, dataclass, field
@@ -29,6 +31,22 @@ ATTEMPTS = ".attempts"
 
 
 # ------------------------------------------------------------------------------ keys
+SEARCH_EXPERIMENT = "+experiment=tune"  # the knob search's preset: its trials' run lengths are its rungs'
+
+
+def rerun_command(overrides: list[str]) -> str:
+    """``python -m bench ...`` for one setting: a sweep's or search's overrides without their machinery
+    (hydra.* folders, --multirun, resume, the search's preset and its rung lengths: a winner found at
+    10 short steps is meant to be run at the default length)."""
+    trial = SEARCH_EXPERIMENT in overrides
+    keep = [o for o in overrides
+            if not o.startswith(("hydra.sweep.", "hydra.run.", "hydra.job.", "hydra.sweeper.", "--multirun", "-m",
+                                 "resume="))
+            and o != SEARCH_EXPERIMENT
+            and not (trial and o.split("=", 1)[0] in ("steps", "warmup_steps"))]
+    return " ".join(["python -m bench", *map(shlex.quote, keep)])
+
+
 def volatile_keys() -> tuple[str, ...]:
     """Top-level keys that do not change what a run measures (and the recorded command)."""
     return tuple(n for n, f in fields_of(BenchConfig).items() if f.metadata.get("volatile")) + ("_command",)

@@ -7,7 +7,9 @@ fastest and the evidence (a results/ folder).  Applied in order, each entry is:
 * ``kept`` when the user set that key (command line, sweep, preset: an explicit override, or a value
   that differs from the schema default): what was asked for wins;
 * ``skipped`` when the run would not validate with it (a CUDA-only knob on CPU, a ZeRO-3-only knob at
-  stage 1, ``compute_grad_norm=false`` with clipping, ...): the validation message is the reason;
+  stage 1, ``compute_grad_norm=false`` with clipping, ...): the validation message is the reason; or
+  when the entry's own condition says the measurement does not hold for this layout (an optional third
+  element, ``unless(config) -> reason or None``: e.g. a distributed optimizer at data-parallel size 1);
 * ``applied`` otherwise.
 
 None of the profile knobs changes what is trained (tests: tuning=best matches single's losses).
@@ -59,7 +61,7 @@ def apply_profile(c: dict, spec, check: Callable[[dict], Any], explicit: Iterabl
     explicit = set(explicit)
     record: dict = {"profile": name, "applied": {}, "kept": {}, "skipped": {}}
     out = copy.deepcopy(c)
-    for keys, (values, evidence) in profile.items():
+    for keys, (values, evidence, *unless) in profile.items():
         keys = keys if isinstance(keys, tuple) else (keys,)
         values = values if len(keys) > 1 else (values,)
         mine = [k for k in keys if k in explicit or _default_of(k, spec.schema) not in (MISSING, _get(out, k))]
@@ -73,9 +75,12 @@ def apply_profile(c: dict, spec, check: Callable[[dict], Any], explicit: Iterabl
             _set(trial, k, v)
         try:
             check(trial)
+            why_not = unless[0](trial) if unless else None
         except ConfigError as e:
+            why_not = str(e)
+        if why_not:
             for k, v in zip(keys, values):
-                record["skipped"][k] = {"value": v, "reason": str(e)}
+                record["skipped"][k] = {"value": v, "reason": why_not}
             continue
         out = trial
         for k, v in zip(keys, values):

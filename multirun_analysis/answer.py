@@ -4,14 +4,17 @@
   optimizer step (global batch x sequence length).  Runs of different workloads are never ranked
   against each other.
 * A strategy's **identity** is what the experiment key holds except the knobs a search tunes
-  (every knob declared with search candidates in bench's schemas, compile, tuning): ZeRO-1 and
+  (every knob declared with search candidates in bench's schemas, compile, tuning) and the run length
+  (steps, warmup_steps): ZeRO-1 and
   ZeRO-3, or Megatron TP=2 and PP=2, are different strategies; ZeRO-1 with and without CUDA graphs
   are one strategy at two settings.  Per strategy: its **default** (every tuned knob at its schema
-  default, tuning=default) beside its **best** (the fastest completed setting), the gain and the
+  default, tuning=default) beside its **best** (the fastest completed setting, each setting at its
+  longest measurement: a search's later rung re-measures it), the gain and the
   knobs that differ.
 * ``memory_budget_gib``: only runs whose measured peak per device (mem_peak_mb: the CUDA allocator's
   peak, or host RSS on CPU) fits are ranked; the others are listed with their peak.
-* The winner's command: the command it ran with (provenance), as ``python -m bench ...``.
+* The winner's command: the command it ran with (provenance), as the ``python -m bench ...`` that runs
+  its setting once (bench.runs.rerun_command: without the sweep's or search's machinery).
 """
 from __future__ import annotations
 
@@ -21,11 +24,13 @@ from typing import Optional
 
 import pandas as pd
 
+from bench.runs import rerun_command
 from bench.strategies.registry import specs
 from bench.schema import BenchConfig, fields_of
 from multirun_analysis.tables import fmt_value, key_columns, plain
 
 WORKLOAD = ("model", "world_size", "tokens_per_step")
+RUN_LENGTH = ("steps", "warmup_steps")  # how long a setting was measured, not what it is
 
 
 def tuned_knobs() -> dict[str, object]:
@@ -51,7 +56,18 @@ def with_workload(summary: pd.DataFrame) -> pd.DataFrame:
 
 def _identity_cols(s: pd.DataFrame) -> list[str]:
     tuned = tuned_knobs()
-    return [c for c in key_columns(s) if c not in tuned and c not in WORKLOAD and c not in ("global_batch", "seq_len")]
+    return [c for c in key_columns(s) if c not in tuned and c not in WORKLOAD + RUN_LENGTH
+            and c not in ("global_batch", "seq_len")]
+
+
+def _longest_per_setting(g: pd.DataFrame, tuned: dict) -> pd.DataFrame:
+    """One row per setting (the tuned knobs' values): the one measured over the most timed steps (a
+    search's later rung re-measures its survivors for longer; that number replaces the short one)."""
+    timed = pd.to_numeric(g.get("steps"), errors="coerce").fillna(0) - \
+        pd.to_numeric(g.get("warmup_steps"), errors="coerce").fillna(0)
+    setting = pd.DataFrame({c: g[c].map(fmt_value) for c in tuned if c in g.columns}, index=g.index)
+    order = timed.sort_values(ascending=False, kind="stable").index
+    return g.loc[order][~setting.loc[order].duplicated()] if len(setting.columns) else g
 
 
 def _is_default(row: pd.Series, tuned: dict) -> bool:
@@ -68,7 +84,7 @@ def _strategy_name(row: pd.Series, cols: list[str]) -> str:
             continue
         v = plain(row.get(c))
         if c == "zero_stage" and v is not None:
-            parts[0] = f"zero-{v}"
+            parts[0] = f"zero-{fmt_value(v)}"
         elif c in ("tp", "pp") and v not in (None, 1):
             parts.append(f"{c}={v}")
         elif c in ("impl",) and v not in (None, "torch", "deepspeed") and row.get("strategy") in ("tp", "pp"):
@@ -92,7 +108,7 @@ def default_vs_best(summary: pd.DataFrame) -> pd.DataFrame:
     rows = []
     groups = s.groupby([s[c].map(fmt_value) for c in WORKLOAD + tuple(ident) if c in s.columns], sort=False, dropna=False)
     for _, g in groups:
-        g = g.sort_values("tokens_per_s", ascending=False)
+        g = _longest_per_setting(g, tuned).sort_values("tokens_per_s", ascending=False)
         best = g.iloc[0]
         defaults = g[[_is_default(r, tuned) for _, r in g.iterrows()]]
         d = defaults.iloc[0] if len(defaults) else None
@@ -109,14 +125,14 @@ def default_vs_best(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def command_line(cmd: Optional[str]) -> Optional[str]:
-    """A run's recorded command as ``python -m bench ...`` (no interpreter path, no hydra.* folders)."""
+    """A run's recorded command as ``python -m bench ...`` that runs its setting once (bench.runs.rerun_command:
+    no interpreter path, no sweep or search machinery)."""
     if not cmd or not isinstance(cmd, str):
         return None
     words = shlex.split(cmd)
     if "-m" in words:
         words = words[words.index("-m") + 2:]
-    keep = [w for w in words if not w.startswith(("hydra.sweep.", "hydra.run.", "hydra.job.", "--multirun"))]
-    return "python -m bench " + " ".join(shlex.quote(w) for w in keep)
+    return rerun_command(words)
 
 
 def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> list[str]:

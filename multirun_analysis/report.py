@@ -100,7 +100,8 @@ def write_report(out_dir: Path, inputs, runs: pd.DataFrame, summary: pd.DataFram
                    "see [Failed runs](#failed-and-incomplete-runs)."]
     md += ["", "## Each strategy at its defaults and at its best", "",
            "Default: every tuned knob at its schema default (tuning=default); best: the fastest completed setting "
-           "of the same strategy and workload.", "", md_table(answer.default_vs_best(summary), DEFAULT_BEST_MD)]
+           "of the same strategy and workload (a setting measured more than once, e.g. at two rungs of a search, "
+           "at its longest run).", "", md_table(answer.default_vs_best(summary), DEFAULT_BEST_MD)]
     pe = answer.prediction_error(runs)
     if len(pe):
         md += ["## Memory plan against measured peaks", "",

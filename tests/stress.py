@@ -85,7 +85,7 @@ def report(out: Optional[Path], n: int, args: list[str], runs: list[dict], count
     (out / "stress.md").write_text(
         f"# Stress check\n\n`{cmd}`\n\n{machine}; started {time.strftime('%Y-%m-%d %H:%M', time.localtime(t_start))}"
         f"\n\n{summary}\n\n" + "\n".join(lines) + "\n\nPer iteration (seconds, failures):\n\n"
-        + "\n".join(f"- {r['iteration']}: {r['seconds']} s, {r['tests']} tests, failed: "
+        + "\n".join(f"- {r['iteration']}{' (started ' + r['at'] + ')' if 'at' in r else ''}: {r['seconds']} s, {r['tests']} tests, failed: "
                     f"{', '.join(r['failed']) or 'none'}" for r in runs) + "\n")
     (out / "stress.json").write_text(json.dumps({"command": cmd, "machine": machine, "runs": runs, "counts": counts,
                                                  "seconds": time.time() - t_start}, indent=1))
@@ -97,19 +97,29 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("n", type=int, help="how many times to run the selection")
     ap.add_argument("--out", type=Path, help="folder for stress.md, stress.json, failures/, faults.jsonl")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the stress run recorded in --out/stress.json (same selection) up to n iterations")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     a = ap.parse_args(argv[:cut])
     args = argv[cut + 1:] or ["tests"]  # after --: the pytest selection and options
-    if a.out:
-        (a.out / "failures").mkdir(parents=True, exist_ok=True)
-        (a.out / "faults.jsonl").unlink(missing_ok=True)
     counts: dict[str, dict[str, int]] = {}
     runs: list[dict] = []
     t_start = time.time()
+    if a.resume:
+        if not (a.out and (a.out / "stress.json").is_file()):
+            ap.error("--resume needs --out with the stress.json of an earlier run")
+        done = json.loads((a.out / "stress.json").read_text())
+        if not done["command"].endswith(shlex.join(["--", *args])):
+            ap.error(f"--resume: the earlier run's selection differs: {done['command']}")
+        runs, counts, t_start = done["runs"], done["counts"], time.time() - done["seconds"]
+    elif a.out:
+        (a.out / "faults.jsonl").unlink(missing_ok=True)
+    if a.out:
+        (a.out / "failures").mkdir(parents=True, exist_ok=True)
     failed_any = False
     with tempfile.TemporaryDirectory(prefix="bench_stress_") as tmp:
-        for i in range(1, a.n + 1):
+        for i in range(len(runs) + 1, a.n + 1):
             junit = Path(tmp) / f"iter{i}.xml"
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
             if a.out:
@@ -123,7 +133,8 @@ def main(argv=None) -> int:
             bad = sorted(t for t, o in got.items() if o in ("failed", "error"))
             if not got or p.returncode not in (0, 5) and not bad:  # pytest itself failed (collection, crash)
                 bad = bad or [f"pytest exit code {p.returncode}"]
-            runs.append({"iteration": i, "seconds": round(time.time() - t0, 1), "returncode": p.returncode,
+            runs.append({"iteration": i, "at": time.strftime("%Y-%m-%d %H:%M", time.localtime(t0)),
+                         "seconds": round(time.time() - t0, 1), "returncode": p.returncode,
                          "tests": len(got), "failed": bad})
             if bad and a.out:
                 (a.out / "failures" / f"iter{i}.log").write_text(p.stdout[-200_000:] + p.stderr[-50_000:])

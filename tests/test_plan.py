@@ -91,5 +91,13 @@ def test_the_plans_parts_follow_the_layout():
     pp = memory_plan(plan(*base, "strategy=pp", "world_size=2", "microbatches=4p", gpus=2))
     assert tp["parameters_on_rank"] < one["parameters_on_rank"] * 0.6
     assert pp["activations"]["microbatches_in_flight"] == 2 and pp["peak_stage"] in ("first", "last")
+    # ZeRO-3 holds its whole reduce bucket (DeepSpeed allocates reduce_bucket_size elements at start), in the
+    # parameters' dtype, +2 B per element under autocast
+    def z3_buffers(*o):
+        return memory_plan(plan(*base, "strategy=zero", "zero_stage=3", "world_size=8", *o, gpus=8))["buffers_mb"]
+    small = z3_buffers("strategy.reduce_bucket_size=5e7")
+    assert z3_buffers() - small == pytest.approx(4.5e8 * 2 / 2**20, abs=1)
+    assert z3_buffers("strategy.autocast=true") - z3_buffers("strategy.autocast=true", "strategy.reduce_bucket_size=5e7") \
+        == pytest.approx(4.5e8 * 6 / 2**20, abs=1)
     longer = memory_plan(plan(*base, "strategy=single", "model.seq_len=8192", gpus=1))
     assert longer["activations"]["activations_mb"] > 3.5 * one["activations"]["activations_mb"] / 1  # 4x tokens / step

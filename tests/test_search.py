@@ -53,9 +53,13 @@ def test_search_halves_the_candidates_and_names_a_winner(searched):
     assert "[tune] rung 0: 2 trial(s) at 1 warm-up + 2 timed steps" in out
     assert "[tune] rung 1: 1 trial(s) at 1 warm-up + 3 timed steps" in out
     w = base["winner"]
-    assert w["rung"] == 1 and w["name"] in trials and w["tokens_per_s"] > 0
+    assert w["rung"] == 1 and w["name"] in trials and w["tokens_per_s"] > 0 and w["median_step_tokens_per_s"] > 0
+    # the survivor keeps both measurements, the other only rung 0's
+    assert sorted(len(t["measured"]) for t in ran) == [1, 2]
+    # the winner as the command that runs it once: no search preset, rung lengths, resume or hydra folders
     assert base["command"].startswith("python -m bench ") and "strategy=ddp" in base["command"]
-    assert "warmup_steps" not in base["command"] and "hydra." not in base["command"]
+    for word in ("+experiment=tune", "warmup_steps", "steps=", "resume", "hydra."):
+        assert word not in base["command"], base["command"]
     assert sorted(_statuses(sweep).values()) == ["completed"] * 3, _statuses(sweep)
 
 
@@ -66,6 +70,34 @@ def test_analysis_of_a_search_shows_default_beside_best(searched, tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     md = (tmp_path / "report.md").read_text()
     assert "## Each strategy at its defaults and at its best" in md and "python -m bench " in md
+    # rung 1 re-measured one setting for longer: still one strategy, one row, its longer measurement
+    table = md.split("## Each strategy at its defaults and at its best")[1].split("\n## ")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| tiny ")]
+    assert len(rows) == 1 and "| ddp |" in rows[0] and rows[0].rstrip(" |").endswith("2"), table
+    answer = md.split("```bash")[1].split("```")[0]
+    assert "+experiment=tune" not in answer and "steps=" not in answer, answer
+
+
+def _trial(name, status, **measured):
+    return {"name": name, "rung": max((int(r[1:]) for r in measured), default=0), "status": status,
+            "measured": {r[1:]: {"tokens_per_s": v, "median_step_tokens_per_s": v, "dir": name}
+                         for r, v in measured.items()}}
+
+
+def test_winner_is_ranked_where_every_survivor_ran():
+    from bench.sweep.search import winner
+    # rung 1 ran both survivors: the faster there wins, though it was slower at rung 0
+    a, b = _trial("a", "completed", r0=100, r1=90), _trial("b", "completed", r0=95, r1=99)
+    assert winner([a, b, _trial("c", "completed", r0=50)]) == (b, 1)
+    # the budget cut rung 1 short (b pending): rung 1 is not compared; rung 0, where all ran, decides
+    b_cut = {**_trial("b", "pending", r0=105), "rung": 1}
+    assert winner([a, b_cut, _trial("c", "completed", r0=50)]) == (b_cut, 0)
+    # a survivor that failed at rung 1 is out of it, not a reason to fall back
+    b_oom = {**_trial("b", "oom", r0=105), "rung": 1}
+    assert winner([a, b_oom]) == (a, 1)
+    # rung 0 itself cut short: the fastest of what ran
+    assert winner([_trial("c", "completed", r0=50), {**_trial("d", "pending"), "measured": {}}])[0]["name"] == "c"
+    assert winner([{"name": "e", "rung": 0, "status": "invalid"}]) == (None, None)
 
 
 def test_budget_stops_the_search_and_resume_goes_on(tmp_path):
@@ -88,3 +120,13 @@ def test_budget_stops_the_search_and_resume_goes_on(tmp_path):
     assert sorted(st.values()) == ["completed"] * 3, st  # the pending trial ran, then rung 1
     assert {d: t for d, t in _stamps(sweep).items() if d in first} == first  # the completed trial was reused
     assert _tune(sweep)["bases"][0]["winner"]["rung"] == 1
+
+
+def test_the_profile_is_a_candidate_where_it_changes_something(tmp_path):
+    """DDP's profile (compiled CUDA graphs) was measured on one rank: a candidate at world_size=1, where
+    compile=true applies on CPU, and none at 2 ranks, where it applies nothing (the first test's trials)."""
+    p = run_bench("+experiment=tune", "strategy=ddp", "world_size=1", "device=cpu", "precision=fp32", "dry_run=true",
+                  run_dir=tmp_path / "sweep", multirun=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert "precision=fp32 dry_run=True tuning=best warmup_steps=4 steps=10: run" in out, out[-3000:]

@@ -45,8 +45,22 @@ def test_best_skips_what_cannot_apply_on_cpu_and_says_why():
     p = plan("strategy=zero", "zero_stage=1", "world_size=2", "device=cpu", "precision=fp32", "tuning=best",
              "optim.grad_clip=1.0")  # clipping needs the norm: skipped, with the rule's own message
     assert "clipping needs the gradient norm" in p.tuning["skipped"]["strategy.compute_grad_norm"]["reason"]
-    p = plan("strategy=megatron", "world_size=1", "device=cuda", "precision=bf16", "tuning=best", gpus=1)
+    p = plan("strategy=megatron", "world_size=2", "device=cuda", "precision=bf16", "tuning=best", gpus=2)
     assert p.strategy["cuda_graph"] is True and p.strategy["use_distributed_optimizer"] is True
+
+
+def test_best_skips_what_its_measurements_do_not_cover():
+    """A profile entry's own condition: measured where it holds, skipped with the reason where not."""
+    p = plan("strategy=megatron", "world_size=1", "device=cuda", "precision=bf16", "tuning=best", gpus=1)
+    assert p.strategy["cuda_graph"] is True and p.strategy["use_distributed_optimizer"] is False
+    assert "data-parallel size 1" in p.tuning["skipped"]["strategy.use_distributed_optimizer"]["reason"]
+    p = plan("strategy=ddp", "world_size=1", "device=cuda", "precision=bf16", "tuning=best", gpus=1)
+    assert (p.cfg["compile"], p.cfg["compile_mode"]) == (True, "reduce-overhead") and not p.tuning["skipped"]
+    p = plan("strategy=ddp", "world_size=2", "device=cuda", "precision=bf16", "tuning=best", gpus=2)
+    assert (p.cfg["compile"], p.cfg["compile_mode"]) == (False, "default")
+    assert "measured on 1 rank only" in p.tuning["skipped"]["compile"]["reason"]
+    p = plan("strategy=single", "device=cpu", "precision=fp32", "tuning=best")  # CUDA graphs need a GPU
+    assert p.cfg["compile"] is True and "need a GPU" in p.tuning["skipped"]["compile_mode"]["reason"]
 
 
 def test_an_explicit_setting_wins_over_the_profile():
@@ -96,7 +110,7 @@ def test_zero_stage_shorthand_runs_as_typed(single_cpu, bench_run):
     ("strategy=zero", "zero_stage=1", "world_size=2"),  # compute_grad_norm=false applied
     ("strategy=zero", "zero_stage=3", "world_size=2"),  # leaf_blocks applied
     ("strategy=fsdp", "world_size=2", "compile=false"),  # reshard_after_forward=false applied, compile kept
-    ("strategy=ddp", "world_size=2"),  # nothing to apply: its defaults are its best
+    ("strategy=ddp", "world_size=2"),  # nothing applies: its profile was measured on one rank
     ("strategy=pp", "strategy.impl=torch", "world_size=2"),  # cuda_graph skipped (Megatron only)
     ("strategy=tp", "strategy.impl=torch", "world_size=2"),  # cuda_graph skipped (Megatron only)
     ("strategy=single", "compile=false"),  # its profile's compile=true: the command line wins

@@ -3,9 +3,11 @@ batch; gradients all-reduced in buckets overlapped with backward."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from bench.schema import ConfigError, Plan, StrategyConfig, knob
 from bench.strategies.registry import StrategySpec, register
+from bench.strategies.single import REDUCE_OVERHEAD
 from bench.strategies.torch_native import TorchParallel
 
 
@@ -20,6 +22,13 @@ class DDPConfig(StrategyConfig):
     static_graph: bool = knob(False, "DDP may cache the used-parameter set and bucket order after step 1")
     comm_hook: str = knob("none", "bf16_compress | fp16_compress: all-reduce gradients in 16 bit (half the bytes)",
                           choices=("none", "bf16_compress", "fp16_compress"))
+
+
+def _several_ranks(c: dict) -> Optional[str]:
+    if c["world_size"] > 1:
+        return ("measured on 1 rank only: at 2 ranks eager DDP ran at 80-84% of 2 x single, compiled DDP at 60.5% "
+                "of 2 x compiled single (2 x H200, results/2026-11-23-h200x2-zero-fsdp-tp-pp)")
+    return None
 
 
 class DDP(TorchParallel):
@@ -38,7 +47,9 @@ SPEC = register(StrategySpec(
     name="ddp", schema=DDPConfig, summary="torch DistributedDataParallel: replicas, bucketed all-reduce",
     implementation=lambda plan: DDP, rules=rules,
     profiles={"best": {
-        # eager DDP=2 ran at 80-84% of 2 x single on 2 H200s, compiled DDP=2 at 60.5% of 2 x compiled single
-        # (results/2026-11-23-h200x2-zero-fsdp-tp-pp): no knob beat the defaults there
+        # one rank is single's step: single's compiled CUDA-graph profile holds; on several ranks it does not
+        "compile": (True, "1 x H100, 1 rank: gpt2 94.6k -> 156.4k tokens/s, 300m 153.1k -> 195.0k "
+                          "(results/2026-11-25-h100-search-1gpu)", _several_ranks),
+        "compile_mode": ("reduce-overhead", REDUCE_OVERHEAD, _several_ranks),
     }},
 ))

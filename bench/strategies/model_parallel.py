@@ -182,11 +182,22 @@ def _spec(name: str, schema: type, summary: str, profiles: dict) -> StrategySpec
 
 _GRAPHS = ("2 x H200, 300m: Megatron DDP=2 57% -> 79-85% of 2 x one GPU, TP=2 48.5% -> 61-64%, PP=2 m=4p 18% -> "
            "65-68% (results/2026-11-22-h200x2-graphs-timing-teardown, results/2026-11-23-h200x2-zero-fsdp-tp-pp)")
+
+
+def _one_dp_rank(c: dict) -> Optional[str]:
+    """The distributed optimizer shards over data-parallel ranks: with one, it only adds its copies."""
+    s = c["strategy"]
+    if c["world_size"] // (s["tp"] * s["pp"]) == 1:
+        return ("data-parallel size 1: nothing to shard, and it measured slower (1 x H100, 300m 149.4k vs 154.6k "
+                "tokens/s, gpt2 132.2k vs 143.1k without it; results/2026-11-25-h100-search-1gpu)")
+    return None
+
+
 MEGATRON = _spec("megatron", ModelParallelConfig, "megatron-core: DDP by default, any tp x pp x dp layout", {"best": {
     "strategy.cuda_graph": (True, _GRAPHS),
     "strategy.use_distributed_optimizer": (True, "2 x H200, 300m, with CUDA graphs: 84.4-88.8% of 2 x one GPU "
                                                  "against 79.0-80.4% in the same calls "
-                                                 "(results/2026-11-23-h200x2-zero-grad-norm-fsdp)"),
+                                                 "(results/2026-11-23-h200x2-zero-grad-norm-fsdp)", _one_dp_rank),
 }})
 TP = _spec("tp", TPConfig, "tensor parallelism (strategy.tp, default 2): megatron-core or torch DTensor",
            {"best": {"strategy.cuda_graph": (True, _GRAPHS)}})

@@ -53,8 +53,9 @@ class StrategySpec:
     implementation: Callable[[Plan], type]  # the Strategy subclass (bench/strategies/base.py) that runs a plan
     rules: Callable[[Plan], None] = lambda plan: None  # its own cross-field rules; raise ConfigError
     model_states: Callable[[dict], ModelStates] = replicated_states  # memory plan: how it holds model states
-    # tuning profiles (tuning=best): {dotted key: (value, evidence)}; bench/tuning.py applies them
-    profiles: dict[str, dict[str, tuple[Any, str]]] = field(default_factory=dict)
+    # tuning profiles (tuning=best): {dotted key: (value, evidence[, unless(config) -> reason or None])};
+    # bench/tuning.py applies them
+    profiles: dict[str, dict[Any, tuple]] = field(default_factory=dict)
     preload: Callable[[dict], tuple[str, ...]] = lambda strategy_cfg: ()  # fork-server imports (no CUDA calls)
     process_env: Callable[[Plan], dict[str, str]] = lambda plan: {}  # environment needed before CUDA starts
     devices: tuple[str, ...] = ("cpu", "cuda")

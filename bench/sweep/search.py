@@ -4,8 +4,8 @@
 invalid / predicted-OOM records, resume) running successive halving for every configuration the
 command line expands to (a *base*: one strategy, model, world size, ...):
 
-* candidates: the base at its defaults, the base with ``tuning=best`` (the strategy's profile), and
-  every setting one knob away from that profile, over the candidate values each knob declares in its
+* candidates: the base at its defaults, the base with ``tuning=best`` (the strategy's profile, where it
+  changes something for this base), and every setting one knob away from that profile, over the candidate values each knob declares in its
   schema (``knob(..., tune=(...))``; a knob the command line sets is not searched).  Candidates that
   compose to the same run key are one; those that cannot run are recorded ``invalid`` with the reason;
 * rung 0 runs every candidate for ``rungs[0]`` = (warm-up, timed) steps; each later rung runs the best
@@ -31,12 +31,13 @@ from typing import Any, Optional
 
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.strategies.registry import get_spec
-from bench.runs import read_result, scan
+from bench.runs import read_result, rerun_command, scan
 from bench.schema import BenchConfig, fields_of
 from bench.sweep.jobs import Job, override_key
 from bench.sweep.sweeper import BenchSweeper
 
 RESULT = "tune.json"
+ENDED_UNMEASURED = ("failed", "oom", "timeout", "interrupted", "invalid", "skipped")  # a trial out of its rung
 log = logging.getLogger("bench.sweep")
 
 
@@ -61,6 +62,10 @@ def _get(cfg: dict, dotted: str) -> Any:
     for part in dotted.split("."):
         cfg = cfg.get(part) if isinstance(cfg, dict) else None
     return cfg
+
+
+def _untuned(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k != "tuning"}
 
 
 def _fmt(v: Any) -> str:
@@ -98,11 +103,14 @@ class TuneSweeper(BenchSweeper):
         if probe.cfg is None:
             return [("default", base)]
         fixed = {override_key(o) for o in base}
-        spec = get_spec(probe.cfg["strategy"]["name"])
         out = [("default", base)]
-        if spec.profiles.get("best"):
-            out.append(("best", base + ["tuning=best"]))
-        anchor = base + (["tuning=best"] if spec.profiles.get("best") else [])
+        best = Job(num=-1, overrides=base + ["tuning=best"])
+        self._compose(best)
+        # the profile as a candidate where it changes something here (on several ranks, DDP's applies nothing)
+        changes = best.cfg is not None and _untuned(best.cfg) != _untuned(probe.cfg)
+        if changes:
+            out.append(("best", best.overrides))
+        anchor = best.overrides if changes else base
         for key, values, needs in tunables(probe.cfg, fixed):
             for v in values:
                 extra = [f"{k}={_fmt(x)}" for k, x in needs.items() if _get(probe.cfg, k) != x]
@@ -154,14 +162,21 @@ class TuneSweeper(BenchSweeper):
         return []
 
     def _score(self, st: dict, rung: int) -> None:
+        """Read this rung's trials; promote the fastest ``keep`` fraction.  A trial is ranked by its
+        median step (tokens per step / median step time): a short trial's mean carries its slowest steps
+        (a late compile, an allocator warm-up, host jitter) at full weight."""
         ran = [t for t in st["trials"] if t["rung"] == rung]
         for t in ran:
             j = t["job"]
             m = read_json_dict(self.sweep_dir / j.dir / "metrics.json") or {}
             r = read_result(self.sweep_dir / j.dir)
-            t.update(status=r.status if r else "unknown", dir=j.dir,
-                     tokens_per_s=(m.get("throughput") or {}).get("tokens_per_s"))
-        ok = sorted((t for t in ran if t.get("tokens_per_s")), key=lambda t: -t["tokens_per_s"])
+            thr, step = m.get("throughput") or {}, m.get("step_time_s") or {}
+            t.update(status=r.status if r else "unknown", dir=j.dir, tokens_per_s=thr.get("tokens_per_s"))
+            if r and r.status == "completed" and thr.get("tokens_per_step") and step.get("median"):
+                t.setdefault("measured", {})[str(rung)] = {
+                    "tokens_per_s": thr.get("tokens_per_s"), "dir": j.dir,
+                    "median_step_tokens_per_s": thr["tokens_per_step"] / step["median"]}
+        ok = sorted((t for t in ran if str(rung) in t.get("measured", {})), key=lambda t: -_score_at(t, rung))
         n_keep = max(1, math.ceil(len(ok) * self.keep)) if rung + 1 < len(self.rungs) else 0
         for t in ok[:n_keep] if len(ok) > 1 else []:
             t["promoted"] = True
@@ -171,17 +186,37 @@ class TuneSweeper(BenchSweeper):
                "keep": self.keep, "time": time.time(), "bases": []}
         for st in state:
             trials = [{k: v for k, v in t.items() if k not in ("job", "promoted")} for t in st["trials"]]
-            done = [t for t in trials if t.get("tokens_per_s")]
-            top = max(done, key=lambda t: (t["rung"], t["tokens_per_s"])) if done else None
+            top, at = winner(trials)
             entry = {"base": st["base"], "trials": trials, "winner": None, "command": None}
             if top:
                 knobs = [o for o in top["overrides"] if o not in st["base"]]
-                entry["winner"] = {"name": top["name"], "overrides": knobs, "tokens_per_s": top["tokens_per_s"],
-                                   "rung": top["rung"], "dir": top.get("dir")}
-                entry["command"] = "python -m bench " + " ".join(
-                    o for o in st["base"] + knobs if not o.startswith("hydra."))
+                m = top["measured"][str(at)]
+                entry["winner"] = {"name": top["name"], "overrides": knobs, "tokens_per_s": m["tokens_per_s"],
+                                   "median_step_tokens_per_s": m["median_step_tokens_per_s"], "rung": at,
+                                   "dir": m["dir"]}
+                entry["command"] = rerun_command(st["base"] + knobs)
             out["bases"].append(entry)
         write_json_atomic(Path(self.sweep_dir) / RESULT, out)
+
+
+def _score_at(t: dict, rung: int) -> float:
+    return t["measured"][str(rung)]["median_step_tokens_per_s"]
+
+
+def winner(trials: list[dict]) -> tuple[Optional[dict], Optional[int]]:
+    """The fastest trial at the deepest rung that every trial promoted to it ended (a rung the budget
+    cut short is not compared: its survivors are ranked at the rung before, where all of them ran);
+    at rung 0, the fastest of what ran."""
+    deepest = max((int(r) for t in trials for r in t.get("measured", {})), default=None)
+    if deepest is None:
+        return None, None
+    for rung in range(deepest, -1, -1):
+        entered = [t for t in trials if t.get("rung", -1) >= rung]
+        measured = [t for t in entered if str(rung) in t.get("measured", {})]
+        ended = all(str(rung) in t.get("measured", {}) or t.get("status") in ENDED_UNMEASURED for t in entered)
+        if measured and (ended or rung == 0):
+            return max(measured, key=lambda t: _score_at(t, rung)), rung
+    return None, None
 
 
 def log_rung(rung: int, n: int, steps: tuple) -> None:
