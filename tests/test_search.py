@@ -48,10 +48,14 @@ def test_search_halves_the_candidates_and_names_a_winner(searched):
     assert trials["strategy.bucket_cap_mb=25.0"]["duplicate_of"] == "default"
     ran = [t for t in trials.values() if "duplicate_of" not in t]
     assert all(t["status"] == "completed" and t["tokens_per_s"] > 0 for t in ran)
-    # rung 0: both; rung 1 (longer): only the faster one (keep = a third, at least one)
+    # rung 0: both; rung 1 (longer, the last): only the faster one (keep = a third, at least one), twice
     assert sorted(t["rung"] for t in ran) == [0, 1]
     assert "[tune] rung 0: 2 trial(s) at 1 warm-up + 2 timed steps" in out
-    assert "[tune] rung 1: 1 trial(s) at 1 warm-up + 3 timed steps" in out
+    assert "[tune] rung 1: 1 trial(s) at 1 warm-up + 3 timed steps, 2 runs each (the median decides)" in out
+    last = next(t for t in ran if t["rung"] == 1)["measured"]["1"]
+    assert last["runs"] == 2 and len(set(last["dirs"])) == 2
+    seeds = sorted(json.loads((sweep / d / "metrics.json").read_text())["config"]["seed"] for d in last["dirs"])
+    assert seeds == [0, 1]  # a repeat is the same setting with the next seed
     w = base["winner"]
     assert w["rung"] == 1 and w["name"] in trials and w["tokens_per_s"] > 0 and w["median_step_tokens_per_s"] > 0
     # the survivor keeps both measurements, the other only rung 0's
@@ -60,7 +64,7 @@ def test_search_halves_the_candidates_and_names_a_winner(searched):
     assert base["command"].startswith("python -m bench ") and "strategy=ddp" in base["command"]
     for word in ("+experiment=tune", "warmup_steps", "steps=", "resume", "hydra."):
         assert word not in base["command"], base["command"]
-    assert sorted(_statuses(sweep).values()) == ["completed"] * 3, _statuses(sweep)
+    assert sorted(_statuses(sweep).values()) == ["completed"] * 4, _statuses(sweep)
 
 
 def test_analysis_of_a_search_shows_default_beside_best(searched, tmp_path):
@@ -117,7 +121,7 @@ def test_budget_stops_the_search_and_resume_goes_on(tmp_path):
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-3000:]
     st = _statuses(sweep)
-    assert sorted(st.values()) == ["completed"] * 3, st  # the pending trial ran, then rung 1
+    assert sorted(st.values()) == ["completed"] * 4, st  # the pending trial ran, then rung 1 (twice)
     assert {d: t for d, t in _stamps(sweep).items() if d in first} == first  # the completed trial was reused
     assert _tune(sweep)["bases"][0]["winner"]["rung"] == 1
 

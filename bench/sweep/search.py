@@ -5,18 +5,23 @@ invalid / predicted-OOM records, resume) running successive halving for every co
 command line expands to (a *base*: one strategy, model, world size, ...):
 
 * candidates: the base at its defaults, the base with ``tuning=best`` (the strategy's profile, where it
-  changes something for this base), and every setting one knob away from that profile, over the candidate values each knob declares in its
-  schema (``knob(..., tune=(...))``; a knob the command line sets is not searched).  Candidates that
+  changes something for this base), and every setting one knob away from that profile, over the
+  candidate values each knob declares in its schema (``knob(..., tune=(...))``; a knob the command
+  line sets is not searched).  Candidates that
   compose to the same run key are one; those that cannot run are recorded ``invalid`` with the reason;
 * rung 0 runs every candidate for ``rungs[0]`` = (warm-up, timed) steps; each later rung runs the best
-  ``keep`` fraction of the previous one's (by tokens/s) for its own, longer, steps;
+  ``keep`` fraction of the previous one's (by tokens per median step) for its own, longer, steps; the
+  last rung runs each survivor ``repeats`` times (seed, seed + 1, ...: repeats of one setting, as the
+  analysis counts them) and ranks by their median, because one short run of a host-bound setting can
+  be off by far more than the differences a search is after (results/2026-11-25-h100-search-1gpu);
 * it stops starting runs once the runs of this sweep folder have used ``budget_min`` GPU-minutes
   (wall time x world size): the rest stay ``pending``, with the reason;
 * ``resume=true`` in the same sweep folder reuses every completed trial (an interrupted search goes on
   where it stopped); the ranking reads the trials' metrics.json.
 
-It writes ``<sweep dir>/tune.json``: per base, every trial (rung, settings, status, tokens/s) and the
-winner as a ``python -m bench ...`` command line; multirun_analysis reports default vs best.
+It writes ``<sweep dir>/tune.json``: per base, every trial (rung, settings, status, its measurement per
+rung) and the winner (:func:`winner`) as the ``python -m bench ...`` command line that runs it once;
+multirun_analysis reports default vs best.
 Why not Hydra's Optuna sweeper: its trials would bypass bench's plan (run keys, resume, recorded
 invalid and skipped runs), and a grid this small is searched exhaustively at rung 0 anyway.
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -76,11 +82,12 @@ class TuneSweeper(BenchSweeper):
     """Successive halving over each base configuration's knobs (module docstring)."""
 
     def __init__(self, budget_min: float = 15.0, rungs: Optional[list] = None, keep: float = 1 / 3,
-                 **kw) -> None:
+                 repeats: int = 1, **kw) -> None:
         super().__init__(**kw)
         self.budget_min = float(budget_min)
         self.rungs = [tuple(r) for r in (rungs or [[4, 6], [4, 18]])]
         self.keep = float(keep)
+        self.repeats = max(1, int(repeats))
 
     # -- budget
     def spent_min(self) -> float:
@@ -117,10 +124,19 @@ class TuneSweeper(BenchSweeper):
                 out.append((f"{key}={_fmt(v)}", anchor + extra + [f"{key}={_fmt(v)}"]))
         return out
 
-    def _rung_overrides(self, overrides: list[str], rung: int) -> list[str]:
+    def _rung_overrides(self, overrides: list[str], rung: int, repeat: int = 0) -> list[str]:
+        """A trial's overrides at a rung; repeat i > 0 of the last rung runs with the seed + i (the analysis
+        counts runs that differ only in their seed as repeats of one setting)."""
         warm, timed = self.rungs[rung]
-        return [o for o in overrides if override_key(o) not in ("steps", "warmup_steps")] + \
+        out = [o for o in overrides if override_key(o) not in ("steps", "warmup_steps")] + \
             [f"warmup_steps={warm}", f"steps={warm + timed}"]
+        if repeat:
+            seed = next((int(o.split("=", 1)[1]) for o in overrides if override_key(o) == "seed"), 0)
+            out = [o for o in out if override_key(o) != "seed"] + [f"seed={seed + repeat}"]
+        return out
+
+    def _repeats(self, rung: int) -> int:
+        return self.repeats if rung == len(self.rungs) - 1 and rung > 0 else 1
 
     # -- the search
     def sweep(self, arguments: list[str]) -> Any:
@@ -137,21 +153,24 @@ class TuneSweeper(BenchSweeper):
             for st in state:
                 per_base.append(jobs := [])
                 alive = [t for t in st["trials"] if t["rung"] == rung - 1 and t.get("promoted", rung == 0)]
-                planned = self.plan([self._rung_overrides(t["overrides"], rung) for t in alive], first_num=num)
+                n = self._repeats(rung)
+                planned = self.plan([self._rung_overrides(t["overrides"], rung, i) for t in alive for i in range(n)],
+                                    first_num=num)
                 num += len(planned)
-                for t, j in zip(alive, planned):
+                for t, runs in zip(alive, (planned[k:k + n] for k in range(0, len(planned), n))):
+                    j = runs[0]
                     if rung == 0 and j.key in st["seen"]:  # the same run as an earlier candidate
                         t["duplicate_of"] = next(x["name"] for x in st["trials"] if x.get("key") == j.key)
                         continue
                     st["seen"].add(j.key)
-                    t.update(rung=rung, key=j.key, job=j)
-                    jobs.append(j)
+                    t.update(rung=rung, key=j.key, jobs=runs)
+                    jobs.extend(runs)
             # round-robin over the bases (every default, then every best, then the variants): a budget
             # that runs out cuts every strategy's search short, not the last strategies' whole search
             jobs = [j for group in itertools.zip_longest(*per_base) for j in group if j is not None]
             if not jobs:
                 break
-            log_rung(rung, len(jobs), self.rungs[rung])
+            log_rung(rung, len(jobs) // self._repeats(rung), self.rungs[rung], self._repeats(rung))
             self.execute(jobs)
             if self.dry:
                 return []
@@ -167,15 +186,22 @@ class TuneSweeper(BenchSweeper):
         (a late compile, an allocator warm-up, host jitter) at full weight."""
         ran = [t for t in st["trials"] if t["rung"] == rung]
         for t in ran:
-            j = t["job"]
-            m = read_json_dict(self.sweep_dir / j.dir / "metrics.json") or {}
-            r = read_result(self.sweep_dir / j.dir)
-            thr, step = m.get("throughput") or {}, m.get("step_time_s") or {}
-            t.update(status=r.status if r else "unknown", dir=j.dir, tokens_per_s=thr.get("tokens_per_s"))
-            if r and r.status == "completed" and thr.get("tokens_per_step") and step.get("median"):
+            done, statuses = [], []
+            for j in t["jobs"]:
+                m = read_json_dict(self.sweep_dir / j.dir / "metrics.json") or {}
+                r = read_result(self.sweep_dir / j.dir)
+                thr, step = m.get("throughput") or {}, m.get("step_time_s") or {}
+                statuses.append(r.status if r else "unknown")
+                if r and r.status == "completed" and thr.get("tokens_per_step") and step.get("median"):
+                    done.append((thr["tokens_per_step"] / step["median"], thr.get("tokens_per_s"), j.dir))
+            # a trial's status: completed when every run did, else the first run's that did not
+            t.update(status=next((x for x in statuses if x != "completed"), "completed"),
+                     dir=t["jobs"][0].dir, tokens_per_s=statistics.median(d[1] for d in done) if done else None)
+            if done and len(done) == len(statuses):
                 t.setdefault("measured", {})[str(rung)] = {
-                    "tokens_per_s": thr.get("tokens_per_s"), "dir": j.dir,
-                    "median_step_tokens_per_s": thr["tokens_per_step"] / step["median"]}
+                    "median_step_tokens_per_s": statistics.median(d[0] for d in done),
+                    "tokens_per_s": statistics.median(d[1] for d in done), "runs": len(done),
+                    "dir": done[0][2], "dirs": [d[2] for d in done]}
         ok = sorted((t for t in ran if str(rung) in t.get("measured", {})), key=lambda t: -_score_at(t, rung))
         n_keep = max(1, math.ceil(len(ok) * self.keep)) if rung + 1 < len(self.rungs) else 0
         for t in ok[:n_keep] if len(ok) > 1 else []:
@@ -183,9 +209,9 @@ class TuneSweeper(BenchSweeper):
 
     def _write(self, state: list[dict]) -> None:
         out = {"budget_min": self.budget_min, "spent_min": round(self.spent_min(), 2), "rungs": self.rungs,
-               "keep": self.keep, "time": time.time(), "bases": []}
+               "keep": self.keep, "repeats": self.repeats, "time": time.time(), "bases": []}
         for st in state:
-            trials = [{k: v for k, v in t.items() if k not in ("job", "promoted")} for t in st["trials"]]
+            trials = [{k: v for k, v in t.items() if k not in ("jobs", "promoted")} for t in st["trials"]]
             top, at = winner(trials)
             entry = {"base": st["base"], "trials": trials, "winner": None, "command": None}
             if top:
@@ -219,9 +245,9 @@ def winner(trials: list[dict]) -> tuple[Optional[dict], Optional[int]]:
     return None, None
 
 
-def log_rung(rung: int, n: int, steps: tuple) -> None:
-    log.info("[tune] rung %d: %d trial(s) at %d warm-up + %d timed steps",
-                                          rung, n, steps[0], steps[1])
+def log_rung(rung: int, n: int, steps: tuple, repeats: int = 1) -> None:
+    log.info("[tune] rung %d: %d trial(s) at %d warm-up + %d timed steps%s", rung, n, steps[0], steps[1],
+             f", {repeats} runs each (the median decides)" if repeats > 1 else "")
 
 
 def read_tune(sweep_dir: Path) -> Optional[dict]:
