@@ -170,23 +170,22 @@ def activation_bytes(plan: Plan) -> dict[str, Any]:
 def buffer_bytes(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
     """Communication / gather buffers the strategy allocates beside the model states."""
     s, name = plan.strategy, plan.strategy["name"]
+    # ZeRO's gradients (and ZeRO-3's gathered parameters) are in the parameters' dtype: fp32 under autocast
+    zero_bytes = 4 if plan.cfg["precision"] == "fp32" or s.get("autocast") else 2
     if name == "zero" and s["zero_stage"] in (1, 2) and plan.dp_size >= 1:
-        gb = 2 if plan.cfg["precision"] != "fp32" and not s["autocast"] else 4
         n = min(float(s["reduce_bucket_size"]), psi)
         note = "ZeRO reduce bucket (min(reduce_bucket_size, parameters) x gradient bytes)"
         if s["overlap_comm"]:
             note += ("; not counted: overlap_comm's second bucket, up to 2 x reduce_bucket_size x gradient bytes more "
                      "(measured +3.7 GiB on gpt2, nothing on 300m: results/2026-11-25-h100-search-1gpu)")
-        return n * gb, note
+        return n * zero_bytes, note
     if name == "zero" and s["zero_stage"] == 3:
-        # parameters are gathered and gradients bucketed in the parameters' dtype (fp32 under autocast);
         # DeepSpeed 0.19.8 allocates the reduce bucket whole at start (stage3.py: torch.empty(reduce_bucket_size)),
         # and under autocast 2 more bytes per bucket element showed (1 x H100, 300m and gpt2, buckets 5e7 and 5e8:
         # results/2026-11-25-h100-search-1gpu)
-        pb = 4 if plan.cfg["precision"] == "fp32" or s["autocast"] else 2
         n = min(float(s["prefetch_bucket_size"]) + per_block, psi)
-        bucket = float(s["reduce_bucket_size"]) * (pb + (2 if s["autocast"] else 0))
-        return n * pb + bucket, ("ZeRO-3 gathered parameters (prefetch bucket + one block) and the whole reduce "
+        bucket = float(s["reduce_bucket_size"]) * (zero_bytes + (2 if s["autocast"] else 0))
+        return n * zero_bytes + bucket, ("ZeRO-3 gathered parameters (prefetch bucket + one block) and the whole reduce "
                                  "bucket (reduce_bucket_size elements), in the parameters' dtype")
     if name == "fsdp" and s["reshard_after_forward"]:
         unit = per_block * s["blocks_per_unit"]

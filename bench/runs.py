@@ -34,6 +34,11 @@ ATTEMPTS = ".attempts"
 SEARCH_EXPERIMENT = "+experiment=tune"  # the knob search's preset: its trials' run lengths are its rungs'
 
 
+def override_key(override: str) -> str:
+    """The dotted key an override string sets ("+strategy.x=1" -> "strategy.x")."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
 def rerun_command(overrides: list[str]) -> str:
     """``python -m bench ...`` for one setting: a sweep's or search's overrides without their machinery
     (hydra.* folders, --multirun, resume, the search's preset and its rung lengths: a winner found at
@@ -43,7 +48,7 @@ def rerun_command(overrides: list[str]) -> str:
             if not o.startswith(("hydra.sweep.", "hydra.run.", "hydra.job.", "hydra.sweeper.", "--multirun", "-m",
                                  "resume="))
             and o != SEARCH_EXPERIMENT
-            and not (trial and o.split("=", 1)[0] in ("steps", "warmup_steps"))]
+            and not (trial and override_key(o) in ("steps", "warmup_steps"))]
     return " ".join(["python -m bench", *map(shlex.quote, keep)])
 
 

@@ -9,7 +9,8 @@ fastest and the evidence (a results/ folder).  Applied in order, each entry is:
 * ``skipped`` when the run would not validate with it (a CUDA-only knob on CPU, a ZeRO-3-only knob at
   stage 1, ``compute_grad_norm=false`` with clipping, ...): the validation message is the reason; or
   when the entry's own condition says the measurement does not hold for this layout (an optional third
-  element, ``unless(config) -> reason or None``: e.g. a distributed optimizer at data-parallel size 1);
+  element, ``unless(plan) -> reason or None`` over the validated layout: e.g. a distributed optimizer at
+  data-parallel size 1);
 * ``applied`` otherwise.
 
 None of the profile knobs changes what is trained (tests: tuning=best matches single's losses).
@@ -52,7 +53,8 @@ def _default_of(key: str, strategy_schema: type) -> Any:
 
 
 def apply_profile(c: dict, spec, check: Callable[[dict], Any], explicit: Iterable[str] = ()) -> tuple[dict, dict]:
-    """(config with the profile applied, record); ``check(config)`` raises ConfigError when it cannot run."""
+    """(config with the profile applied, record); ``check(config)`` returns its Plan or raises ConfigError
+    when it cannot run."""
     name = c.get("tuning", "default")
     profile = spec.profiles.get(name)
     if profile is None:
@@ -74,8 +76,8 @@ def apply_profile(c: dict, spec, check: Callable[[dict], Any], explicit: Iterabl
         for k, v in zip(keys, values):
             _set(trial, k, v)
         try:
-            check(trial)
-            why_not = unless[0](trial) if unless else None
+            plan = check(trial)
+            why_not = unless[0](plan) if unless else None
         except ConfigError as e:
             why_not = str(e)
         if why_not:

@@ -24,8 +24,8 @@ class DDPConfig(StrategyConfig):
                           choices=("none", "bf16_compress", "fp16_compress"))
 
 
-def _several_ranks(c: dict) -> Optional[str]:
-    if c["world_size"] > 1:
+def _several_ranks(plan: Plan) -> Optional[str]:
+    if plan.world_size > 1:
         return ("measured on 1 rank only: at 2 ranks eager DDP ran at 80-84% of 2 x single, compiled DDP at 60.5% "
                 "of 2 x compiled single (2 x H200, results/2026-11-23-h200x2-zero-fsdp-tp-pp)")
     return None

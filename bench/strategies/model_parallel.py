@@ -184,10 +184,9 @@ _GRAPHS = ("2 x H200, 300m: Megatron DDP=2 57% -> 79-85% of 2 x one GPU, TP=2 48
            "65-68% (results/2026-11-22-h200x2-graphs-timing-teardown, results/2026-11-23-h200x2-zero-fsdp-tp-pp)")
 
 
-def _one_dp_rank(c: dict) -> Optional[str]:
+def _one_dp_rank(plan: Plan) -> Optional[str]:
     """The distributed optimizer shards over data-parallel ranks: with one, it only adds its copies."""
-    s = c["strategy"]
-    if c["world_size"] // (s["tp"] * s["pp"]) == 1:
+    if plan.dp_size == 1:
         return ("data-parallel size 1: nothing to shard, and it measured slower (1 x H100, 300m 149.4k vs 154.6k "
                 "tokens/s, gpt2 132.2k vs 143.1k without it; results/2026-11-25-h100-search-1gpu)")
     return None

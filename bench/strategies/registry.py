@@ -53,7 +53,7 @@ class StrategySpec:
     implementation: Callable[[Plan], type]  # the Strategy subclass (bench/strategies/base.py) that runs a plan
     rules: Callable[[Plan], None] = lambda plan: None  # its own cross-field rules; raise ConfigError
     model_states: Callable[[dict], ModelStates] = replicated_states  # memory plan: how it holds model states
-    # tuning profiles (tuning=best): {dotted key: (value, evidence[, unless(config) -> reason or None])};
+    # tuning profiles (tuning=best): {dotted key: (value, evidence[, unless(plan) -> reason or None])};
     # bench/tuning.py applies them
     profiles: dict[str, dict[Any, tuple]] = field(default_factory=dict)
     preload: Callable[[dict], tuple[str, ...]] = lambda strategy_cfg: ()  # fork-server imports (no CUDA calls)

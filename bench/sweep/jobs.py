@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from bench.config import validate
 from bench.memory_model import fits, memory_plan
 from bench.metrics import identity
-from bench.runs import run_key
+from bench.runs import override_key, run_key
 from bench.schema import ConfigError
 from bench.sweep.cost import CostModel, fmt_s, history_records
 
@@ -39,11 +39,6 @@ class Job:
         return {"num": self.num, "dir": self.dir, "key": self.key, "action": self.action, "reason": self.reason,
                 "overrides": [o for o in self.overrides if not o.startswith("hydra.sweep.subdir=")],
                 **self.ident, "estimate_s": self.estimate_s}
-
-
-def override_key(override: str) -> str:
-    """The dotted key an override string sets ("+strategy.x=1" -> "strategy.x")."""
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def expand(parser: OverridesParser, arguments: Sequence[str]) -> list[list[str]]:

@@ -37,9 +37,9 @@ from typing import Any, Optional
 
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.strategies.registry import get_spec
-from bench.runs import read_result, rerun_command, scan
+from bench.runs import override_key, read_result, rerun_command, scan
 from bench.schema import BenchConfig, fields_of
-from bench.sweep.jobs import Job, override_key
+from bench.sweep.jobs import Job
 from bench.sweep.sweeper import BenchSweeper
 
 RESULT = "tune.json"
@@ -150,10 +150,10 @@ class TuneSweeper(BenchSweeper):
             state.append({"base": base, "trials": trials, "seen": set()})
         for rung in range(len(self.rungs)):
             per_base: list[list[Job]] = []
+            n = self._repeats(rung)
             for st in state:
                 per_base.append(jobs := [])
                 alive = [t for t in st["trials"] if t["rung"] == rung - 1 and t.get("promoted", rung == 0)]
-                n = self._repeats(rung)
                 planned = self.plan([self._rung_overrides(t["overrides"], rung, i) for t in alive for i in range(n)],
                                     first_num=num)
                 num += len(planned)
@@ -170,7 +170,7 @@ class TuneSweeper(BenchSweeper):
             jobs = [j for group in itertools.zip_longest(*per_base) for j in group if j is not None]
             if not jobs:
                 break
-            log_rung(rung, len(jobs) // self._repeats(rung), self.rungs[rung], self._repeats(rung))
+            log_rung(rung, len(jobs) // n, self.rungs[rung], n)
             self.execute(jobs)
             if self.dry:
                 return []
