@@ -45,7 +45,8 @@ FRAGMENTATION = 0.10  # reserved / allocated - 1 allowed for
 CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS workspace, NCCL buffers
 # the plan's error against measured peaks: -8.2% to +9.0% over 12 Llama runs on one H100
 # (results/2026-11-25-h100-llama-plan-profiles); 94 of 118 300m / gpt2 runs within 10%, the rest -33% to +18%
-# (ZeRO-1/2 with autocast or overlap_comm, gpt2's logits; results/2026-11-25-h100-search-1gpu).  A plan this
+# (ZeRO-1/2 with autocast or overlap_comm, gpt2's logits; results/2026-11-25-h100-search-1gpu), 106 of 137 on
+# one H200, the same cases outside (results/2026-11-25-h200-search-1gpu).  A plan this
 # close to the limit is called tight
 TIGHT = 0.10
 # offload: the host holds the offloaded states of every rank of the node, plus each rank's own process

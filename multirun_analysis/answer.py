@@ -8,9 +8,9 @@
   (steps, warmup_steps): ZeRO-1 and
   ZeRO-3, or Megatron TP=2 and PP=2, are different strategies; ZeRO-1 with and without CUDA graphs
   are one strategy at two settings.  Per strategy: its **default** (every tuned knob at its schema
-  default, tuning=default) beside its **best** (the fastest completed setting, each setting at its
-  longest measurement: a search's later rung re-measures it), the gain and the
-  knobs that differ.
+  default, tuning=default) beside its **best** (the fastest of the settings measured over the most
+  timed steps, each setting at its longest measurement: a search's later rung re-measures it), the
+  gain and the knobs that differ.
 * ``memory_budget_gib``: only runs whose measured peak per device (mem_peak_mb: the CUDA allocator's
   peak, or host RSS on CPU) fits are ranked; the others are listed with their peak.
 * The winner's command: the command it ran with (provenance), as the ``python -m bench ...`` that runs
@@ -60,14 +60,27 @@ def _identity_cols(s: pd.DataFrame) -> list[str]:
             and c not in ("global_batch", "seq_len")]
 
 
+def _timed_steps(g: pd.DataFrame) -> pd.Series:
+    return pd.to_numeric(g.get("steps"), errors="coerce").fillna(0) - \
+        pd.to_numeric(g.get("warmup_steps"), errors="coerce").fillna(0)
+
+
 def _longest_per_setting(g: pd.DataFrame, tuned: dict) -> pd.DataFrame:
     """One row per setting (the tuned knobs' values): the one measured over the most timed steps (a
     search's later rung re-measures its survivors for longer; that number replaces the short one)."""
-    timed = pd.to_numeric(g.get("steps"), errors="coerce").fillna(0) - \
-        pd.to_numeric(g.get("warmup_steps"), errors="coerce").fillna(0)
+    timed = _timed_steps(g)
     setting = pd.DataFrame({c: g[c].map(fmt_value) for c in tuned if c in g.columns}, index=g.index)
     order = timed.sort_values(ascending=False, kind="stable").index
     return g.loc[order][~setting.loc[order].duplicated()] if len(setting.columns) else g
+
+
+def _best(g: pd.DataFrame) -> pd.Series:
+    """The fastest of the settings measured over the most timed steps: a setting measured only over
+    fewer (a search's first rung: one short run) is not ranked against them, where host jitter alone
+    moves a short run by more than the differences a search separates.  The knob search's winner
+    (bench.sweep.search.winner) is chosen by the same rule, so tune.json and this report agree."""
+    timed = _timed_steps(g)
+    return g[timed == timed.max()].sort_values("tokens_per_s", ascending=False).iloc[0]
 
 
 def _is_default(row: pd.Series, tuned: dict) -> bool:
@@ -109,7 +122,7 @@ def default_vs_best(summary: pd.DataFrame) -> pd.DataFrame:
     groups = s.groupby([s[c].map(fmt_value) for c in WORKLOAD + tuple(ident) if c in s.columns], sort=False, dropna=False)
     for _, g in groups:
         g = _longest_per_setting(g, tuned).sort_values("tokens_per_s", ascending=False)
-        best = g.iloc[0]
+        best = _best(g)
         defaults = g[[_is_default(r, tuned) for _, r in g.iterrows()]]
         d = defaults.iloc[0] if len(defaults) else None
         differ = [f"{c}={fmt_value(best[c])}" for c in tuned if c in g.columns and d is not None
@@ -120,7 +133,9 @@ def default_vs_best(summary: pd.DataFrame) -> pd.DataFrame:
                      "gain": best["tokens_per_s"] / d["tokens_per_s"] if d is not None else math.nan,
                      "knobs_that_differ": ", ".join(differ) if d is not None else "(no default run)",
                      "best_mem_peak_mb": best.get("mem_peak_mb"), "best_mfu": best.get("mfu"),
-                     "command": best.get("command"), "n_settings": len(g)})
+                     "command": best.get("command"), "n_settings": len(g),
+                     "best_measured": f"{_timed_steps(g.loc[[best.name]]).iloc[0]:.0f} timed steps x "
+                                      f"{fmt_value(best.get('n_runs'))} run(s)"})
     return pd.DataFrame(rows)
 
 

@@ -74,7 +74,7 @@ DEFAULT_BEST_MD = [("model", "model", str), ("world_size", "GPUs", "{:g}"), ("to
                    ("strategy_id", "strategy", str), ("default_tokens_per_s", "default tokens/s", "{:,.0f}"),
                    ("best_tokens_per_s", "best tokens/s", "{:,.0f}"), ("gain", "gain ×", "{:.2f}"),
                    ("knobs_that_differ", "best differs in", str), ("best_mem_peak_mb", "best peak MiB", "{:,.0f}"),
-                   ("n_settings", "settings run", "{:g}")]
+                   ("best_measured", "best measured over", str), ("n_settings", "settings run", "{:g}")]
 PREDICTION_MD = [("strategy", "strategy", str), ("runs", "runs", "{:g}"), ("median_error_pct", "median error %", "{:+.1f}"),
                  ("min_error_pct", "min %", "{:+.1f}"), ("max_error_pct", "max %", "{:+.1f}"),
                  ("within_10pct", "within ±10%", "{:g}")]
@@ -100,8 +100,9 @@ def write_report(out_dir: Path, inputs, runs: pd.DataFrame, summary: pd.DataFram
                    "see [Failed runs](#failed-and-incomplete-runs)."]
     md += ["", "## Each strategy at its defaults and at its best", "",
            "Default: every tuned knob at its schema default (tuning=default); best: the fastest completed setting "
-           "of the same strategy and workload (a setting measured more than once, e.g. at two rungs of a search, "
-           "at its longest run).", "", md_table(answer.default_vs_best(summary), DEFAULT_BEST_MD)]
+           "of the same strategy and workload among those measured over the most timed steps (a setting measured "
+           "more than once, e.g. at two rungs of a search, at its longest run; one measured only shorter is not "
+           "ranked against them).", "", md_table(answer.default_vs_best(summary), DEFAULT_BEST_MD)]
     pe = answer.prediction_error(runs)
     if len(pe):
         md += ["## Memory plan against measured peaks", "",

@@ -56,6 +56,8 @@ def test_ddp_plan_splits_batch_and_accumulates():
     (["precision=fp8"], 0, "precision"),
     (["model.n_heads=3"], 0, "model.n_heads"),
     (["strategy=ddp", "strategy.bucket_cap_mb=0"], 0, "strategy.bucket_cap_mb"),
+    (["strategy=ddp", "world_size=1", "strategy.bucket_cap_mb=100"], 0, "strategy.bucket_cap_mb"),  # one replica
+    (["strategy=ddp", "world_size=1", "strategy.static_graph=true"], 0, "strategy.static_graph"),
     (["start_method=fork"], 0, "start_method"),
     (["cpu_affinity=numa"], 0, "cpu_affinity"),
     (["metrics.step_timing=cupti"], 0, "metrics.step_timing"),

@@ -80,6 +80,9 @@ def test_analysis_of_a_search_shows_default_beside_best(searched, tmp_path):
     assert len(rows) == 1 and "| ddp |" in rows[0] and rows[0].rstrip(" |").endswith("2"), table
     answer = md.split("```bash")[1].split("```")[0]
     assert "+experiment=tune" not in answer and "steps=" not in answer, answer
+    # the report's best is tune.json's winner (both: the fastest at the longest measurement)
+    assert sorted(answer.split()) == sorted(_tune(sweep)["bases"][0]["command"].split()), answer
+    assert "3 timed steps x 2 run(s)" in rows[0], rows[0]
 
 
 def _trial(name, status, **measured):
@@ -88,20 +91,22 @@ def _trial(name, status, **measured):
                          for r, v in measured.items()}}
 
 
-def test_winner_is_ranked_where_every_survivor_ran():
+def test_winner_is_the_fastest_at_the_deepest_rung_measured():
     from bench.sweep.search import winner
     # rung 1 ran both survivors: the faster there wins, though it was slower at rung 0
     a, b = _trial("a", "completed", r0=100, r1=90), _trial("b", "completed", r0=95, r1=99)
     assert winner([a, b, _trial("c", "completed", r0=50)]) == (b, 1)
-    # the budget cut rung 1 short (b pending): rung 1 is not compared; rung 0, where all ran, decides
+    # the budget left b pending at rung 1: its one short rung-0 run is not ranked against a's rung 1
     b_cut = {**_trial("b", "pending", r0=105), "rung": 1}
-    assert winner([a, b_cut, _trial("c", "completed", r0=50)]) == (b_cut, 0)
-    # a survivor that failed at rung 1 is out of it, not a reason to fall back
-    b_oom = {**_trial("b", "oom", r0=105), "rung": 1}
-    assert winner([a, b_oom]) == (a, 1)
+    assert winner([a, b_cut, _trial("c", "completed", r0=50)]) == (a, 1)
     # rung 0 itself cut short: the fastest of what ran
     assert winner([_trial("c", "completed", r0=50), {**_trial("d", "pending"), "measured": {}}])[0]["name"] == "c"
     assert winner([{"name": "e", "rung": 0, "status": "invalid"}]) == (None, None)
+    # the winner is the report's: by timed-window tokens/s, though the median step ranks the other first
+    f = {**_trial("f", "completed", r0=100, r1=100)}
+    f["measured"]["1"]["median_step_tokens_per_s"] = 120
+    g = _trial("g", "completed", r0=100, r1=110)
+    assert winner([f, g]) == (g, 1)
 
 
 def test_budget_stops_the_search_and_resume_goes_on(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from bench.schema import ConfigError, Plan, StrategyConfig, knob
+from bench.schema import ConfigError, Plan, StrategyConfig, fields_of, knob
 from bench.strategies.registry import StrategySpec, register
 from bench.strategies.single import REDUCE_OVERHEAD
 from bench.strategies.torch_native import TorchParallel
@@ -39,6 +39,11 @@ def rules(plan: Plan) -> None:
     s = plan.strategy
     if s["bucket_cap_mb"] <= 0:
         raise ConfigError("strategy.bucket_cap_mb", s["bucket_cap_mb"], "must be > 0")
+    if plan.dp_size == 1:  # one replica: DDP wraps nothing and the step is single's, so these knobs would not run
+        for name, f in fields_of(DDPConfig).items():
+            if name != "name" and s[name] != f.default:
+                raise ConfigError(f"strategy.{name}", s[name], f"does nothing at world_size=1 (one replica: DDP "
+                                  f"wraps nothing, the step is single's); use world_size > 1 or {f.default}")
     if s["comm_hook"] == "bf16_compress" and plan.device != "cuda":
         raise ConfigError("strategy.comm_hook", s["comm_hook"], "needs NCCL (a GPU); on CPU use none or fp16_compress")
 

@@ -188,7 +188,8 @@ def _one_dp_rank(plan: Plan) -> Optional[str]:
     """The distributed optimizer shards over data-parallel ranks: with one, it only adds its copies."""
     if plan.dp_size == 1:
         return ("data-parallel size 1: nothing to shard, and it measured slower (1 x H100, 300m 149.4k vs 154.6k "
-                "tokens/s, gpt2 132.2k vs 143.1k without it; results/2026-11-25-h100-search-1gpu)")
+                "tokens/s, gpt2 132.2k vs 143.1k without it; results/2026-11-25-h100-search-1gpu; 1 x H200, 300m 163.8k vs "
+                "172.4k; results/2026-11-25-h200-search-1gpu)")
     return None
 
 

@@ -25,7 +25,8 @@ def rules(plan: Plan) -> None:
 
 # CUDA graphs of the compiled step: the launch cost a small step is bound by goes (CUDA only; skipped on CPU)
 REDUCE_OVERHEAD = ("1 x H100, compiled: gpt2 119.5k -> 242.3k tokens/s, 300m 193.5k -> 197.4k "
-                   "(results/2026-11-25-h100-search-1gpu)")
+                   "(results/2026-11-25-h100-search-1gpu); 1 x H200, gpt2 fp16 133.3k -> 217.2k, 300m "
+                   "208.9k -> 210.2k (results/2026-11-25-h200-search-1gpu)")
 
 
 SPEC = register(StrategySpec(

@@ -12,8 +12,8 @@ command line expands to (a *base*: one strategy, model, world size, ...):
 * rung 0 runs every candidate for ``rungs[0]`` = (warm-up, timed) steps; each later rung runs the best
   ``keep`` fraction of the previous one's (by tokens per median step) for its own, longer, steps; the
   last rung runs each survivor ``repeats`` times (seed, seed + 1, ...: repeats of one setting, as the
-  analysis counts them) and ranks by their median, because one short run of a host-bound setting can
-  be off by far more than the differences a search is after (results/2026-11-25-h100-search-1gpu);
+  analysis counts them) and the winner is the fastest by their median tokens/s, because one short run
+  of a host-bound setting can be off by far more than the differences a search is after (results/2026-11-25-h100-search-1gpu);
 * it stops starting runs once the runs of this sweep folder have used ``budget_min`` GPU-minutes
   (wall time x world size): the rest stay ``pending``, with the reason;
 * ``resume=true`` in the same sweep folder reuses every completed trial (an interrupted search goes on
@@ -43,7 +43,6 @@ from bench.sweep.jobs import Job
 from bench.sweep.sweeper import BenchSweeper
 
 RESULT = "tune.json"
-ENDED_UNMEASURED = ("failed", "oom", "timeout", "interrupted", "invalid", "skipped")  # a trial out of its rung
 log = logging.getLogger("bench.sweep")
 
 
@@ -197,7 +196,7 @@ class TuneSweeper(BenchSweeper):
             # a trial's status: completed when every run did, else the first run's that did not
             t.update(status=next((x for x in statuses if x != "completed"), "completed"),
                      dir=t["jobs"][0].dir, tokens_per_s=statistics.median(d[1] for d in done) if done else None)
-            if done and len(done) == len(statuses):
+            if done:  # the median of the repeats that completed, as the analysis takes it (a budget cut the rest)
                 t.setdefault("measured", {})[str(rung)] = {
                     "median_step_tokens_per_s": statistics.median(d[0] for d in done),
                     "tokens_per_s": statistics.median(d[1] for d in done), "runs": len(done),
@@ -230,19 +229,17 @@ def _score_at(t: dict, rung: int) -> float:
 
 
 def winner(trials: list[dict]) -> tuple[Optional[dict], Optional[int]]:
-    """The fastest trial at the deepest rung that every trial promoted to it ended (a rung the budget
-    cut short is not compared: its survivors are ranked at the rung before, where all of them ran);
-    at rung 0, the fastest of what ran."""
+    """The fastest trial at the deepest rung any trial was measured at (a trial measured only at an
+    earlier rung, one short run, is not ranked against it: host jitter alone moves a short run by more
+    than the differences a search separates; a survivor the budget left pending is the resumed search's
+    to measure).  Fastest by timed-window tokens/s, median over its repeats: multirun_analysis picks a
+    strategy's best by the same rule (answer._best), so that tune.json and the report name the same
+    winner; the median step only decides promotion, where a short trial's slowest steps weigh most."""
     deepest = max((int(r) for t in trials for r in t.get("measured", {})), default=None)
     if deepest is None:
         return None, None
-    for rung in range(deepest, -1, -1):
-        entered = [t for t in trials if t.get("rung", -1) >= rung]
-        measured = [t for t in entered if str(rung) in t.get("measured", {})]
-        ended = all(str(rung) in t.get("measured", {}) or t.get("status") in ENDED_UNMEASURED for t in entered)
-        if measured and (ended or rung == 0):
-            return max(measured, key=lambda t: _score_at(t, rung)), rung
-    return None, None
+    measured = [t for t in trials if str(deepest) in t.get("measured", {})]
+    return max(measured, key=lambda t: t["measured"][str(deepest)]["tokens_per_s"] or 0), deepest
 
 
 def log_rung(rung: int, n: int, steps: tuple, repeats: int = 1) -> None:
