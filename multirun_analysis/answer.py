@@ -179,7 +179,7 @@ def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> 
                         if not math.isnan(r["default_tokens_per_s"]) else
                         f"best {r['best_tokens_per_s']:,.0f} (no default run to compare)")
                 out.append(f"    {i}. {r['strategy_id']}: {100 * r['best_tokens_per_s'] / w['best_tokens_per_s']:.0f}% "
-                           f"of the winner; {gain}; peak {_mib(r['best_mem_peak_mb'])}")
+                           f"of the winner; {gain}; peak {_mib(r['best_mem_peak_mb'])}; measured over {r['best_measured']}")
         for _, r in over.iterrows():
             out.append(f"    - does not fit {memory_budget_gib:g} GiB: {r['strategy_id']} (peak "
                        f"{_mib(r['best_mem_peak_mb'])})")

@@ -47,3 +47,16 @@ def test_memory_budget_and_the_command_line(sweep, tmp_path):
     md = (tmp_path / "b" / "report.md").read_text()
     assert "(within 64 GiB)" in md and "python -m bench " in md and "strategy=ddp" in md and "world_size=2" in md
     assert "## Each strategy at its defaults and at its best" in md
+
+
+def test_best_is_ranked_among_the_longest_measurements_only():
+    """A search's rung-0 loser measured once over 6 steps is not ranked above settings measured over 18
+    (bench.sweep.search.winner uses the same rule, so tune.json and the report agree)."""
+    import pandas as pd
+
+    from multirun_analysis.answer import _best
+
+    g = pd.DataFrame({"label": ["short", "long-a", "long-b"], "steps": [10, 22, 22], "warmup_steps": [4, 4, 4],
+                      "tokens_per_s": [211.0, 210.0, 209.0], "n_runs": [1, 2, 2]})
+    assert _best(g)["label"] == "long-a"
+    assert _best(g.iloc[[0]])["label"] == "short"  # nothing longer: the short one is the best there is

@@ -43,6 +43,9 @@ def test_gpt2_preset_and_overrides():
 def test_ddp_plan_splits_batch_and_accumulates():
     plan = validate(cfg("strategy=ddp", "world_size=2", "strategy.micro_batch_size=2"), gpus=0)
     assert (plan.dp_size, plan.micro_batch_size, plan.grad_accum) == (2, 2, 2)  # tiny: global batch 8
+    # one replica: DDP's own knobs are refused (below), accumulation is not: it still runs
+    plan = validate(cfg("strategy=ddp", "world_size=1", "strategy.micro_batch_size=2", "tuning=best"), gpus=0)
+    assert (plan.dp_size, plan.micro_batch_size, plan.grad_accum) == (1, 2, 4)
 
 
 @pytest.mark.parametrize("overrides,gpus,key", [

@@ -92,13 +92,14 @@ def _trial(name, status, **measured):
 
 
 def test_winner_is_the_fastest_at_the_deepest_rung_measured():
-    from bench.sweep.search import winner
+    from bench.sweep.search import unmeasured_survivors, winner
     # rung 1 ran both survivors: the faster there wins, though it was slower at rung 0
     a, b = _trial("a", "completed", r0=100, r1=90), _trial("b", "completed", r0=95, r1=99)
     assert winner([a, b, _trial("c", "completed", r0=50)]) == (b, 1)
     # the budget left b pending at rung 1: its one short rung-0 run is not ranked against a's rung 1
     b_cut = {**_trial("b", "pending", r0=105), "rung": 1}
     assert winner([a, b_cut, _trial("c", "completed", r0=50)]) == (a, 1)
+    assert unmeasured_survivors([a, b_cut], 1) == ["b"]  # tune.json names it: the winner was not compared with b
     # rung 0 itself cut short: the fastest of what ran
     assert winner([_trial("c", "completed", r0=50), {**_trial("d", "pending"), "measured": {}}])[0]["name"] == "c"
     assert winner([{"name": "e", "rung": 0, "status": "invalid"}]) == (None, None)
@@ -107,6 +108,14 @@ def test_winner_is_the_fastest_at_the_deepest_rung_measured():
     f["measured"]["1"]["median_step_tokens_per_s"] = 120
     g = _trial("g", "completed", r0=100, r1=110)
     assert winner([f, g]) == (g, 1)
+
+
+def test_rungs_must_time_more_steps_each(tmp_path):
+    p = run_bench(*SEARCH[:-1], "hydra.sweeper.rungs=[[1,3],[2,3]]", run_dir=tmp_path / "sweep", multirun=True,
+                  timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "hydra.sweeper.rungs" in out and "must exceed the rung before" in out, out[-2000:]
+    assert not list((tmp_path / "sweep").glob("*/metrics.json"))  # refused before any run
 
 
 def test_budget_stops_the_search_and_resume_goes_on(tmp_path):

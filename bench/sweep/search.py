@@ -38,7 +38,7 @@ from typing import Any, Optional
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.strategies.registry import get_spec
 from bench.runs import override_key, read_result, rerun_command, scan
-from bench.schema import BenchConfig, fields_of
+from bench.schema import BenchConfig, ConfigError, fields_of
 from bench.sweep.jobs import Job
 from bench.sweep.sweeper import BenchSweeper
 
@@ -85,6 +85,11 @@ class TuneSweeper(BenchSweeper):
         super().__init__(**kw)
         self.budget_min = float(budget_min)
         self.rungs = [tuple(r) for r in (rungs or [[4, 6], [4, 18]])]
+        timed = [r[1] for r in self.rungs]
+        if any(b <= a for a, b in zip(timed, timed[1:])):
+            raise ConfigError("hydra.sweeper.rungs", [list(r) for r in self.rungs],
+                              "each rung's timed steps (its second number) must exceed the rung before: the winner "
+                              "and the report compare settings at their longest measurement")
         self.keep = float(keep)
         self.repeats = max(1, int(repeats))
 
@@ -218,7 +223,7 @@ class TuneSweeper(BenchSweeper):
                 m = top["measured"][str(at)]
                 entry["winner"] = {"name": top["name"], "overrides": knobs, "tokens_per_s": m["tokens_per_s"],
                                    "median_step_tokens_per_s": m["median_step_tokens_per_s"], "rung": at,
-                                   "dir": m["dir"]}
+                                   "dir": m["dir"], "not_compared_with": unmeasured_survivors(trials, at)}
                 entry["command"] = rerun_command(st["base"] + knobs)
             out["bases"].append(entry)
         write_json_atomic(Path(self.sweep_dir) / RESULT, out)
@@ -239,7 +244,18 @@ def winner(trials: list[dict]) -> tuple[Optional[dict], Optional[int]]:
     if deepest is None:
         return None, None
     measured = [t for t in trials if str(deepest) in t.get("measured", {})]
-    return max(measured, key=lambda t: t["measured"][str(deepest)]["tokens_per_s"] or 0), deepest
+    return max(measured, key=lambda t: _finite(t["measured"][str(deepest)]["tokens_per_s"])), deepest
+
+
+def _finite(x: Optional[float]) -> float:
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else -1.0
+
+
+def unmeasured_survivors(trials: list[dict], rung: int) -> list[str]:
+    """Trials promoted to ``rung`` that have no measurement there (the budget left them pending): the
+    winner at that rung was not compared with them."""
+    return [t["name"] for t in trials if t.get("rung", -1) >= rung and str(rung) not in t.get("measured", {})
+            and t.get("status") == "pending"]
 
 
 def log_rung(rung: int, n: int, steps: tuple, repeats: int = 1) -> None:
