@@ -100,6 +100,10 @@ def test_winner_is_the_fastest_at_the_deepest_rung_measured():
     b_cut = {**_trial("b", "pending", r0=105), "rung": 1}
     assert winner([a, b_cut, _trial("c", "completed", r0=50)]) == (a, 1)
     assert unmeasured_survivors([a, b_cut], 1) == ["b"]  # tune.json names it: the winner was not compared with b
+    # a survivor that failed at rung 1 is out of it, not a reason to fall back
+    b_oom = {**_trial("b", "oom", r0=105), "rung": 1}
+    assert winner([a, b_oom]) == (a, 1)
+    assert unmeasured_survivors([a, b_oom], 1) == []  # it ended there: nothing left to compare with
     # rung 0 itself cut short: the fastest of what ran
     assert winner([_trial("c", "completed", r0=50), {**_trial("d", "pending"), "measured": {}}])[0]["name"] == "c"
     assert winner([{"name": "e", "rung": 0, "status": "invalid"}]) == (None, None)

@@ -39,9 +39,10 @@ def rules(plan: Plan) -> None:
     s = plan.strategy
     if s["bucket_cap_mb"] <= 0:
         raise ConfigError("strategy.bucket_cap_mb", s["bucket_cap_mb"], "must be > 0")
-    if plan.dp_size == 1:  # one replica: DDP wraps nothing and the step is single's, so these knobs would not run
-        for name, f in fields_of(DDPConfig).items():  # DDP's own knobs (micro_batch_size still accumulates)
-            if name not in fields_of(StrategyConfig) and s[name] != f.default:
+    if plan.dp_size == 1:  # one replica: DDP wraps nothing and the step is single's, so its own knobs would not run
+        common = fields_of(StrategyConfig)  # (micro_batch_size still accumulates)
+        for name, f in fields_of(DDPConfig).items():
+            if name not in common and s[name] != f.default:
                 raise ConfigError(f"strategy.{name}", s[name], f"does nothing at world_size=1 (one replica: DDP "
                                   f"wraps nothing, the step is single's); use world_size > 1 or {f.default}")
     if s["comm_hook"] == "bf16_compress" and plan.device != "cuda":

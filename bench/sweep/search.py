@@ -13,7 +13,8 @@ command line expands to (a *base*: one strategy, model, world size, ...):
   ``keep`` fraction of the previous one's (by tokens per median step) for its own, longer, steps; the
   last rung runs each survivor ``repeats`` times (seed, seed + 1, ...: repeats of one setting, as the
   analysis counts them) and the winner is the fastest by their median tokens/s, because one short run
-  of a host-bound setting can be off by far more than the differences a search is after (results/2026-11-25-h100-search-1gpu);
+  of a host-bound setting can be off by far more than the differences a search is after
+  (results/2026-11-25-h100-search-1gpu);
 * it stops starting runs once the runs of this sweep folder have used ``budget_min`` GPU-minutes
   (wall time x world size): the rest stay ``pending``, with the reason;
 * ``resume=true`` in the same sweep folder reuses every completed trial (an interrupted search goes on
