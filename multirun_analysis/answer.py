@@ -11,6 +11,11 @@
   default, tuning=default) beside its **best** (the fastest of the settings measured over the most
   timed steps, each setting at its longest measurement: a search's later rung re-measures it), the
   gain and the knobs that differ.
+* **Ties**: a strategy whose best setting's repeats overlap the winner's (its fastest run is at least
+  the winner's slowest; both measured at least twice) is marked a tie: the order between them is
+  run-to-run noise (one program measured three times on one H200 spread +-2.2%, repeats of one
+  host-bound setting 10%: results/2026-11-25-h200-search-1gpu).  With one run the spread is unknown
+  and nothing is marked.
 * ``memory_budget_gib``: only runs whose measured peak per device (mem_peak_mb: the CUDA allocator's
   peak, or host RSS on CPU) fits are ranked; the others are listed with their peak.
 * The winner's command: the command it ran with (provenance), as the ``python -m bench ...`` that runs
@@ -130,6 +135,8 @@ def default_vs_best(summary: pd.DataFrame) -> pd.DataFrame:
         rows.append({**{c: best.get(c) for c in WORKLOAD}, "strategy_id": _strategy_name(best, ident),
                      "default_tokens_per_s": d["tokens_per_s"] if d is not None else math.nan,
                      "best_tokens_per_s": best["tokens_per_s"], "best_label": best.get("label"),
+                     "best_tokens_per_s_min": best.get("tokens_per_s_min", math.nan),
+                     "best_tokens_per_s_max": best.get("tokens_per_s_max", math.nan), "best_n_runs": best.get("n_runs"),
                      "gain": best["tokens_per_s"] / d["tokens_per_s"] if d is not None else math.nan,
                      "knobs_that_differ": ", ".join(differ) if d is not None else "(no default run)",
                      "best_mem_peak_mb": best.get("mem_peak_mb"), "best_mfu": best.get("mfu"),
@@ -137,6 +144,16 @@ def default_vs_best(summary: pd.DataFrame) -> pd.DataFrame:
                      "best_measured": f"{_timed_steps(g.loc[[best.name]]).iloc[0]:.0f} timed steps x "
                                       f"{fmt_value(best.get('n_runs'))} run(s)"})
     return pd.DataFrame(rows)
+
+
+def ties_with(r: pd.Series, w: pd.Series) -> bool:
+    """Whether ``r``'s best and the winner ``w``'s best are within each other's run-to-run spread: both
+    measured over at least two runs, and r's fastest run at least w's slowest."""
+    n = pd.to_numeric(pd.Series([r.get("best_n_runs"), w.get("best_n_runs")]), errors="coerce")
+    if not (n >= 2).all():
+        return False
+    return bool(pd.to_numeric(pd.Series([r.get("best_tokens_per_s_max")]), errors="coerce").iloc[0]
+                >= pd.to_numeric(pd.Series([w.get("best_tokens_per_s_min")]), errors="coerce").iloc[0])
 
 
 def command_line(cmd: Optional[str]) -> Optional[str]:
@@ -167,9 +184,12 @@ def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> 
             out.append(f"- {head}: no strategy fits {memory_budget_gib:g} GiB per GPU.")
         else:
             w = fits.iloc[0]
+            tied = [r["strategy_id"] for _, r in fits.iloc[1:].iterrows() if ties_with(r, w)]
             out.append(f"- {head}: use **{w['strategy_id']}** ({w['best_label']}), {w['best_tokens_per_s']:,.0f} "
                        f"tokens/s, peak {_mib(w['best_mem_peak_mb'])} per device"
-                       + (f" (within {memory_budget_gib:g} GiB)" if budget else "") + ":")
+                       + (f" (within {memory_budget_gib:g} GiB)" if budget else "")
+                       + (f"; ties with {', '.join(tied)} (the repeats overlap: their order is run-to-run noise)"
+                          if tied else "") + ":")
             cmd = command_line(w["command"])
             if cmd:
                 out += ["", "  ```bash", f"  {cmd}", "  ```", ""]
@@ -178,8 +198,10 @@ def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> 
                         f"({r['gain']:.2f}x; {r['knobs_that_differ'] or 'the default is the best'})"
                         if not math.isnan(r["default_tokens_per_s"]) else
                         f"best {r['best_tokens_per_s']:,.0f} (no default run to compare)")
+                tie = " (a tie: its repeats overlap the winner's)" if i > 1 and r["strategy_id"] in tied else ""
                 out.append(f"    {i}. {r['strategy_id']}: {100 * r['best_tokens_per_s'] / w['best_tokens_per_s']:.0f}% "
-                           f"of the winner; {gain}; peak {_mib(r['best_mem_peak_mb'])}; measured over {r['best_measured']}")
+                           f"of the winner{tie}; {gain}; peak {_mib(r['best_mem_peak_mb'])}; "
+                           f"measured over {r['best_measured']}")
         for _, r in over.iterrows():
             out.append(f"    - does not fit {memory_budget_gib:g} GiB: {r['strategy_id']} (peak "
                        f"{_mib(r['best_mem_peak_mb'])})")

@@ -35,6 +35,7 @@ def test_workloads_are_never_ranked_together_and_default_sits_beside_best(sweep)
         assert ma.answer.command_line(r["command"]).startswith("python -m bench ")
     lines = "\n".join(ma.ranked(s))
     assert lines.count("use **ddp**") == 2 and "1024 tokens per step" in lines and "2048 tokens per step" in lines
+    assert "a tie" not in lines and "ties with" not in lines  # one run per setting: the spread is unknown, nothing is called a tie
 
 
 def test_memory_budget_and_the_command_line(sweep, tmp_path):
@@ -60,3 +61,21 @@ def test_best_is_ranked_among_the_longest_measurements_only():
                       "tokens_per_s": [211.0, 210.0, 209.0], "n_runs": [1, 2, 2]})
     assert _best(g)["label"] == "long-a"
     assert _best(g.iloc[[0]])["label"] == "short"  # nothing longer: the short one is the best there is
+
+
+def test_a_tie_is_where_the_repeats_overlap():
+    """The answer calls a strategy tied with the winner only where both were measured at least twice and
+    the repeats overlap (the recorded H200 search: 300m single 210,070-210,292 and 1-rank DDP
+    210,055-210,076 tokens/s, one program measured twice each)."""
+    import pandas as pd
+
+    from multirun_analysis.answer import ties_with
+
+    def best(lo, hi, n):
+        return pd.Series({"best_tokens_per_s_min": lo, "best_tokens_per_s_max": hi, "best_n_runs": n})
+
+    winner = best(210_070, 210_292, 2)
+    assert ties_with(best(210_055, 210_076, 2), winner)
+    assert not ties_with(best(200_148, 200_810, 2), winner)  # zero-0: 95% and apart
+    assert not ties_with(best(210_100, 210_100, 1), winner)  # one run: its spread is unknown
+    assert not ties_with(best(210_055, 210_076, 2), best(210_070, 210_070, 1))
