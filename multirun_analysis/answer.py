@@ -149,11 +149,8 @@ def default_vs_best(summary: pd.DataFrame) -> pd.DataFrame:
 def ties_with(r: pd.Series, w: pd.Series) -> bool:
     """Whether ``r``'s best and the winner ``w``'s best are within each other's run-to-run spread: both
     measured over at least two runs, and r's fastest run at least w's slowest."""
-    n = pd.to_numeric(pd.Series([r.get("best_n_runs"), w.get("best_n_runs")]), errors="coerce")
-    if not (n >= 2).all():
-        return False
-    return bool(pd.to_numeric(pd.Series([r.get("best_tokens_per_s_max")]), errors="coerce").iloc[0]
-                >= pd.to_numeric(pd.Series([w.get("best_tokens_per_s_min")]), errors="coerce").iloc[0])
+    twice = _num(r.get("best_n_runs")) >= 2 and _num(w.get("best_n_runs")) >= 2
+    return bool(twice and _num(r.get("best_tokens_per_s_max")) >= _num(w.get("best_tokens_per_s_min")))
 
 
 def command_line(cmd: Optional[str]) -> Optional[str]:
@@ -208,8 +205,13 @@ def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> 
     return out
 
 
+def _num(x) -> float:
+    """A table cell as a number (NaN where it is none)."""
+    return float(pd.to_numeric(x, errors="coerce"))
+
+
 def _mib(x) -> str:
-    x = pd.to_numeric(pd.Series([x]), errors="coerce").iloc[0]
+    x = _num(x)
     return "n/a" if math.isnan(x) else f"{x / 1024:,.1f} GiB"
 
 
