@@ -5,7 +5,7 @@ Hydra composes ``conf/`` over the dataclasses of bench/schema.py and of each str
 live in one place), so an unknown key or a wrong type fails at composition.  ``validate`` then
 applies every cross-field rule and returns a :class:`Plan`: the shared rules here, the layout
 rules of strategies that split the model, then the strategy's own (``StrategySpec.rules``).
-With ``tuning=best`` it first applies the strategy's profile (bench/tuning.py).  Errors name the
+With ``tuning=best`` it first applies the strategy's profile (bench/tuning_profiles.py).  Errors name the
 key, the value and what would be valid, and are raised before any process is spawned.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench.layout import resolve_microbatches, resolve_schedule
+from bench.layout_rules import check_split
 from bench.loggers import check as check_logger
 from bench.schema import (BenchConfig, ConfigError, LoggerConfig, ModelConfig, Plan, check_choice, check_positive,
                           fields_of)
@@ -125,7 +125,7 @@ def validate(cfg: DictConfig | dict, gpus: Optional[int] = None, explicit: Itera
     c = _apply_shorthands(c, spec)
     gpus = cuda_device_count() if gpus is None else gpus
     if c.get("tuning", "default") != "default":
-        from bench.tuning import apply_profile
+        from bench.tuning_profiles import apply_profile
 
         _check_choices(c, spec)
         c, record = apply_profile(c, spec, lambda trial: _validate(trial, spec, gpus), explicit)
@@ -227,61 +227,6 @@ def _layout(c: dict, spec: StrategySpec, device: str) -> Plan:
                           f"must divide the per-rank batch {per_rank} (= global_batch {gb} / dp {dp})")
     plan = Plan(cfg=c, device=device, backend="nccl" if device == "cuda" else "gloo", world_size=ws,
                 tp=tp, pp=pp, dp_size=dp, micro_batch_size=mbs, grad_accum=per_rank // mbs)
-    if "tp" in s:
-        _split_model_rules(plan)
+    if "tp" in s:  # a strategy that splits the model: its shapes, schedule and micro-batches (bench/layout_rules.py)
+        check_split(plan)
     return plan
-
-
-def _split_model_rules(plan: Plan) -> None:
-    """Shapes that tensor / pipeline parallelism split evenly, the pipeline schedule, and
-    ``strategy.microbatches`` resolved into plan.micro_batch_size / plan.grad_accum."""
-    s, m = plan.strategy, plan.model
-    tp, pp, dp = plan.tp, plan.pp, plan.dp_size
-    kv = m.get("n_kv_heads") or m["n_heads"]
-    if m["n_heads"] % tp:
-        raise ConfigError("strategy.tp", tp, f"must divide model.n_heads={m['n_heads']} (attention heads are split over tp)")
-    if kv % tp:
-        raise ConfigError("strategy.tp", tp, f"must divide model.n_kv_heads={kv} (key/value heads are split over tp)")
-    if m["d_ff"] % tp:
-        raise ConfigError("strategy.tp", tp, f"must divide model.d_ff={m['d_ff']} (the MLP is split over tp)")
-    v = s.get("virtual_pipeline", 1)
-    check_positive("strategy.virtual_pipeline", v)
-    if v > 1 and pp == 1:
-        raise ConfigError("strategy.virtual_pipeline", v, "interleaved stages need strategy.pp > 1; use virtual_pipeline=1")
-    if m["n_layers"] % (pp * v):
-        raise ConfigError("strategy.pp", pp, f"strategy.pp x strategy.virtual_pipeline = {pp} x {v} = {pp * v} "
-                          f"stages must divide model.n_layers={m['n_layers']}")
-    sched = resolve_schedule(s.get("schedule", "auto"), v)
-    if sched == "interleaved_1f1b" and v < 2:
-        raise ConfigError("strategy.schedule", sched, "needs strategy.virtual_pipeline >= 2 (model chunks per "
-                          "pipeline rank); or use schedule=1f1b / gpipe")
-    if sched in ("gpipe", "1f1b") and v > 1:
-        raise ConfigError("strategy.schedule", sched, f"runs one stage per rank, but strategy.virtual_pipeline={v}; "
-                          "use schedule=interleaved_1f1b (or auto), or virtual_pipeline=1")
-    if pp > 1 and m.get("tie_embeddings") and s.get("impl", "torch") == "torch":
-        raise ConfigError("model.tie_embeddings", True, "the torch-native pipeline cannot share the embedding between "
-                          "its first and last stage; use model.tie_embeddings=false, strategy.pp=1, or "
-                          "strategy.impl=megatron")
-    per_rank = m["global_batch"] // dp
-    if s.get("microbatches") is not None:
-        try:
-            n_micro = resolve_microbatches(s["microbatches"], pp)
-        except ValueError:
-            raise ConfigError("strategy.microbatches", s["microbatches"],
-                              'must be "p", "<k>p" (k x strategy.pp), a positive integer, or null') from None
-        if per_rank % n_micro:
-            raise ConfigError("strategy.microbatches", s["microbatches"],
-                              f"= {n_micro} micro-batches must divide the per-data-parallel-rank batch {per_rank} "
-                              f"(= model.global_batch {m['global_batch']} / dp {dp}); use fewer micro-batches "
-                              "or a larger model.global_batch")
-        mbs = per_rank // n_micro
-        if s.get("micro_batch_size") not in (None, mbs):
-            raise ConfigError("strategy.micro_batch_size", s["micro_batch_size"],
-                              f"conflicts with strategy.microbatches={s['microbatches']} ({n_micro} micro-batches "
-                              f"of {mbs}); set only one of them")
-        plan.micro_batch_size, plan.grad_accum = mbs, n_micro
-    if sched == "interleaved_1f1b" and s.get("impl", "torch") == "torch" and \
-            plan.grad_accum % max(1, plan.grad_accum // pp):
-        raise ConfigError("strategy.microbatches", s["microbatches"],
-                          f"torch's interleaved 1F1B needs the number of micro-batches ({plan.grad_accum}) to be a "
-                          f"multiple of its rounds max(1, {plan.grad_accum} // pp)")

@@ -36,7 +36,7 @@ import os
 from typing import Any, Optional
 
 from bench.metrics.flops import param_groups
-from bench.strategies.registry import get_spec
+from bench.strategies.registry import ModelStates, get_spec
 from bench.schema import Plan
 
 GIB = 2**30
@@ -85,9 +85,8 @@ def params_per_rank(plan: Plan, tp_splits_vocab: bool) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------ model states
-def model_state_bytes(plan: Plan, psi: float) -> tuple[dict, dict, Any]:
-    """(device bytes, host bytes, ModelStates) of this rank's model states, psi parameters on it."""
-    lay = get_spec(plan.strategy["name"]).model_states(plan.cfg)
+def model_state_bytes(plan: Plan, psi: float, lay: ModelStates) -> tuple[dict, dict]:
+    """(device bytes, host bytes) of this rank's model states held as ``lay`` says, psi parameters on it."""
     bp, bg, bo = BYTES_PER_PARAM[lay.scheme]
     dp, stage = plan.dp_size, lay.stage
     size = {"params": bp * psi / (dp if stage >= 3 else 1), "grads": bg * psi / (dp if stage >= 2 else 1),
@@ -99,29 +98,26 @@ def model_state_bytes(plan: Plan, psi: float) -> tuple[dict, dict, Any]:
         device["params"] += (4 if lay.scheme == "fp32" else 2) * psi
     if lay.host_fp32_grad_partition:  # DeepSpeed optimizer offload: the fp32 gradient partition on the host
         host["grads"] += 4 * psi / dp
-    return device, host, lay
+    return device, host
 
 
 # ------------------------------------------------------------------------------ activations
-def _act_dtypes(plan: Plan) -> tuple[int, int, int]:
+def _act_dtypes(plan: Plan, lay) -> tuple[int, int, int]:
     """(bytes of a saved activation, bytes of a norm input, projection-input copies per consumer (1: one
     16-bit cast per projection under autocast, 0: one shared tensor)) for how this run computes."""
-    prec, s = plan.cfg["precision"], plan.strategy
-    if prec == "fp32":
+    if plan.cfg["precision"] == "fp32":
         return 4, 4, 0
-    sixteen_bit_model = (s["name"] == "fsdp" or (s["name"] == "zero" and not s.get("autocast"))
-                         or s.get("impl") == "megatron")
-    return (2, 2, 0) if sixteen_bit_model else (2, 4, 1)
+    return (2, 2, 0) if lay.sixteen_bit_weights else (2, 4, 1)
 
 
-def layer_activation_bytes(plan: Plan, b: int) -> dict[str, float]:
+def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
     """Saved activations of one transformer layer for a micro-batch of b sequences (module docstring)."""
     m, tp = plan.model, plan.tp
     s, d, ff = m["seq_len"], m["d_model"], m["d_ff"]
     hd = d // m["n_heads"]
     q, kv = m["n_heads"] * hd, (m.get("n_kv_heads") or m["n_heads"]) * hd
     llama = m.get("arch", "gpt") == "llama"
-    act, norm_in, per_consumer = _act_dtypes(plan)
+    act, norm_in, per_consumer = _act_dtypes(plan, lay)
     attn_consumers, mlp_consumers = 3, (2 if llama else 1)
     tokens = s * b
     # replicated over tp: the two norms' inputs and the projections' inputs
@@ -148,9 +144,9 @@ def in_flight_microbatches(plan: Plan) -> int:
     return min(m, plan.pp)
 
 
-def activation_bytes(plan: Plan) -> dict[str, Any]:
+def activation_bytes(plan: Plan, lay) -> dict[str, Any]:
     m, b = plan.model, plan.micro_batch_size
-    layer = layer_activation_bytes(plan, b)
+    layer = layer_activation_bytes(plan, b, lay)
     layers = m["n_layers"] / plan.pp
     k = in_flight_microbatches(plan)
     mode = plan.cfg["recompute"]
@@ -160,40 +156,10 @@ def activation_bytes(plan: Plan) -> dict[str, Any]:
     else:
         per_mb = layers * layer["bytes"]
         total = k * per_mb
-    s_impl = plan.strategy.get("impl")
-    vocab = m["vocab_size"] / (plan.tp if s_impl == "megatron" else 1)
+    vocab = m["vocab_size"] / (plan.tp if lay.tp_splits_vocab else 1)
     logits = b * m["seq_len"] * vocab * (12 if plan.cfg["precision"] == "fp32" else 10)
     return {"layers_on_rank": layers, "microbatches_in_flight": k, "per_layer_per_microbatch": layer["bytes"],
             "recompute": mode, "activations": total, "logits": logits}
-
-
-# ------------------------------------------------------------------------------ buffers
-def buffer_bytes(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
-    """Communication / gather buffers the strategy allocates beside the model states."""
-    s, name = plan.strategy, plan.strategy["name"]
-    # ZeRO's gradients (and ZeRO-3's gathered parameters) are in the parameters' dtype: fp32 under autocast
-    zero_bytes = 4 if plan.cfg["precision"] == "fp32" or s.get("autocast") else 2
-    if name == "zero" and s["zero_stage"] in (1, 2) and plan.dp_size >= 1:
-        n = min(float(s["reduce_bucket_size"]), psi)
-        note = "ZeRO reduce bucket (min(reduce_bucket_size, parameters) x gradient bytes)"
-        if s["overlap_comm"]:
-            note += ("; not counted: overlap_comm's second bucket, up to 2 x reduce_bucket_size x gradient bytes more "
-                     "(measured +3.7 GiB on gpt2, nothing on 300m: results/2026-11-25-h100-search-1gpu)")
-        return n * zero_bytes, note
-    if name == "zero" and s["zero_stage"] == 3:
-        # DeepSpeed 0.19.8 allocates the reduce bucket whole at start (stage3.py: torch.empty(reduce_bucket_size)),
-        # and under autocast 2 more bytes per bucket element showed (1 x H100, 300m and gpt2, buckets 5e7 and 5e8:
-        # results/2026-11-25-h100-search-1gpu)
-        n = min(float(s["prefetch_bucket_size"]) + per_block, psi)
-        bucket = float(s["reduce_bucket_size"]) * (zero_bytes + (2 if s["autocast"] else 0))
-        return n * zero_bytes + bucket, ("ZeRO-3 gathered parameters (prefetch bucket + one block) and the whole reduce "
-                                 "bucket (reduce_bucket_size elements), in the parameters' dtype")
-    if name == "fsdp" and s["reshard_after_forward"]:
-        unit = per_block * s["blocks_per_unit"]
-        cb = 4 if plan.cfg["precision"] == "fp32" else 2
-        return (2 + s["prefetch"]) * unit * cb + unit * 4, \
-            "FSDP2: gathered units (current + next + prefetch) and one unit's unsharded gradients"
-    return 0.0, ""
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -230,14 +196,15 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
     """The predicted memory of the largest rank of a plan (module docstring), in MiB, with its parts."""
     from bench.metrics.flops import flops_per_token, total_params
 
-    s = plan.strategy
-    ranks = params_per_rank(plan, tp_splits_vocab=s.get("impl") == "megatron")
+    spec = get_spec(plan.strategy["name"])
+    lay = spec.model_states(plan.cfg)
+    ranks = params_per_rank(plan, tp_splits_vocab=lay.tp_splits_vocab)
     psi = ranks["params"]
-    device, host, lay = model_state_bytes(plan, psi)
-    act = activation_bytes(plan)
+    device, host = model_state_bytes(plan, psi, lay)
+    act = activation_bytes(plan, lay)
     per_block = ranks["blocks"] / max(1, plan.model["n_layers"] / plan.pp)
-    buf, buf_note = buffer_bytes(plan, psi, per_block)
-    grads_live = plan.grad_accum > 1 or plan.pp > 1 or s["name"] == "zero"
+    buf, buf_note = spec.buffers(plan, psi, per_block)
+    grads_live = plan.grad_accum > 1 or plan.pp > 1 or lay.grads_live
     grads = device["grads"]
     transient = max(act["activations"] + act["logits"] + (grads if grads_live else 0), grads)
     allocated = device["params"] + device["optimizer"] + transient + buf

@@ -76,7 +76,8 @@ class ModelConfig:
     """The model every strategy trains; batch and sequence belong to the model preset."""
 
     name: str = MISSING
-    arch: str = knob("gpt", "gpt: LayerNorm, GELU MLP, learned positions, biases (the seed paper's GPT); llama: "
+    arch: str = knob("gpt", "gpt: LayerNorm, GELU MLP, learned positions, biases (the GPT of Akbulut et al., 'Distributed Training "
+                     "Strategies on Commodity Hardware'); llama: "
                      "RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention, no biases",
                      choices=("gpt", "llama"), added=True)
     d_model: int = MISSING
@@ -213,7 +214,7 @@ class Plan:
     dp_size: int  # data-parallel replicas: world_size / (tp * pp)
     micro_batch_size: int  # sequences per micro-batch on one data-parallel rank
     grad_accum: int  # micro-batches per optimizer step on one data-parallel rank
-    tuning: Optional[dict] = None  # tuning=best: what the profile applied and skipped (bench/tuning.py)
+    tuning: Optional[dict] = None  # tuning=best: what the profile applied and skipped (bench/tuning_profiles.py)
     memory: Optional[dict] = None  # the memory plan (bench/memory_model.py), made before launch, recorded by rank 0
 
     def to_dict(self) -> dict:

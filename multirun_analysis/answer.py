@@ -30,7 +30,7 @@ from typing import Optional
 import pandas as pd
 
 from bench.runs import rerun_command
-from bench.strategies.registry import specs
+from bench.strategies.registry import knob_text, specs
 from bench.schema import BenchConfig, fields_of
 from multirun_analysis.tables import fmt_value, key_columns, plain
 
@@ -96,23 +96,16 @@ def _is_default(row: pd.Series, tuned: dict) -> bool:
 
 
 def _strategy_name(row: pd.Series, cols: list[str]) -> str:
-    parts = [str(row.get("strategy"))]
-    for c in cols:
-        if c in ("strategy", "model", "world_size"):
-            continue
-        v = plain(row.get(c))
-        if c == "zero_stage" and v is not None:
-            parts[0] = f"zero-{fmt_value(v)}"
-        elif c in ("tp", "pp") and v not in (None, 1):
-            parts.append(f"{c}={v}")
-        elif c in ("impl",) and v not in (None, "torch", "deepspeed") and row.get("strategy") in ("tp", "pp"):
-            parts.append(f"impl={v}")
-        elif c in ("offload_optimizer", "offload_param") and v not in (None, "none"):
-            parts.append(f"{c}={v}")
-        elif c in ("cpu_offload",) and v is True:
-            parts.append("cpu_offload")
-        elif c == "recompute" and v not in (None, "none"):
-            parts.append(f"recompute={v}")
+    """The strategy's own words for its varying knobs (StrategySpec.label), then the layout and recompute."""
+    name = str(row.get("strategy"))
+    varying = {c: plain(row.get(c)) for c in cols if c not in ("strategy", "model", "world_size")}
+    spec = specs().get(name)
+    parts = spec.label(name, varying) if spec is not None else [name]
+    for c in ("tp", "pp"):
+        if varying.get(c) not in (None, 1):
+            parts.append(f"{c}={knob_text(varying[c])}")
+    if varying.get("recompute") not in (None, "none"):
+        parts.append(f"recompute={varying['recompute']}")
     return " ".join(parts)
 
 

@@ -3,7 +3,7 @@
 Figures are built with ``matplotlib.figure.Figure`` on an Agg canvas, not pyplot: no global
 state, no display needed (headless CI), and a notebook shows the returned figure once.
 A plot whose data is absent raises :class:`NoDataError` with the reason; ``make_plots``
-turns that into a note, so a sweep without ZeRO runs simply has no ZeRO plot.
+turns that into a note, so a sweep without ZeRO runs simply has no variants plot.
 """
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from bench.strategies.registry import specs
 from multirun_analysis.summarize import variant_labels
+from multirun_analysis.tables import plain
 
 GPU_AXIS = "GPUs (world_size ranks)"
 
@@ -155,29 +157,32 @@ def _bars(ax, cats: list[str], series: dict[str, dict[str, float]], ylabel: str,
     ax.grid(alpha=0.3, axis="y")
 
 
-def plot_zero_stages(summary: pd.DataFrame) -> Figure:
-    """ZeRO stage (and offload) comparison: throughput and peak memory, bars per GPU count."""
-    if summary is None or "strategy" not in summary or "zero_stage" not in summary:
-        raise NoDataError("no ZeRO runs (strategy=zero) in the summary")
-    z = summary[(summary["strategy"] == "zero") & summary["zero_stage"].notna()].copy()
-    if z.empty:
-        raise NoDataError("no ZeRO runs (strategy=zero) in the summary")
-
-    def cat(r):
-        off = [f"{c.replace('offload_', 'offload ')}→{r[c]}" for c in ("offload_optimizer", "offload_param")
-               if c in r and pd.notna(r[c]) and str(r[c]) not in ("none", "False")]
-        return f"stage {int(r['zero_stage'])}" + ("".join(" " + o for o in off))
-    z["_cat"] = z.apply(cat, axis=1)
-    models = list(dict.fromkeys(z["model"].map(str)))
-    fig, axes = _figure(2 * len(models), per_row=2)
-    for k, model in enumerate(models):
-        m = z[z["model"].map(str) == model]
+def plot_variants(summary: pd.DataFrame) -> Figure:
+    """Each strategy's variants (those whose spec declares ``variants_figure``, e.g. ZeRO's stages):
+    throughput and peak memory, bars per GPU count, a pair of panels per (strategy, model)."""
+    figures = {n: s.variants_figure for n, s in specs().items() if s.variants_figure}
+    if summary is None or "strategy" not in summary:
+        raise NoDataError("no runs in the summary")
+    panels = []
+    for name, (knob, title) in figures.items():
+        if knob not in summary:
+            continue
+        z = summary[(summary["strategy"] == name) & summary[knob].notna()].copy()
+        if z.empty:
+            continue
+        z["_cat"] = [" ".join(specs()[name].label(name, {k: plain(v) for k, v in r.items()})) for _, r in z.iterrows()]
+        panels += [(title, model, z[z["model"].map(str) == model]) for model in dict.fromkeys(z["model"].map(str))]
+    if not panels:
+        raise NoDataError("no runs of a strategy with a variants figure (" + ", ".join(
+            f"strategy={n}: {t}" for n, (_, t) in figures.items()) + ")")
+    fig, axes = _figure(2 * len(panels), per_row=2)
+    for k, (title, model, m) in enumerate(panels):
         cats = sorted(m["_cat"].unique())
         for ax, col, ylabel in ((axes[2 * k], "tokens_per_s", "throughput [tokens/s]"),
                                 (axes[2 * k + 1], "mem_peak_mb", "peak memory per device [MiB]")):
             series = {_gpus(w): dict(zip(g["_cat"], g[col].astype(float)))
                       for w, g in m.groupby("world_size")}
-            _bars(ax, cats, series, ylabel, f"ZeRO stages: {ylabel.split(' [')[0]} — model {model}")
+            _bars(ax, cats, series, ylabel, f"{title}: {ylabel.split(' [')[0]} — model {model}")
     _legend(fig, axes)
     return fig
 
@@ -255,7 +260,7 @@ def plot_time_breakdown(summary: pd.DataFrame) -> Figure:
 
 
 PLOTS = {"throughput": plot_throughput, "scaling_efficiency": plot_scaling_efficiency, "memory": plot_memory,
-         "zero_stages": plot_zero_stages, "pp_microbatches": plot_pp_microbatches, "mfu": plot_mfu,
+         "variants": plot_variants, "pp_microbatches": plot_pp_microbatches, "mfu": plot_mfu,
          "time_breakdown": plot_time_breakdown}
 
 

@@ -1,6 +1,7 @@
 """Reduce runs to one row per experiment and compare each with the single-device baseline.
 
-Why these definitions: they are the aggregates of the seed paper's appendix F, computed
+Why these definitions: they are the aggregates of appendix F of "Distributed Training Strategies on Commodity
+Hardware" (Akbulut, Chowdhury, Gutierrez, Columbia University), computed
 from what every rank recorded, so that strategies that count tokens or time differently
 are still compared on the same footing.
 
@@ -79,6 +80,7 @@ from typing import Iterable, Optional
 import pandas as pd
 
 from bench.runs import volatile_keys
+from bench.strategies.registry import baseline_name
 from multirun_analysis import breakdown
 from multirun_analysis.load import SHORTHANDS, config_columns
 from multirun_analysis.tables import fmt_value, key_columns, plain
@@ -89,7 +91,7 @@ DEFINITIONS = __doc__  # the exact column definitions, also printed into report.
 # a shorthand's name (zero_stage, microbatches) is the column of the strategy key it sets (load.py)
 EXCLUDED_FROM_KEY = ("seed", "command") + tuple(k for k in volatile_keys() if k not in SHORTHANDS)
 EXCLUDED_PREFIXES = ("metrics.", "hydra.", "cfg.metrics.", "vars.", "fault.", "logger.")
-BASELINE = {"strategy": "single", "world_size": 1}
+BASELINE = {"strategy": baseline_name(), "world_size": 1}
 BASELINE_MATCH = ("model", "global_batch", "seq_len", "precision", "compile", "device_type")
 COMPARISON = ("baseline_tokens_per_s", "baseline_time_per_token_s", "baseline_mem_peak_mb",
               "scaling_factor", "scaling_efficiency_pct", "overhead_pct", "memory_ratio", "baseline_note")

@@ -80,7 +80,7 @@ def test_outputs_and_terminal_table(analysed):
     for f in ("throughput.png", "scaling_efficiency.png", "memory.png"):
         assert (out / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "tokens/s" in p.stdout and "eff %" in p.stdout and "invalid" in p.stdout
-    assert "plot zero_stages: skipped" in p.stdout and "plot mfu: skipped" in p.stdout  # CPU: no peak, no ZeRO
+    assert "plot variants: skipped" in p.stdout and "plot mfu: skipped" in p.stdout  # CPU: no peak, no ZeRO
 
 
 def test_runs_table(analysed, sweep):
@@ -118,7 +118,7 @@ def test_summary_numbers_match_metrics(analysed, sweep):
 
 
 def test_fixed_overhead_per_run(analysed, sweep):
-    """Issue 6: the start-up / teardown cost of each run, from its job record and rank 0's phases."""
+    """The start-up / teardown cost of each run, from its job record and rank 0's phases."""
     _, out = analysed
     o = pd.read_csv(out / "fixed_overhead.csv")
     s = pd.read_csv(out / "summary.csv")
@@ -149,7 +149,7 @@ def test_report(analysed):
     _, out = analysed
     md = (out / "report.md").read_text()
     for s in ("## Answer", "2 GPUs, 1024 tokens per step**: use **ddp**", "tokens/s", "## Failed and incomplete runs", SINGLE_WS2_REASON,
-              "![throughput](throughput.png)", "zero_stages: skipped", "## Environment", "torch 2",
+              "![throughput](throughput.png)", "variants: skipped", "## Environment", "torch 2",
               "scaling_efficiency_pct = 100 * scaling_factor / N"):
         assert s in md, s
 
@@ -166,7 +166,7 @@ def test_python_api(sweep, analysed):
         assert row(s, strategy, ws)["tokens_per_s"] == pytest.approx(row(csv, strategy, ws)["tokens_per_s"])
     for plot in (ma.plot_throughput, ma.plot_scaling_efficiency, ma.plot_memory):
         assert isinstance(plot(s), Figure)
-    for plot in (ma.plot_zero_stages, ma.plot_pp_microbatches, ma.plot_mfu):
+    for plot in (ma.plot_variants, ma.plot_pp_microbatches, ma.plot_mfu):
         with pytest.raises(ma.NoDataError):
             plot(s)
     vs = ma.compare_to_baseline(s, baseline={"strategy": "ddp", "world_size": 1})
@@ -299,7 +299,7 @@ def test_example_notebook_executes(sweep, monkeypatch, tmp_path):
     assert not [o for o in outputs if o.output_type == "error"]
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3  # throughput, efficiency, memory
     text = "".join(o.get("text", "") for o in outputs)
-    assert f"analysing {sweep.resolve()}" in text and "plot_zero_stages: skipped" in text
+    assert f"analysing {sweep.resolve()}" in text and "plot_variants: skipped" in text
 
 
 def test_pipeline_microbatch_settings_p_and_4p_are_plotted_by_their_counts(tmp_path):
@@ -321,8 +321,8 @@ def test_pipeline_microbatch_settings_p_and_4p_are_plotted_by_their_counts(tmp_p
 
 def test_runs_differing_only_in_their_deadlines_or_bench_version_are_repeats(tmp_path):
     """run_timeout_s / teardown_timeout_s say when to give up on a run, not what it measures: runs
-    that differ only there are repeats of one experiment (a 2-GPU session's analysis once split
-    `single` into two rows by teardown_timeout_s=15 / 30).  So are runs recorded before a knob was
+    that differ only there are repeats of one experiment (not split into two `single` rows by
+    teardown_timeout_s=15 / 30).  So are runs recorded before a knob was
     added (bench.sweep.ADDED_AT_DEFAULT): here two runs lose `cpu_affinity` from their records, as
     runs from before it existed have no such key."""
     import yaml

@@ -9,7 +9,8 @@ from tests.conftest import REPO, run_bench
 
 register_configs()
 
-PAPER_MODELS = {  # d_model, heads, layers, d_ff, seq, global batch (seed paper Table I)
+# Table I of "Distributed Training Strategies on Commodity Hardware" (Akbulut, Chowdhury, Gutierrez)
+PAPER_MODELS = {  # d_model, heads, layers, d_ff, seq, global batch
     "10m": (320, 8, 4, 1536, 128, 16), "100m": (768, 12, 12, 3072, 512, 16),
     "300m": (1024, 16, 24, 4096, 1024, 8), "500m": (1280, 20, 24, 5120, 1024, 8),
     "1b": (1536, 24, 36, 6144, 1024, 4),

@@ -1,4 +1,4 @@
-"""model.arch=llama (issue 26): RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases,
+"""model.arch=llama: RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases,
 optional tied embeddings, on bench's one model class; the Llama 3 presets; FLOPs / parameter
 counts; megatron-core's GPTModel built with the same layout from bench's weights (CPU)."""
 from __future__ import annotations

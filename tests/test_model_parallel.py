@@ -286,8 +286,8 @@ def _error(gpus: int, *overrides: str) -> ConfigError:
 
 
 def test_every_registered_strategy_has_a_runnable_class():
-    """The registry (bench/strategies/registry.py) finds each strategy module's spec; every spec names a Strategy
-    subclass for its implementations and a schema whose name default is the strategy's name."""
+    """The registry (bench/strategies/registry.py) finds each strategy module's spec; every spec's implementation
+    builds a concrete Strategy, and its schema's name default is the strategy's name."""
     from bench.strategies.registry import specs
     from bench.strategies.base import Strategy
 
@@ -298,8 +298,12 @@ def test_every_registered_strategy_has_a_runnable_class():
         impls = ("megatron", "torch") if "impl" in spec.schema.__dataclass_fields__ and name != "zero" else (None,)
         for impl in impls:
             plan = type("P", (), {"strategy": {"name": name, "impl": impl}})()
-            cls = spec.implementation(plan)
-            assert issubclass(cls, Strategy) and not getattr(cls, "__abstractmethods__", None), (name, impl)
+            make = spec.implementation(plan)
+            if isinstance(make, type):
+                assert issubclass(make, Strategy) and not make.__abstractmethods__, (name, impl)
+            else:  # a torch-native factory: the class over the strategy's data-parallel policy
+                made = make(plan, None)
+                assert isinstance(made, Strategy) and made.policy is not None, (name, impl)
 
 
 def test_megatron_without_cuda_names_impl_torch():

@@ -1,4 +1,4 @@
-"""The knob search (bench/sweep/search.py, ``+experiment=tune``) end to end on CPU: 2 gloo DDP ranks on the
+"""The knob search (bench/sweep/search.py, ``+experiment=tune``, ``hydra/sweeper=knob_search``) end to end on CPU: 2 gloo DDP ranks on the
 tiny model.  Its timings mean nothing here; its mechanics are what is tested: the candidates, successive
 halving (a rung's best third runs again, longer), the GPU-time budget that stops it, resuming an
 interrupted search, tune.json's winner as a command line, and the analysis' default vs best."""
@@ -120,6 +120,17 @@ def test_rungs_must_time_more_steps_each(tmp_path):
     out = p.stdout + p.stderr
     assert p.returncode != 0 and "hydra.sweeper.rungs" in out and "must exceed the rung before" in out, out[-2000:]
     assert not list((tmp_path / "sweep").glob("*/metrics.json"))  # refused before any run
+
+
+@pytest.mark.parametrize("budget", ["0", "-1"])
+def test_a_budget_of_no_gpu_minutes_is_refused_before_any_run(tmp_path, budget):
+    """A budget of 0 or less would leave every trial pending and exit 0, as if the search had run."""
+    p = run_bench(*SEARCH, f"hydra.sweeper.budget_min={budget}", run_dir=tmp_path / "sweep", multirun=True,
+                  timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out[-2000:]
+    assert f"hydra.sweeper.budget_min={budget}: must be > 0 GPU-minutes" in out, out[-2000:]
+    assert not list((tmp_path / "sweep").glob("*/status.json"))  # refused before anything was planned
 
 
 def test_budget_stops_the_search_and_resume_goes_on(tmp_path):

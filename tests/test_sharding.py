@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from bench.config import ConfigError, register_configs, validate
 from bench.memory_model import model_state_bytes
+from bench.strategies.registry import get_spec
 from bench.metrics.flops import total_params
 from bench.strategies.deepspeed_env import fix_cuda_arch_list
 from bench.strategies.zero import build_ds_config
@@ -99,7 +100,7 @@ def test_zero_stage_matches_single(stage, zero_runs, baseline):
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 4, 1)
     pred = m["memory"]["plan"]["model_states"]
     assert pred["stage"] == stage and sum(pred["host_mb"].values()) == 0
-    for r in m["ranks"]:  # start-up cost attributed to its parts (issue 6)
+    for r in m["ranks"]:  # start-up cost attributed to its parts
         assert set(r["setup_phases_s"]) == {"import deepspeed", "bench model",
                                             "deepspeed.initialize (optimizer op load included)"}
         assert sum(r["setup_phases_s"].values()) <= r["setup_s"] + 0.01  # phases are rounded to ms
@@ -353,8 +354,9 @@ def test_memory_model_follows_zero_paper():
     psi = total_params(composed("model=tiny").model)
 
     def pred(*o, gpus=4):
-        device, host, lay = model_state_bytes(plan_of(*o, "world_size=4", "device=cuda", "model.global_batch=8",
-                                                      gpus=gpus), psi)
+        plan = plan_of(*o, "world_size=4", "device=cuda", "model.global_batch=8", gpus=gpus)
+        lay = get_spec(plan.strategy["name"]).model_states(plan.cfg)
+        device, host = model_state_bytes(plan, psi, lay)
         return {"device": {**device, "total": sum(device.values())}, "host": host, "stage": lay.stage}
 
     dp = 4

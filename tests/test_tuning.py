@@ -1,4 +1,4 @@
-"""tuning=best: each strategy's profile applied honestly (bench/tuning.py), and the top-level shorthands.
+"""tuning=best: each strategy's profile applied honestly (bench/tuning_profiles.py), and the top-level shorthands.
 
 What is applied, kept (set explicitly) and skipped (cannot apply here) is checked on composed configs;
 real 2-rank gloo runs check that the applied knobs train the same model as strategy=single (fp32) and

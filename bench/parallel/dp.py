@@ -14,6 +14,8 @@ DDP: one replica per data-parallel rank, gradients all-reduced in buckets overla
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
 
@@ -83,3 +85,95 @@ def apply_ddp(model: nn.Module, dp_group, device: torch.device, knobs: dict) -> 
                  "bucket_cap_mb": ddp.bucket_bytes_cap / 2**20, "gradient_as_bucket_view": ddp.gradient_as_bucket_view,
                  "static_graph": ddp.static_graph, "find_unused_parameters": ddp.find_unused_parameters,
                  "comm_hook": hook}
+
+
+# ------------------------------------------------------------------------------ data-parallel policies
+class DataParallel:
+    """No data parallelism (one replica, nothing wrapped): the base of the policies below.
+
+    A policy owns what differs between the torch-native data-parallel reductions: whether it needs
+    the device mesh, how it wraps the model chunks, how gradient sync is skipped on all but the last
+    micro-batch, autocast vs its own mixed precision, the loss scaler, and whether the optimizer is
+    built before the first step or after the first backward (``late_optimizer``)."""
+
+    autocast = True  # forward under torch.autocast over fp32 weights
+    shards = False  # parameters become this rank's shards (an optimizer over local tensors)
+    late_optimizer = False
+
+    def needs_mesh(self, plan) -> bool:
+        return False
+
+    def offload(self, plan) -> bool:
+        """The model is built on the host (its states live there between uses)."""
+        return False
+
+    def wrap(self, chunks: list, plan, mesh, device: torch.device) -> tuple[list, dict]:
+        return chunks, {}
+
+    def no_sync(self, model: nn.Module, last: bool):
+        return contextlib.nullcontext()
+
+    def scaler(self, plan, device: torch.device):
+        return None  # Precision makes torch's GradScaler for fp16
+
+    def whole_model_note(self) -> str:
+        return ""
+
+
+class TorchDDP(DataParallel):
+    """torch DistributedDataParallel over the dp ranks (dp = 1: nothing wrapped, single's step)."""
+
+
+    def wrap(self, chunks: list, plan, mesh, device: torch.device) -> tuple[list, dict]:
+        if plan.dp_size == 1:
+            return chunks, {}
+        # under a pipeline DDP sees one backward per micro-batch: its bucket rebuild after the first
+        # iteration then records every parameter once per micro-batch and fails (reducer.cpp:
+        # "rebuilt parameter indices size is not same"); find_unused_parameters=True never rebuilds
+        knobs = dict(plan.strategy, find_unused_parameters=True) if plan.pp > 1 else plan.strategy
+        group = mesh["dp"].get_group() if mesh is not None else None  # plain DDP: the default group
+        out, info = [], {}
+        for chunk in chunks:
+            ddp, info = apply_ddp(chunk, group, device, knobs)
+            out.append(ddp)
+        return out, info
+
+    def no_sync(self, model: nn.Module, last: bool):
+        return model.no_sync() if not last and hasattr(model, "no_sync") else contextlib.nullcontext()
+
+    def whole_model_note(self) -> str:
+        return " (after the DDP wrap)"
+
+
+class FSDP2(DataParallel):
+    """FSDP2 over the dp mesh dimension: its MixedPrecisionPolicy instead of autocast, its
+    ShardedGradScaler for fp16, and the optimizer built after the first backward (FSDP2's lazy init may
+    give a shard a new local tensor)."""
+
+    autocast = False
+    shards = True
+    late_optimizer = True
+
+    def needs_mesh(self, plan) -> bool:
+        return True
+
+    def offload(self, plan) -> bool:
+        return bool(plan.strategy.get("cpu_offload"))
+
+    def wrap(self, chunks: list, plan, mesh, device: torch.device) -> tuple[list, dict]:
+        info: dict = {}
+        for chunk in chunks:
+            info.update(apply_fsdp(chunk, mesh["dp"], plan.cfg["precision"], plan.strategy, self.offload(plan),
+                                   device.type))
+        return chunks, info
+
+    def no_sync(self, model: nn.Module, last: bool):
+        model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    def scaler(self, plan, device: torch.device):
+        if plan.cfg["precision"] != "fp16":
+            return None
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device=device.type)

@@ -8,7 +8,8 @@ from typing import Optional
 from bench.schema import ConfigError, Plan, StrategyConfig, fields_of, knob
 from bench.strategies.registry import StrategySpec, register
 from bench.strategies.single import REDUCE_OVERHEAD
-from bench.strategies.torch_native import TorchParallel
+from bench.parallel.dp import TorchDDP
+from bench.strategies.torch_native import torch_native
 
 
 @dataclass
@@ -31,10 +32,6 @@ def _several_ranks(plan: Plan) -> Optional[str]:
     return None
 
 
-class DDP(TorchParallel):
-    data_parallel = "ddp"
-
-
 def rules(plan: Plan) -> None:
     s = plan.strategy
     if s["bucket_cap_mb"] <= 0:
@@ -51,7 +48,7 @@ def rules(plan: Plan) -> None:
 
 SPEC = register(StrategySpec(
     name="ddp", schema=DDPConfig, summary="torch DistributedDataParallel: replicas, bucketed all-reduce",
-    implementation=lambda plan: DDP, rules=rules,
+    implementation=lambda plan: torch_native(TorchDDP()), rules=rules,
     profiles={"best": {
         # one rank is single's step: single's compiled CUDA-graph profile holds; on several ranks it does not
         "compile": (True, "1 x H100, 1 rank: gpt2 94.6k -> 156.4k tokens/s, 300m 153.1k -> 195.0k "

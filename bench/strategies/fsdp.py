@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bench.layout_rules import check_torch_native
 from bench.schema import LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConfig, alias_default, knob
 from bench.strategies.registry import ModelStates, StrategySpec, register
-from bench.strategies.torch_native import TorchParallel
+from bench.parallel.dp import FSDP2
+from bench.strategies.torch_native import torch_native
 
 
 @dataclass
@@ -35,19 +37,13 @@ class FSDPConfig(StrategyConfig):
     schedule: str = knob("auto", LAYOUT_DOCS["schedule"], choices=SCHEDULES, added=True)
 
 
-class FSDP(TorchParallel):
-    data_parallel = "fsdp"
-
-
 def rules(plan: Plan) -> None:
     s, cfg = plan.strategy, plan.cfg
     if cfg["compile"] and cfg["compile_mode"] == "reduce-overhead":
         raise ConfigError("compile_mode", "reduce-overhead", "CUDA graphs of FSDP2's blocks ran 15-20x slower than "
                           "compile_mode=default; use compile_mode=default with strategy=fsdp "
                           "(strategy.blocks_per_unit > 1 cuts its host time instead)")
-    if cfg["precision"] == "fp16" and (plan.tp > 1 or plan.pp > 1):
-        raise ConfigError("precision", "fp16", "loss scaling across tensor-parallel shards and pipeline stages is not "
-                          "implemented; use precision=bf16")
+    check_torch_native(plan, shards_dtensors=True)
     n = plan.model["n_layers"] // (plan.pp * s["virtual_pipeline"])
     if not 1 <= s["blocks_per_unit"] <= n:
         raise ConfigError("strategy.blocks_per_unit", s["blocks_per_unit"],
@@ -67,12 +63,28 @@ def model_states(cfg: dict) -> ModelStates:
     reshard, off = s["reshard_after_forward"], s["cpu_offload"]
     return ModelStates("fp32" if cfg["precision"] == "fp32" else "fsdp_mixed", stage=3, offload_optimizer=off,
                        offload_grads=off, offload_param=off, unsharded_params_live=not reshard,
+                       sixteen_bit_weights=True,  # MixedPrecisionPolicy gathers the parameters in 16 bit
                        note="FSDP2 reshard_after_forward=%s (%s analogue)" % (reshard, "ZeRO-3" if reshard else "ZeRO-2"))
+
+
+def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
+    """With resharding: the gathered units in flight and one unit's unsharded gradients."""
+    s = plan.strategy
+    if not s["reshard_after_forward"]:
+        return 0.0, ""  # the gathered parameters are model states (ModelStates.unsharded_params_live)
+    unit = per_block * s["blocks_per_unit"]
+    cb = 4 if plan.cfg["precision"] == "fp32" else 2
+    return (2 + s["prefetch"]) * unit * cb + unit * 4, \
+        "FSDP2: gathered units (current + next + prefetch) and one unit's unsharded gradients"
+
+
+def label(name: str, v: dict) -> list[str]:
+    return [name] + (["cpu_offload"] if v.get("cpu_offload") is True else [])
 
 
 SPEC = register(StrategySpec(
     name="fsdp", schema=FSDPConfig, summary="PyTorch FSDP2 (fully_shard), alone or over torch TP / PP",
-    implementation=lambda plan: FSDP, rules=rules, model_states=model_states,
+    implementation=lambda plan: torch_native(FSDP2()), rules=rules, model_states=model_states, buffers=buffers, label=label,
     profiles={"best": {
         "strategy.blocks_per_unit": (8, "2 x H200, 300m, global batch 16, compiled: units of 8 beat 4 and 24 twice "
                                         "within one call, 76.2% / 67.1% of 2 x single without / with resharding "

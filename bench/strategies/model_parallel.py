@@ -1,4 +1,6 @@
-"""The tp x pp x dp family: strategies ``tp``, ``pp`` and ``megatron`` (one schema; they differ in defaults).
+"""The tp x pp x dp family's shared parts: one schema, its rules, its memory terms and its implementations.
+The strategies ``tp`` (tp.py), ``pp`` (pp.py) and ``megatron`` (megatron/__init__.py) each register
+themselves through ``family_spec``; they differ in defaults and tuning profiles.
 
 ``strategy.impl`` picks the implementation: ``megatron`` (megatron-core, GPU only:
 bench/strategies/megatron/, imported only when a run needs it: ~5 s) or ``torch`` (DTensor tensor
@@ -11,10 +13,16 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from bench.layout_rules import check_torch_native
 from bench.schema import LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConfig, alias_default, knob
-from bench.strategies.megatron import CUDA_GRAPH_CAPTURE_STEP
 from bench.strategies.registry import ModelStates, StrategySpec, register
-from bench.strategies.torch_native import TorchParallel
+from bench.parallel.dp import TorchDDP
+from bench.strategies.torch_native import torch_native
+
+
+# strategy.cuda_graph (megatron-core): steps 0 .. CUDA_GRAPH_CAPTURE_STEP - 1 run eagerly (NCCL communicators,
+# the allocator and cuBLAS set themselves up); that step is captured and every later one replays it
+CUDA_GRAPH_CAPTURE_STEP = 2
 
 
 @dataclass
@@ -49,25 +57,6 @@ class ModelParallelConfig(StrategyConfig):
                      choices=("bench", "megatron"))
 
 
-@dataclass
-class TPConfig(ModelParallelConfig):
-    name: str = "tp"
-    tp: int = 2
-
-
-@dataclass
-class PPConfig(ModelParallelConfig):
-    name: str = "pp"
-    pp: int = 2
-    microbatches: Any = alias_default("microbatches", "4p")
-
-
-class TorchModelParallel(TorchParallel):
-    """torch-native tp x pp x dp; data-parallel replicas (tp = 1) reduce through torch DDP."""
-
-    data_parallel = "ddp"
-
-
 MEGATRON_MODULES = ("megatron.core.parallel_state", "megatron.core.distributed", "megatron.core.optimizer",
                     "megatron.core.pipeline_parallel", "megatron.core.tensor_parallel",
                     "megatron.core.transformer.module", "bench.strategies.megatron.strategy",
@@ -79,7 +68,7 @@ def implementation(plan: Plan):
         from bench.strategies.megatron.strategy import MegatronModelParallel
 
         return MegatronModelParallel
-    return TorchModelParallel
+    return torch_native(TorchDDP())  # data-parallel replicas (tp = 1) reduce through torch DDP
 
 
 def _megatron_core_installed() -> bool:
@@ -107,14 +96,10 @@ def rules(plan: Plan) -> None:
             raise ConfigError("strategy.tp", tp, f"must divide model.vocab_size={m['vocab_size']} "
                               "(Megatron splits the embedding and output layer over tp)")
     else:
-        if tp > 1 and dp > 1:
-            raise ConfigError("world_size", plan.world_size,
-                              f"gives tp={tp} x pp={pp} x dp={dp}: torch's DistributedDataParallel does not take "
-                              "tensor-parallel (DTensor) parameters; for TP with data parallelism use strategy=fsdp "
-                              f"strategy.tp={tp} (FSDP2 x TP), or strategy.impl=megatron")
         if c["precision"] == "fp16":
             raise ConfigError("precision", "fp16", "is not supported with strategy.impl=torch (no loss scaling "
                               "across shards and stages); use precision=bf16, or strategy.impl=megatron")
+        check_torch_native(plan, shards_dtensors=False)
     sched = s["schedule"] if s["schedule"] != "auto" else ("interleaved_1f1b" if s["virtual_pipeline"] > 1 else "1f1b")
     if sched == "gpipe" and impl == "megatron":
         raise ConfigError("strategy.schedule", sched, "megatron-core has no GPipe schedule (it runs 1F1B); "
@@ -163,7 +148,8 @@ def model_states(cfg: dict) -> ModelStates:
     if s["impl"] != "megatron":
         return ModelStates("fp32", note=f"torch tp={s['tp']} pp={s['pp']}: fp32 weights, torch AdamW")
     scheme = "fp32" if prec == "fp32" else ("megatron_mixed" if s["grad_reduce_in_fp32"] else "mixed")
-    return ModelStates(scheme, stage=1 if s["use_distributed_optimizer"] else 0,
+    return ModelStates(scheme, stage=1 if s["use_distributed_optimizer"] else 0, sixteen_bit_weights=True,
+                       tp_splits_vocab=True,  # Float16Module; VocabParallelEmbedding and the parallel output layer
                        note=f"megatron tp={s['tp']} pp={s['pp']}"
                             + (" distributed optimizer" if s["use_distributed_optimizer"] else ""))
 
@@ -173,33 +159,18 @@ def process_env(plan: Plan) -> dict:
     return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if plan.strategy["impl"] == "megatron" and plan.tp > 1 else {}
 
 
-def _spec(name: str, schema: type, summary: str, profiles: dict) -> StrategySpec:
+def label(name: str, v: dict) -> list[str]:
+    return [name] + ([f"impl={v['impl']}"] if v.get("impl") not in (None, "torch") and name != "megatron" else [])
+
+
+def family_spec(name: str, schema: type, summary: str, profiles: dict) -> StrategySpec:
+    """Register one strategy of the family (its own module calls this: tp.py, pp.py, megatron/)."""
     return register(StrategySpec(
         name=name, schema=schema, summary=summary, implementation=implementation, rules=rules,
-        model_states=model_states, process_env=process_env, profiles=profiles,
+        model_states=model_states, process_env=process_env, profiles=profiles, label=label,
         preload=lambda s: MEGATRON_MODULES if s["impl"] == "megatron" else ()))
 
 
-_GRAPHS = ("2 x H200, 300m: Megatron DDP=2 57% -> 79-85% of 2 x one GPU, TP=2 48.5% -> 61-64%, PP=2 m=4p 18% -> "
-           "65-68% (results/2026-11-22-h200x2-graphs-timing-teardown, results/2026-11-23-h200x2-zero-fsdp-tp-pp)")
-
-
-def _one_dp_rank(plan: Plan) -> Optional[str]:
-    """The distributed optimizer shards over data-parallel ranks: with one, it only adds its copies."""
-    if plan.dp_size == 1:
-        return ("data-parallel size 1: nothing to shard, and it measured slower (1 x H100, 300m 149.4k vs 154.6k "
-                "tokens/s, gpt2 132.2k vs 143.1k without it; results/2026-11-25-h100-search-1gpu; 1 x H200, 300m 163.8k vs "
-                "172.4k; results/2026-11-25-h200-search-1gpu)")
-    return None
-
-
-MEGATRON = _spec("megatron", ModelParallelConfig, "megatron-core: DDP by default, any tp x pp x dp layout", {"best": {
-    "strategy.cuda_graph": (True, _GRAPHS),
-    "strategy.use_distributed_optimizer": (True, "2 x H200, 300m, with CUDA graphs: 84.4-88.8% of 2 x one GPU "
-                                                 "against 79.0-80.4% in the same calls "
-                                                 "(results/2026-11-23-h200x2-zero-grad-norm-fsdp)", _one_dp_rank),
-}})
-TP = _spec("tp", TPConfig, "tensor parallelism (strategy.tp, default 2): megatron-core or torch DTensor",
-           {"best": {"strategy.cuda_graph": (True, _GRAPHS)}})
-PP = _spec("pp", PPConfig, "pipeline parallelism (strategy.pp, default 2): megatron-core or torch.distributed.pipelining",
-           {"best": {"strategy.cuda_graph": (True, _GRAPHS)}})
+CUDA_GRAPHS_EVIDENCE = ("2 x H200, 300m: Megatron DDP=2 57% -> 79-85% of 2 x one GPU, TP=2 48.5% -> 61-64%, PP=2 m=4p "
+                        "18% -> 65-68% (results/2026-11-22-h200x2-graphs-timing-teardown, "
+                        "results/2026-11-23-h200x2-zero-fsdp-tp-pp)")

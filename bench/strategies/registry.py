@@ -14,18 +14,22 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from bench.schema import Plan
 
 @dataclass(frozen=True)
 class ModelStates:
-    """How a strategy holds parameters, gradients and optimizer states (bench/memory_model.py).
+    """How a strategy holds parameters, gradients, optimizer states and activations (bench/memory_model.py).
 
     ``scheme``: bytes per parameter, a key of memory_model.BYTES_PER_PARAM; ``stage``: ZeRO stage
     (>= 1 optimizer / dp, >= 2 gradients / dp, 3 parameters / dp); the offloads move a part to the
     host; ``unsharded_params_live``: the gathered 16-bit parameters of the whole model stay alive
-    from forward to backward (FSDP2 without resharding)."""
+    from forward to backward (FSDP2 without resharding); ``sixteen_bit_weights``: under bf16 / fp16
+    the forward runs on 16-bit weights (activations and norm inputs 16-bit, no per-consumer autocast
+    casts); ``tp_splits_vocab``: the embedding and output layer are split over tp (so are the
+    logits); ``grads_live``: the gradient buffers stay allocated through the forward, not only from
+    the backward on."""
 
     scheme: str
     stage: int = 0
@@ -34,6 +38,9 @@ class ModelStates:
     offload_grads: bool = False
     host_fp32_grad_partition: bool = False
     unsharded_params_live: bool = False
+    sixteen_bit_weights: bool = False
+    tp_splits_vocab: bool = False
+    grads_live: bool = False
     note: str = ""
 
 
@@ -43,6 +50,21 @@ def replicated_states(cfg: dict) -> ModelStates:
                        + (" (autocast)" if cfg["precision"] != "fp32" else ""))
 
 
+def no_buffers(plan: Plan, params: float, per_block: float) -> tuple[float, str]:
+    """Communication / gather buffers beside the model states: none (torch DDP's buckets are the gradients)."""
+    return 0.0, ""
+
+
+def knob_text(v: Any) -> str:
+    """A knob's value as a user types it (a table cell may hold 2.0 for 2)."""
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def plain_label(name: str, values: dict) -> list[str]:
+    """The analysis's name for a run of this strategy: its name (the knobs that vary are appended generically)."""
+    return [name]
+
+
 @dataclass(frozen=True)
 class StrategySpec:
     """Everything bench knows about one strategy (module docstring)."""
@@ -50,11 +72,18 @@ class StrategySpec:
     name: str
     schema: type  # its config dataclass: every knob, its default, doc, choices and search candidates
     summary: str  # one line: what it is (README / docs table)
-    implementation: Callable[[Plan], type]  # the Strategy subclass (bench/strategies/base.py) that runs a plan
+    # what runs a plan: (plan, DistContext) -> a Strategy (bench/strategies/base.py), a class or a factory
+    implementation: Callable[[Plan], Callable]
     rules: Callable[[Plan], None] = lambda plan: None  # its own cross-field rules; raise ConfigError
     model_states: Callable[[dict], ModelStates] = replicated_states  # memory plan: how it holds model states
+    buffers: Callable[[Plan, float, float], tuple[float, str]] = no_buffers  # memory plan: (bytes, what they are)
+    # the analysis: the words naming a run of it, given its varying knob values ({knob: value}; the layout's
+    # tp / pp and recompute are added by the analysis), and the knob whose values its variants figure compares
+    label: Callable[[str, dict], list[str]] = plain_label
+    variants_figure: Optional[tuple[str, str]] = None  # (knob, figure title)
+    baseline: bool = False  # the single-device baseline every other strategy is compared with
     # tuning profiles (tuning=best): {dotted key: (value, evidence[, unless(plan) -> reason or None])};
-    # bench/tuning.py applies them
+    # bench/tuning_profiles.py applies them
     profiles: dict[str, dict[Any, tuple]] = field(default_factory=dict)
     preload: Callable[[dict], tuple[str, ...]] = lambda strategy_cfg: ()  # fork-server imports (no CUDA calls)
     process_env: Callable[[Plan], dict[str, str]] = lambda plan: {}  # environment needed before CUDA starts
@@ -94,6 +123,12 @@ def specs() -> dict[str, StrategySpec]:
 
 def get_spec(name: str) -> StrategySpec:
     return specs()[name]
+
+
+def baseline_name() -> str:
+    """The strategy every other one is compared with (the one spec that says ``baseline=True``)."""
+    (name,) = [n for n, s in specs().items() if s.baseline]
+    return name
 
 
 def sweep_preloads(strategy_cfg: dict) -> tuple[str, ...]:

@@ -5,16 +5,13 @@ from dataclasses import dataclass
 
 from bench.schema import ConfigError, Plan, StrategyConfig
 from bench.strategies.registry import StrategySpec, register
-from bench.strategies.torch_native import TorchParallel
+from bench.parallel.dp import DataParallel
+from bench.strategies.torch_native import torch_native
 
 
 @dataclass
 class SingleConfig(StrategyConfig):
     name: str = "single"
-
-
-class Single(TorchParallel):
-    data_parallel = None
 
 
 def rules(plan: Plan) -> None:
@@ -31,7 +28,7 @@ REDUCE_OVERHEAD = ("1 x H100, compiled: gpt2 119.5k -> 242.3k tokens/s, 300m 193
 
 SPEC = register(StrategySpec(
     name="single", schema=SingleConfig, summary="one device, plain PyTorch, fused AdamW: the baseline",
-    implementation=lambda plan: Single, rules=rules,
+    implementation=lambda plan: torch_native(DataParallel()), rules=rules, baseline=True,
     profiles={"best": {
         "compile": (True, "300m bf16, one H200: 168k -> 204k tokens/s (results/2026-11-22-h200x2-foundation)"),
         "compile_mode": ("reduce-overhead", REDUCE_OVERHEAD),

@@ -1,115 +1,73 @@
-"""The torch-native strategies' one class: bench's model, the steps of bench/parallel applied in
-torchtitan's order over one DeviceMesh built from the layout, and the training step.
+"""The torch-native strategies' one class: bench's model under ``parallelize`` (bench/parallel:
+TP -> PP -> recompute -> compile -> the data-parallel policy, over one DeviceMesh built from the
+layout) and the training step.
 
-The strategies differ in the data-parallel reduction they ask for (``data_parallel``): none
-(single), torch DDP (ddp; tp / pp with impl=torch over dp > 1) or FSDP2 (fsdp), and in which
-layout knobs their schema has.  Precision: autocast over fp32 weights (fp16: GradScaler), except
-under FSDP2, whose MixedPrecisionPolicy casts the parameters (fp16: ShardedGradScaler).  Compile:
-the whole (DDP-wrapped) model for plain single / DDP (one graph; DDP's optimizer splits it at its
-buckets), per block otherwise.
+The strategies differ only in the data-parallel policy they hand it (bench/parallel/dp.py: none,
+torch DDP, FSDP2: wrapping, gradient sync, autocast vs FSDP2's mixed precision, the loss scaler,
+when the optimizer is built) and in which layout knobs their schema has.
 """
 from __future__ import annotations
-
-import contextlib
-from typing import ClassVar, Optional
 
 import torch
 
 from bench.layout import TOKEN_RULE, Layout, resolve_schedule
 from bench.model import build_model, lm_loss
-from bench.parallel.ac import apply_ac
-from bench.parallel.compile import apply_compile, compile_kwargs
-from bench.parallel.dp import apply_ddp, apply_fsdp
+from bench.parallel.dp import DataParallel
 from bench.parallel.mesh import build_mesh
 from bench.parallel.optim import LocalShardAdamW, adamw, clip_grads_
-from bench.parallel.pp import build_schedule, run_schedule, split_stages
-from bench.parallel.tp import apply_tp
-from bench.strategies.base import Precision, StepResult, Strategy
+from bench.parallel.parallelize import parallelize
+from bench.parallel.pp import build_schedule, run_schedule
+from bench.strategies.base import DistContext, Precision, StepResult, Strategy
+from bench.schema import Plan
 
 PRECISION_TEXT = {"fp32": "fp32", "bf16": "autocast bf16 over fp32 weights",
                   "fp16": "autocast fp16 over fp32 weights + GradScaler"}
 
 
+def torch_native(policy: DataParallel):
+    """What a torch-native strategy registers as its implementation: this class over its policy."""
+    return lambda plan, dist: TorchParallel(plan, dist, policy)
+
+
 class TorchParallel(Strategy):
     """bench's model under the torch-native steps its layout needs (module docstring)."""
 
-    data_parallel: ClassVar[Optional[str]] = None  # None | "ddp" | "fsdp"
+    def __init__(self, plan: Plan, dist: DistContext, policy: DataParallel):
+        super().__init__(plan, dist)
+        self.policy = policy
 
     def setup(self) -> None:
         p, dev, cfg, s = self.plan, self.dist.device, self.plan.cfg, self.plan.strategy
         self.layout = Layout(tp=p.tp, pp=p.pp, dp=p.dp_size)
         self.coord = self.layout.coords(self.dist.rank)
-        self.fsdp = self.data_parallel == "fsdp"
-        self.offload = bool(self.fsdp and s.get("cpu_offload"))
-        self.info: dict = {}
+        self.offload = self.policy.offload(p)
         self.mesh = None
-        if self.fsdp or p.tp > 1 or p.pp > 1:  # plain DDP reduces over the default group
+        if self.policy.needs_mesh(p) or p.tp > 1 or p.pp > 1:  # plain DDP reduces over the default group
             with self.setup_phase("device mesh"):
                 self.mesh = build_mesh(self.layout, dev.type, self.dist.rank)
         with self.setup_phase("bench model"):
             model = build_model(p.model, cfg["seed"], "cpu" if self.offload else dev)
-        if p.tp > 1:
-            with self.setup_phase("parallelize_module (TP)"):
-                self.info.update(apply_tp(model, self.mesh["tp"]))
         self.virtual = s.get("virtual_pipeline", 1)
-        self.stage_ids, chunks = split_stages(model, self.coord.pp, p.pp, self.virtual)
-        for chunk in chunks:
-            self.info.update(apply_ac(chunk, cfg["recompute"]))
-        self.whole_compile = cfg["compile"] and not (self.fsdp or p.tp > 1 or p.pp > 1)
-        if cfg["compile"] and not self.whole_compile:  # per block, after TP (DTensor dispatch traced away)
-            for chunk in chunks:
-                self.info.update(apply_compile(chunk, cfg))
-            if p.tp > 1:
-                self.info["compile"] += ", after TP"
-        with self.setup_phase("wrap"):
-            wrapped = self._wrap(chunks, dev)
-        self.params = [q for chunk in chunks for q in chunk.parameters()]  # after FSDP2 made them shards
-        self.model = wrapped[0]
-        if self.whole_compile:  # lazy: compiles in the first (warm-up) steps
-            self.model = torch.compile(self.model, **compile_kwargs(cfg))
-            self.info["compile"] = "the whole model" + (" (after the DDP wrap)" if self.data_parallel else "")
-        self.precision = Precision(cfg["precision"], dev, autocast=not self.fsdp, scaler=self._sharded_scaler())
+        par = parallelize(model, p, self.mesh, self.policy, self.coord.pp, dev, self.setup_phase)
+        self.info, self.stage_ids, self.model = par.info, par.stage_ids, par.model
+        self.params = [q for chunk in par.chunks for q in chunk.parameters()]  # after FSDP2 made them shards
+        self.precision = Precision(cfg["precision"], dev, autocast=self.policy.autocast,
+                                   scaler=self.policy.scaler(p, dev))
         self.schedule = None
         if p.pp > 1:
             with self.setup_phase("pipeline schedule"):
                 self.schedule_name = resolve_schedule(s["schedule"], self.virtual)
                 self.schedule, self._step_kwargs = build_schedule(
-                    wrapped, self.stage_ids, p.pp * self.virtual, self.schedule_name, p.grad_accum, dev,
+                    par.wrapped, self.stage_ids, p.pp * self.virtual, self.schedule_name, p.grad_accum, dev,
                     self.mesh["pp"].get_group())
         self.pp_group = self.mesh["pp"].get_group() if p.pp > 1 else None
         self.fused = dev.type == "cuda" and not self.offload
         self.optimizer = None
-        self.local_shards = self.fsdp or p.tp > 1
-        if not self.fsdp:  # FSDP2: after the first backward (its lazy init may give a shard a new local tensor)
+        self.local_shards = self.policy.shards or p.tp > 1
+        if not self.policy.late_optimizer:
             with self.setup_phase("optimizer"):
                 self._build_optimizer()
         self.stream = self.data_stream(self.coord.dp)
-
-    def _wrap(self, chunks: list, dev: torch.device) -> list:
-        p, s = self.plan, self.plan.strategy
-        if self.fsdp:
-            for chunk in chunks:
-                self.info.update(apply_fsdp(chunk, self.mesh["dp"], p.cfg["precision"], s, self.offload, dev.type))
-            return chunks
-        if self.data_parallel == "ddp" and p.dp_size > 1:
-            out = []
-            for chunk in chunks:
-                # under a pipeline DDP sees one backward per micro-batch: its bucket rebuild after the first
-                # iteration then records every parameter once per micro-batch and fails (reducer.cpp:
-                # "rebuilt parameter indices size is not same"); find_unused_parameters=True never rebuilds
-                knobs = dict(s, find_unused_parameters=True) if p.pp > 1 else s
-                ddp, info = apply_ddp(chunk, self.mesh["dp"].get_group() if self.mesh else None, dev, knobs)
-                out.append(ddp)
-                self.info.update(info)
-            return out
-        return chunks
-
-    def _sharded_scaler(self):
-        if self.fsdp and self.plan.cfg["precision"] == "fp16":
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-            return ShardedGradScaler(device=self.dist.device.type)
-        return None
 
     def _build_optimizer(self) -> None:
         o = self.plan.cfg["optim"]
@@ -119,13 +77,6 @@ class TorchParallel(Strategy):
             self.optimizer = adamw(self.params, o, self.fused)
 
     # ------------------------------------------------------------------ step
-    def _no_sync(self, last: bool):
-        if self.fsdp:
-            self.model.set_requires_gradient_sync(last)
-        elif not last and hasattr(self.model, "no_sync"):
-            return self.model.no_sync()
-        return contextlib.nullcontext()
-
     def step(self, n: int) -> StepResult:
         if self.optimizer is not None:
             self.optimizer.zero_grad() if self.local_shards else self.optimizer.zero_grad(set_to_none=True)
@@ -133,7 +84,7 @@ class TorchParallel(Strategy):
             micro = self.stream.micro_batches(n, self.plan.micro_batch_size)
             loss = torch.zeros((), device=self.dist.device)
             for i, (x, y) in enumerate(micro):
-                with self._no_sync(i == len(micro) - 1):
+                with self.policy.no_sync(self.model, i == len(micro) - 1):
                     with self.precision.autocast():
                         mb_loss = lm_loss(self.model(x), y) / len(micro)
                     self.precision.backward(mb_loss)

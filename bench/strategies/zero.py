@@ -31,7 +31,7 @@ from bench.parallel.compile import compile_kwargs
 from bench.schema import ConfigError, Plan, StrategyConfig, alias_default, check_positive, check_whole, knob
 from bench.strategies.base import StepResult, Strategy
 from bench.strategies.deepspeed_env import ensure_torch_extensions_dir, fix_cuda_arch_list
-from bench.strategies.registry import ModelStates, StrategySpec, register
+from bench.strategies.registry import ModelStates, StrategySpec, knob_text, register
 
 # --------------------------------------------------------------------------- schema
 @dataclass
@@ -193,8 +193,38 @@ def model_states(cfg: dict) -> ModelStates:
         scheme = "autocast_copy" if s["zero_stage"] in (1, 2) or s["offload_optimizer"] != "none" else "fp32"
     off = s["offload_optimizer"] != "none"
     return ModelStates(scheme, stage=s["zero_stage"], offload_optimizer=off, host_fp32_grad_partition=off,
-                       offload_param=s["offload_param"] != "none",
+                       offload_param=s["offload_param"] != "none", sixteen_bit_weights=not s["autocast"],
+                       grads_live=True,  # DeepSpeed allocates its gradient partition / buffers at initialize
                        note=f"DeepSpeed ZeRO-{s['zero_stage']}" + (" torch_autocast" if autocast else ""))
+
+
+def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
+    """ZeRO's reduce bucket (stages 1-2); ZeRO-3's gathered parameters and its whole reduce bucket."""
+    s = plan.strategy
+    # ZeRO's gradients (and ZeRO-3's gathered parameters) are in the parameters' dtype: fp32 under autocast
+    zero_bytes = 4 if plan.cfg["precision"] == "fp32" or s["autocast"] else 2
+    if s["zero_stage"] in (1, 2):
+        n = min(float(s["reduce_bucket_size"]), psi)
+        note = "ZeRO reduce bucket (min(reduce_bucket_size, parameters) x gradient bytes)"
+        if s["overlap_comm"]:
+            note += ("; not counted: overlap_comm's second bucket, up to 2 x reduce_bucket_size x gradient bytes more "
+                     "(measured +3.7 GiB on gpt2, nothing on 300m: results/2026-11-25-h100-search-1gpu)")
+        return n * zero_bytes, note
+    if s["zero_stage"] == 3:
+        # DeepSpeed 0.19.8 allocates the reduce bucket whole at start (stage3.py: torch.empty(reduce_bucket_size)),
+        # and under autocast 2 more bytes per bucket element showed (1 x H100, 300m and gpt2, buckets 5e7 and 5e8:
+        # results/2026-11-25-h100-search-1gpu)
+        n = min(float(s["prefetch_bucket_size"]) + per_block, psi)
+        bucket = float(s["reduce_bucket_size"]) * (zero_bytes + (2 if s["autocast"] else 0))
+        return n * zero_bytes + bucket, ("ZeRO-3 gathered parameters (prefetch bucket + one block) and the whole reduce "
+                                         "bucket (reduce_bucket_size elements), in the parameters' dtype")
+    return 0.0, ""
+
+
+def label(name: str, v: dict) -> list[str]:
+    """zero-<stage>, and where the optimizer states / parameters were offloaded."""
+    head = f"{name}-{knob_text(v['zero_stage'])}" if v.get("zero_stage") is not None else name
+    return [head] + [f"{k}={v[k]}" for k in ("offload_optimizer", "offload_param") if v.get(k) not in (None, "none")]
 
 
 # --------------------------------------------------------------------------- the DeepSpeed engine
@@ -377,7 +407,8 @@ class Zero(Strategy):
 
 SPEC = register(StrategySpec(
     name="zero", schema=ZeroConfig, summary="DeepSpeed ZeRO stages 0-3 (+ CPU offload) on bench's model",
-    implementation=lambda plan: Zero, rules=rules, model_states=model_states,
+    implementation=lambda plan: Zero, rules=rules, model_states=model_states, buffers=buffers, label=label,
+    variants_figure=("zero_stage", "ZeRO stages"),
     # deepspeed.initialize imports TorchInductor (its Muon optimizer module compiles at import; 0.7 s of its
     # ~1.5 s on the CPU machine). deepspeed itself is not preloaded: importing it queries the CUDA device count.
     preload=lambda s: ("torch._inductor.compile_fx",),

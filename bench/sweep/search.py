@@ -1,6 +1,7 @@
 """The knob search: ``python -m bench --multirun +experiment=tune model=300m world_size=2 strategy=zero,fsdp``.
 
-``hydra/sweeper=tune`` (conf/hydra/sweeper/tune.yaml) is bench's sweeper (the same plan, run keys,
+``hydra/sweeper=knob_search`` (conf/hydra/sweeper/knob_search.yaml, :class:`KnobSearchSweeper`; what
+``+experiment=tune`` sets) is bench's sweeper (the same plan, run keys,
 invalid / predicted-OOM records, resume) running successive halving for every configuration the
 command line expands to (a *base*: one strategy, model, world size, ...):
 
@@ -16,7 +17,7 @@ command line expands to (a *base*: one strategy, model, world size, ...):
   of a host-bound setting can be off by far more than the differences a search is after
   (results/2026-11-25-h100-search-1gpu);
 * it stops starting runs once the runs of this sweep folder have used ``budget_min`` GPU-minutes
-  (wall time x world size): the rest stay ``pending``, with the reason;
+  (wall time x world size; it must be > 0): the rest stay ``pending``, with the reason;
 * ``resume=true`` in the same sweep folder reuses every completed trial (an interrupted search goes on
   where it stopped); the ranking reads the trials' metrics.json.
 
@@ -74,17 +75,30 @@ def _untuned(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if k != "tuning"}
 
 
+def _budget(budget_min: Any) -> float:
+    """budget_min as a number of GPU-minutes, refused before any run unless > 0: with none the search
+    would leave every trial pending and exit 0."""
+    try:
+        budget = float(budget_min)
+    except (TypeError, ValueError):
+        budget = math.nan
+    if not budget > 0:
+        raise ConfigError("hydra.sweeper.budget_min", budget_min,
+                          "must be > 0 GPU-minutes (wall time x world size the search may use; the default is 15)")
+    return budget
+
+
 def _fmt(v: Any) -> str:
     return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
-class TuneSweeper(BenchSweeper):
+class KnobSearchSweeper(BenchSweeper):
     """Successive halving over each base configuration's knobs (module docstring)."""
 
     def __init__(self, budget_min: float = 15.0, rungs: Optional[list] = None, keep: float = 1 / 3,
                  repeats: int = 1, **kw) -> None:
         super().__init__(**kw)
-        self.budget_min = float(budget_min)
+        self.budget_min = _budget(budget_min)
         self.rungs = [tuple(r) for r in (rungs or [[4, 6], [4, 18]])]
         timed = [r[1] for r in self.rungs]
         if any(b <= a for a, b in zip(timed, timed[1:])):
@@ -262,8 +276,4 @@ def unmeasured_survivors(trials: list[dict], rung: int) -> list[str]:
 def log_rung(rung: int, n: int, steps: tuple, repeats: int = 1) -> None:
     log.info("[tune] rung %d: %d trial(s) at %d warm-up + %d timed steps%s", rung, n, steps[0], steps[1],
              f", {repeats} runs each (the median decides)" if repeats > 1 else "")
-
-
-def read_tune(sweep_dir: Path) -> Optional[dict]:
-    return read_json_dict(Path(sweep_dir) / RESULT)
 

@@ -1,5 +1,6 @@
-"""A sweep's summary and exit code, read from its folder, not from a sweeper's memory: ``sweep.json``
-(the plan: every job and what was decided for it) and ``summary.json`` (the outcome)."""
+"""The end-of-sweep status report and exit code (the SUMMARY lines, summary.json), read from its folder,
+not from a sweeper's memory: ``sweep.json`` (the plan: every job and what was decided for it) and
+``summary.json`` (the outcome); also the progress line of a running sweep."""
 from __future__ import annotations
 
 import logging

@@ -1,0 +1,62 @@
+"""``parallelize``: the torch-native steps applied in torchtitan's order over one model and one mesh.
+
+TP -> pipeline split -> activation recomputation -> compile (per block) -> the data-parallel
+policy's wrap (bench/parallel/dp.py) -> compile of the whole model, where one graph can hold it
+(no FSDP2 units, no DTensors, no stages: DDP's optimizer splits the graph at its buckets).  Each
+step adds what it did to ``info`` (metrics.json's layout).  float8 would be one more step, after TP.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from bench.parallel.ac import apply_ac
+from bench.parallel.compile import apply_compile, compile_kwargs
+from bench.parallel.dp import DataParallel
+from bench.parallel.pp import split_stages
+from bench.parallel.tp import apply_tp
+
+
+@dataclass
+class Parallelized:
+    """This rank's part of the model after every step."""
+
+    chunks: list[nn.Module]  # this rank's pipeline stages (the whole model without a pipeline)
+    wrapped: list[nn.Module]  # the chunks as the step calls them (DDP-wrapped where the policy wraps)
+    stage_ids: list[int]  # their global stage ids
+    model: nn.Module  # wrapped[0], compiled whole where that applies
+    info: dict = field(default_factory=dict)
+
+
+def compiles_whole_model(plan, policy: DataParallel) -> bool:
+    return bool(plan.cfg["compile"]) and not policy.shards and plan.tp == 1 and plan.pp == 1
+
+
+def parallelize(model: nn.Module, plan, mesh, policy: DataParallel, pp_rank: int, device: torch.device,
+                phase: Callable[[str], contextlib.AbstractContextManager]) -> Parallelized:
+    """Apply the steps the layout needs (module docstring); ``phase`` names the timed parts of setup."""
+    cfg, info = plan.cfg, {}
+    if plan.tp > 1:
+        with phase("parallelize_module (TP)"):
+            info.update(apply_tp(model, mesh["tp"]))
+    stage_ids, chunks = split_stages(model, pp_rank, plan.pp, plan.strategy.get("virtual_pipeline", 1))
+    for chunk in chunks:
+        info.update(apply_ac(chunk, cfg["recompute"]))
+    whole = compiles_whole_model(plan, policy)
+    if cfg["compile"] and not whole:  # per block, after TP (DTensor dispatch traced away)
+        for chunk in chunks:
+            info.update(apply_compile(chunk, cfg))
+        if plan.tp > 1:
+            info["compile"] += ", after TP"
+    with phase("wrap"):
+        wrapped, wrap_info = policy.wrap(chunks, plan, mesh, device)
+    info.update(wrap_info)
+    top = wrapped[0]
+    if whole:  # lazy: compiles in the first (warm-up) steps
+        top = torch.compile(top, **compile_kwargs(cfg))
+        info["compile"] = "the whole model" + (policy.whole_model_note() if plan.dp_size > 1 else "")
+    return Parallelized(chunks=chunks, wrapped=wrapped, stage_ids=stage_ids, model=top, info=info)

@@ -1,0 +1,18 @@
+"""``tp``: tensor parallelism (``strategy.tp``, default 2), megatron-core's (``strategy.impl=megatron``,
+GPU only) or torch DTensor's (``impl=torch``, CPU too).  The family's schema, rules and
+implementations: bench/strategies/model_parallel.py."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bench.strategies.model_parallel import CUDA_GRAPHS_EVIDENCE, ModelParallelConfig, family_spec
+
+
+@dataclass
+class TPConfig(ModelParallelConfig):
+    name: str = "tp"
+    tp: int = 2
+
+
+SPEC = family_spec("tp", TPConfig, "tensor parallelism (strategy.tp, default 2): megatron-core or torch DTensor",
+                   {"best": {"strategy.cuda_graph": (True, CUDA_GRAPHS_EVIDENCE)}})
