@@ -15,6 +15,7 @@ from typing import Any, Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from bench.hardware import HardwareConfig, match as match_hardware, preset_nodes, resolve as resolve_hardware
 from bench.layout_rules import check_split
 from bench.loggers import check as check_logger
 from bench.schema import (BenchConfig, ConfigError, LoggerConfig, ModelConfig, Plan, check_choice, check_positive,
@@ -40,6 +41,8 @@ def register_configs() -> None:
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)
     for name, spec in specs().items():
         cs.store(group="strategy", name=name, node=spec.schema)
+    for name, node in preset_nodes().items():
+        cs.store(group="hardware", name=name, node=node)
 
 
 def cuda_device_count() -> int:
@@ -118,8 +121,10 @@ def validate(cfg: DictConfig | dict, gpus: Optional[int] = None, explicit: Itera
     (command line, sweep); with tuning=best they win over the profile."""
     c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     spec = strategy_spec(c)
-    top = {k: v for k, v in c.items() if k not in ("model", "strategy")}
+    c.setdefault("hardware", {"name": "auto"})
+    top = {k: v for k, v in c.items() if k not in ("model", "strategy", "hardware")}
     _check_known_keys(top, BenchConfig)
+    _check_known_keys(c["hardware"], HardwareConfig, "hardware.")
     _check_known_keys(c["model"], ModelConfig, "model.")
     _check_known_keys(c["strategy"], spec.schema, "strategy.")
     c = _apply_shorthands(c, spec)
@@ -187,8 +192,40 @@ def _shared_rules(c: dict) -> None:
         raise ConfigError("memory_gib", c["memory_gib"], "must be a positive number of GiB or null")
 
 
+def _planned_hardware(c: dict, gpus: int) -> int:
+    """A named ``hardware`` preset: a dry run plans for it on any machine (as if its GPUs were there); a run
+    must be on that GPU.  Returns the GPUs the layout may use."""
+    h = c["hardware"]
+    preset = resolve_hardware(c)
+    if h["name"] not in preset_nodes() and not preset.memory_gib:
+        raise ConfigError("hardware", h["name"], f"is not a preset ({', '.join(preset_nodes())}); a GPU of your "
+                          "own needs at least hardware.memory_gib and hardware.peak_tflops")
+    if c["dry_run"]:
+        if c["device"] == "cpu":
+            raise ConfigError("device", "cpu", f"contradicts hardware={h['name']} (a GPU); use device=auto or cuda")
+        return max(gpus, c["world_size"])
+    name = _visible_gpu_name()
+    if name is None:
+        raise ConfigError("hardware", h["name"], "describes a GPU this machine does not have: add dry_run=true to "
+                          "plan for it here, or use hardware=auto to run on what is here")
+    if preset.gpu and name.lower() != preset.gpu.lower() and match_hardware(name) is not match_hardware(preset.gpu):
+        raise ConfigError("hardware", h["name"], f"is {preset.gpu}, but this run would be on {name}: a run is "
+                          "labelled with its real hardware; use hardware=auto (or dry_run=true to plan)")
+    return gpus
+
+
+def _visible_gpu_name() -> Optional[str]:
+    if not cuda_device_count():
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(0)
+
+
 def _device(c: dict, gpus: int) -> str:
     device = c["device"]
+    if c["hardware"].get("name", "auto") != "auto":
+        gpus = _planned_hardware(c, gpus)
     if device == "auto":
         device = "cuda" if gpus > 0 else "cpu"
     if device == "cuda" and gpus == 0:

@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from bench.hardware import PRESETS, HardwareConfig
 from bench.strategies.registry import specs
 from bench.schema import BenchConfig
 
@@ -90,6 +91,9 @@ def render() -> str:
         sub = _nested(f, hints.get(f.name))
         if sub is not None:
             md += [f"## {f.name}", ""] + HEAD + rows(sub, f"{f.name}.") + [""]
+    md += ["## hardware", "", "`hardware=<preset>` (bench/hardware.py): " + ", ".join(
+        f"`{n}` ({p.gpu}, {p.memory_gib:g} GiB)" for n, p in PRESETS.items()) + "; any key can be overridden "
+        "(`hardware.memory_gib=70`).", ""] + HEAD + rows(HardwareConfig, "hardware.") + [""]
     for name, spec in strategies.items():
         md += [f"## strategy={name}", "", f"{spec.summary}.", ""] + HEAD + rows(spec.schema, "strategy.") + [""]
     return "\n".join(md)

@@ -169,7 +169,7 @@ def main_task(cfg: DictConfig) -> str:
 
 
 def run_task(cfg: DictConfig, run_dir: Path, command: list[str], t0: float, explicit: Iterable[str] = ()) -> str:
-    """One rank of a submitit task (bench/slurm.py sizes each job: one task per rank); rank 0 records."""
+    """One rank of a submitit task (bench/launch/slurm/ sizes each job: one task per rank); rank 0 records."""
     from bench.config import cuda_device_count
     from bench.launch.task import (launch_task_rank, no_requeue_on_time_limit_warning, since_process_start,
                               task_rank_environment)

@@ -22,8 +22,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-ORDER = "tp-dp-pp"  # fastest-varying first; Megatron's "tp-cp-ep-dp-pp" with cp = ep = 1
-
 
 @dataclass(frozen=True)
 class Coord:

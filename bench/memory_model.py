@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from bench.hardware import resolve as resolve_hardware
 from bench.metrics.flops import param_groups
 from bench.strategies.registry import ModelStates, get_spec
 from bench.schema import Plan
@@ -164,9 +165,13 @@ def activation_bytes(plan: Plan, lay) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ the plan
 def device_memory_gib(plan: Plan, gpu_memory_gib: Optional[float] = None) -> tuple[Optional[float], str]:
-    """The memory a rank may use: memory_gib, else the launcher's / the visible GPU's; None on CPU."""
+    """The memory a rank may use: memory_gib, else the hardware preset's, else the launcher's / the visible
+    GPU's; None on CPU."""
     if plan.cfg.get("memory_gib"):
         return float(plan.cfg["memory_gib"]), "memory_gib"
+    preset = resolve_hardware(plan.cfg)
+    if preset is not None and preset.memory_gib:
+        return float(preset.memory_gib), f"hardware={preset.name}"
     if gpu_memory_gib:
         return gpu_memory_gib, "launcher"
     if plan.device != "cuda":
@@ -180,8 +185,12 @@ def device_memory_gib(plan: Plan, gpu_memory_gib: Optional[float] = None) -> tup
     return props.total_memory / GIB, props.name
 
 
-def host_memory_gib() -> Optional[float]:
-    """This machine's RAM (the node a local run uses; for SLURM, the planning node's: an estimate)."""
+def host_memory_gib(plan: Optional[Plan] = None) -> Optional[float]:
+    """The node's RAM: the hardware preset's, else this machine's (the node a local run uses; for SLURM, the
+    planning node's: an estimate)."""
+    preset = resolve_hardware(plan.cfg) if plan is not None else None
+    if preset is not None and preset.host_memory_gib:
+        return float(preset.host_memory_gib)
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / GIB
     except (ValueError, OSError, AttributeError):
@@ -189,7 +198,11 @@ def host_memory_gib() -> Optional[float]:
 
 
 def _ranks_on_node(plan: Plan) -> int:
-    return plan.world_size if plan.device == "cuda" else 1
+    if plan.device != "cuda":
+        return 1
+    preset = resolve_hardware(plan.cfg)
+    per_node = preset.gpus_per_node if preset is not None and preset.gpus_per_node else plan.world_size
+    return min(plan.world_size, per_node)
 
 
 def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
@@ -215,7 +228,7 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
     tight = bool(fits_) and needed > (1 - TIGHT) * mem_gib * GIB
     host_needed = sum(host.values()) * _ranks_on_node(plan) + (HOST_PER_RANK_BYTES * _ranks_on_node(plan)
                                                                  if any(host.values()) else 0)
-    host_gib = host_memory_gib()
+    host_gib = host_memory_gib(plan)
     host_fits = None if not any(host.values()) or host_gib is None else host_needed <= HOST_USABLE * host_gib * GIB
     mib = lambda x: round(x / MB, 1)  # noqa: E731
     summary = (f"predicted peak {allocated / GIB:.1f} GiB allocated, {needed / GIB:.1f} GiB needed "

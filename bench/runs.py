@@ -1,6 +1,6 @@
 """Run identity and run folders: the run key, the statuses, and reading what a folder holds.
 
-One module below the single run (bench/job.py), the sweeper (bench/sweep/, bench/slurm.py) and
+One module below the single run (bench/job.py), the sweeper (bench/sweep/, bench/launch/slurm/) and
 the analysis (multirun_analysis), so that all three agree on what a run is:
 
 * :func:`run_key`: a hash of the resolved configuration, without the keys that do not change

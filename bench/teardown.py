@@ -113,7 +113,7 @@ def _drop_module_groups(name: str, mod, group_type) -> None:
                     _drop_default_groups(member, group_type)
 
 
-_HOLDERS = ("torch.distributed", "megatron", "deepspeed")  # the modules _drop_group_references looks into
+_HOLDERS = ("torch.distributed", "megatron.core", "deepspeed")  # the libraries _drop_group_references looks into
 
 
 def _drop_default_groups(fn, group_type) -> None:

@@ -162,7 +162,25 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
     if not_object:
         problems.append("metrics.json is not a JSON object")
         m = None
+    cfg = _run_config(d, m, st, row, problems)
+    # the shorthands (zero_stage=, microbatches=) were copied into strategy.*: their columns say it
+    flat_cfg = flatten({k: v for k, v in (cfg or {}).items() if k != "_command" and k not in SHORTHANDS})
+    if m is None:
+        _no_metrics(d, not_object, row, problems)
+        m = {}
+    else:
+        _status_from_metrics(m, st, row, problems)
+    _error_columns(m, row, problems)
+    _metric_columns(m, row)
+    _measures(m, row, problems)
+    _usability(row, problems)
+    row["problems"] = "; ".join(problems) or None
+    return row, flat_cfg
 
+
+def _run_config(d: Path, m: dict | None, st: Any, row: dict, problems: list[str]) -> dict | None:
+    """What the run ran: metrics.json's config, else .hydra/config.yaml, else metrics.json's 'run'
+    identity, else a pending run's status.json (which may also give the row its overrides)."""
     cfg = m.get("config") if m is not None and isinstance(m.get("config"), dict) else None
     if cfg is None:
         cfg = _read_hydra_config(d, problems)
@@ -183,41 +201,49 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
             row["overrides"] = " ".join(map(str, st["overrides"]))
     if cfg is None:
         problems.append("no config (.hydra/config.yaml and metrics.json config both missing)")
-    # the shorthands (zero_stage=, microbatches=) were copied into strategy.*: their columns say it
-    flat_cfg = flatten({k: v for k, v in (cfg or {}).items() if k != "_command" and k not in SHORTHANDS})
+    return cfg
 
-    if m is None:
-        row["status"] = "incomplete"
-        if not_object:  # valid JSON (a list, a number, null): not what bench writes
-            row["reason"] = "metrics.json is not a JSON object"
-        elif (d / "metrics.json").is_file():
-            row["reason"] = "metrics.json unreadable (corrupt or partially written)"
-        elif row["status_json"]:
-            row["reason"] = f"no metrics.json; status.json says {row['status_json']!r} (in progress or killed)"
-        else:
-            row["reason"] = "no metrics.json and no status.json (killed before it started?)"
-        if not (d / "metrics.json").is_file():  # (an unreadable file is already a problem)
-            problems.append(row["reason"])
-        m = {}
+
+def _no_metrics(d: Path, not_object: bool, row: dict, problems: list[str]) -> None:
+    """status "incomplete" and why, for a run without usable metrics.json."""
+    row["status"] = "incomplete"
+    if not_object:  # valid JSON (a list, a number, null): not what bench writes
+        row["reason"] = "metrics.json is not a JSON object"
+    elif (d / "metrics.json").is_file():
+        row["reason"] = "metrics.json unreadable (corrupt or partially written)"
+    elif row["status_json"]:
+        row["reason"] = f"no metrics.json; status.json says {row['status_json']!r} (in progress or killed)"
     else:
-        ver = m.get("schema_version")
-        row["schema_version"] = ver
-        if ver != SCHEMA_VERSION:
-            problems.append(f"schema_version {ver!r} (this analysis reads {SCHEMA_VERSION}): loaded what is present")
-        status = m.get("status")
-        if status not in STATUSES:
-            problems.append(f"unknown status {status!r} in metrics.json")
-            status = "incomplete" if status is None else str(status)
-        row["status"] = status
-        if st is not None and row["status_json"] not in (status, None):
-            problems.append(f"status.json says {row['status_json']!r}, metrics.json says {status!r}")
+        row["reason"] = "no metrics.json and no status.json (killed before it started?)"
+    if not (d / "metrics.json").is_file():  # (an unreadable file is already a problem)
+        problems.append(row["reason"])
+
+
+def _status_from_metrics(m: dict, st: Any, row: dict, problems: list[str]) -> None:
+    """schema_version and status of a metrics.json, checked against this module and status.json."""
+    ver = m.get("schema_version")
+    row["schema_version"] = ver
+    if ver != SCHEMA_VERSION:
+        problems.append(f"schema_version {ver!r} (this analysis reads {SCHEMA_VERSION}): loaded what is present")
+    status = m.get("status")
+    if status not in STATUSES:
+        problems.append(f"unknown status {status!r} in metrics.json")
+        status = "incomplete" if status is None else str(status)
+    row["status"] = status
+    if st is not None and row["status_json"] not in (status, None):
+        problems.append(f"status.json says {row['status_json']!r}, metrics.json says {status!r}")
+
+
+def _error_columns(m: dict, row: dict, problems: list[str]) -> None:
     if m.get("exit_warning"):  # completed, then a rank crashed or hung on its way out: kept, but said
         problems.append(f"exit_warning: {m['exit_warning']}")
     err = m.get("error") if isinstance(m.get("error"), dict) else {}
     row["error_type"] = err.get("type")
     row["error_message"] = err.get("message")
 
-    # metrics: every scalar, "<section>.<key>"
+
+def _metric_columns(m: dict, row: dict) -> None:
+    """Every scalar of metrics.json as "<section>.<key>", prov.*, rank0.* and profile.* columns."""
     for sec in METRIC_SECTIONS:
         if isinstance(m.get(sec), dict):
             row.update({f"{sec}.{k}": v for k, v in flatten(m[sec]).items() if f"{sec}.{k}" not in NOT_SCALAR})
@@ -234,7 +260,9 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
     row.update({f"rank0.{k}": v for k, v in flatten({k: r0[k] for k in RANK0_TIMES if k in r0}).items()})
     row.update(breakdown.run_columns(m))  # profiled runs: profile.<part>_ms, mean over ranks
 
-    # the measures the summary aggregates (definitions: summarize.py)
+
+def _measures(m: dict, row: dict, problems: list[str]) -> None:
+    """The measures the summary aggregates (definitions: summarize.py)."""
     thr = m.get("throughput") if isinstance(m.get("throughput"), dict) else {}
     row["tokens"] = _num(thr.get("tokens_timed"))
     row["time_s"] = _num(thr.get("timed_window_s"))
@@ -252,6 +280,10 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
         problems.append(f"recorded tokens_per_s {rec:.6g} != tokens_timed/timed_window_s {row['tokens_per_s']:.6g}")
     row.update(_rank_memory(m))
 
+
+def _usability(row: dict, problems: list[str]) -> None:
+    """usable: completed with tokens and a time window; else the reason it is not."""
+    ok = row["tokens"] > 0 and row["time_s"] > 0
     row["usable"] = row["status"] == "completed" and ok
     if row["status"] == "completed" and not ok:
         row["reason"] = "completed, but metrics.json lacks tokens_timed/timed_window_s (partial or old schema)"
@@ -259,8 +291,6 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
     elif row["status"] != "completed" and not row.get("reason"):
         msg = (row["error_message"] or "").strip()
         row["reason"] = f"{row['status']}: {msg.splitlines()[0] if msg else 'no error message recorded'}"
-    row["problems"] = "; ".join(problems) or None
-    return row, flat_cfg
 
 
 # ------------------------------------------------------------------------------ all runs

@@ -90,7 +90,7 @@ DEFINITIONS = __doc__  # the exact column definitions, also printed into report.
 # seeds, whose runs are repeats of one experiment
 # a shorthand's name (zero_stage, microbatches) is the column of the strategy key it sets (load.py)
 EXCLUDED_FROM_KEY = ("seed", "command") + tuple(k for k in volatile_keys() if k not in SHORTHANDS)
-EXCLUDED_PREFIXES = ("metrics.", "hydra.", "cfg.metrics.", "vars.", "fault.", "logger.")
+EXCLUDED_PREFIXES = ("metrics.", "hydra.", "cfg.metrics.", "vars.", "fault.", "logger.", "hardware.")
 BASELINE = {"strategy": baseline_name(), "world_size": 1}
 BASELINE_MATCH = ("model", "global_batch", "seq_len", "precision", "compile", "device_type")
 COMPARISON = ("baseline_tokens_per_s", "baseline_time_per_token_s", "baseline_mem_peak_mb",

@@ -79,3 +79,17 @@ def test_a_tie_is_where_the_repeats_overlap():
     assert not ties_with(best(200_148, 200_810, 2), winner)  # zero-0: 95% and apart
     assert not ties_with(best(210_100, 210_100, 1), winner)  # one run: its spread is unknown
     assert not ties_with(best(210_055, 210_076, 2), best(210_070, 210_070, 1))
+
+
+def test_a_strategys_name_in_the_answer_prints_its_knobs_as_typed():
+    """Table cells read back as floats (tp 2.0, ZeRO stage 3.0) print as the user types them; each strategy
+    names its own variant (StrategySpec.label), the layout and recompute are added generically."""
+    import pandas as pd
+
+    from multirun_analysis.answer import _strategy_name
+
+    cols = ["strategy", "model", "tp", "pp", "zero_stage", "offload_optimizer", "recompute"]
+    fsdp = pd.Series({"strategy": "fsdp", "model": "300m", "tp": 2.0, "pp": 1.0, "recompute": "full"})
+    assert _strategy_name(fsdp, cols) == "fsdp tp=2 recompute=full"
+    zero = pd.Series({"strategy": "zero", "zero_stage": 3.0, "offload_optimizer": "cpu", "tp": None})
+    assert _strategy_name(zero, cols) == "zero-3 offload_optimizer=cpu"

@@ -1,12 +1,15 @@
 """The SLURM code path on this machine: hydra/launcher=local_tasks (submitit's local executor, one
-task per rank, bench/slurm.py). Each task is a rank: rank, world size and master address come from
-submitit's environment (no torchrun, no elastic agent); rank 0 writes metrics.json and status.json."""
+task per rank, bench/launch/slurm/). Each task is a rank: rank, world size and master address come from
+submitit's environment (no torchrun, no elastic agent); rank 0 writes metrics.json and status.json.
+Also hydra/launcher=slurm's refusal, before sbatch, of a time limit SLURM's warning could precede."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -36,3 +39,46 @@ def test_two_submitit_tasks_run_one_gloo_ddp_job(tmp_path):
     assert "global_rank=0(2)" in logs[0].read_text() and "global_rank=1(2)" in logs[1].read_text()
     assert (run / "rank0.json").exists() and (run / "rank1.json").exists()
     assert st["overhead_s"] > 0 and st["wall_s"] >= st["overhead_s"]
+
+
+def test_time_limit_warning_that_could_come_at_the_start_is_refused():
+    """SLURM sends submitit's time-limit warning (USR2) signal_delay_s before the limit, up to 60 s
+    earlier: with a limit that short it can come at the job's start, before bench's handler is in place,
+    and end the tasks (USR2's default action).  bench refuses such a job, naming the keys."""
+    from bench.launch.slurm.resources import check_warning_time
+    from bench.schema import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        check_warning_time(1, 120)
+    assert e.value.key == "hydra.launcher.timeout_min" and e.value.value == 1
+    assert "hydra.launcher.signal_delay_s=120" in str(e.value)
+    assert "valid: timeout_min*60 > signal_delay_s + 60" in str(e.value)
+    assert "hydra.launcher.timeout_min=4" in str(e.value)
+    with pytest.raises(ConfigError, match="signal_delay_s=59"):
+        check_warning_time(2, 60)  # 120 s: the warning may come 60 + 60 s before the limit
+    check_warning_time(2, 10)
+    check_warning_time(60, 120)  # conf/hydra/launcher/slurm.yaml's defaults
+    check_warning_time(None, None)  # submitit's defaults: 5 min, 90 s
+
+
+def test_slurm_job_the_warning_could_end_at_its_start_is_not_submitted(tmp_path):
+    """hydra/launcher=slurm with hydra.launcher.timeout_min=1 (signal_delay_s=120 from slurm.yaml): the
+    run is recorded failed with the ConfigError, sbatch is never called, the sweep ends with its summary."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    called = tmp_path / "sbatch_called"
+    (fake / "sbatch").write_text(f"#!/bin/sh\ntouch {called}\nexit 1\n")
+    (fake / "sbatch").chmod(0o755)
+    sweep = tmp_path / "multirun"
+    args = [sys.executable, "-m", "bench", "--multirun", "hydra/launcher=slurm", "hydra.launcher.timeout_min=1",
+            "strategy=single", "device=cpu", "precision=fp32", "steps=2", "warmup_steps=1", f"hydra.sweep.dir={sweep}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PATH": f"{fake}{os.pathsep}{os.environ.get('PATH', '')}"}
+    p = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=240, env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out[-4000:]
+    assert not called.exists(), out[-4000:]
+    st = json.loads((sweep / "0" / "status.json").read_text())
+    m = json.loads((sweep / "0" / "metrics.json").read_text())
+    assert st["status"] == m["status"] == "failed", st
+    assert "invalid config: hydra.launcher.timeout_min=1: with hydra.launcher.signal_delay_s=120" in st["reason"]
+    assert "invalid config: hydra.launcher.timeout_min=1" in out and "SUMMARY" in out

@@ -8,21 +8,27 @@ Two sweeps run side by side through sbatch/srun (CPU, tiny model, a few steps):
 
 * A: ``strategy=single,ddp world_size=1,2``: three SLURM jobs (single and ddp with one task, ddp with
   two tasks over gloo), all completed; single with world_size=2 is invalid (no job submitted);
-* B: ``strategy=ddp world_size=1,2 fault.kind=hang hydra.launcher.timeout_min=1``: the one-task run hangs
-  until SLURM ends it at its time limit (status ``timeout``); the two-task run is cancelled with scancel
-  while it runs (status ``failed``, the reason says so);
+* B: ``strategy=ddp world_size=1,2 fault.kind=hang hydra.launcher.timeout_min=2
+  hydra.launcher.signal_delay_s=10``: the one-task run hangs until SLURM ends it at its time limit
+  (status ``timeout``); the two-task run is cancelled with scancel while it runs (status ``failed``,
+  the reason says so).  The time limit is set so SLURM's time-limit warning (USR2, signal_delay_s
+  before the limit and up to 60 s earlier) cannot come at the jobs' start, where it ended the tasks
+  before bench could handle it (bench refuses such a job: tests/test_slurm.py);
 * C: one hanging run, and Ctrl-C (SIGINT) to the sweep process while it runs: the job is cancelled, the
   run stays ``interrupted`` (resume=true runs it again), the sweep exits 130.
 * D: ``device=cuda``: the cluster has no GPUs (no GRES), sbatch refuses the job: the run is ``failed``
   with sbatch's error, the sweep goes on and ends with its summary.
 
 Then: every run's status.json / metrics.json, the summaries, and no SLURM job left in squeue and no
-process of the test's jobs left on the machine.  SLURM checks time limits every 30 s, so the
-time-limited job ends 60 to 90 s after it started: the test takes about 1.5 to 2 minutes.
+process of the test's jobs left on the machine.  The test waits on SLURM's own job states (squeue),
+not on timings: a job SLURM has ended before the test saw it run fails the test at once, with its state.
+SLURM checks time limits every 30 s, so the time-limited job ends 120 to 150 s after it started: the test
+takes about 2.5 to 3 minutes.
 """
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -95,6 +101,46 @@ def _wait(p: subprocess.Popen, log: Path, timeout: float) -> str:
     return log.read_text()
 
 
+def _job_id(log: Path, num: int) -> str | None:
+    """The SLURM job id the sweep's launcher logged for its job #num ("[slurm] #1 submitted as 42: ...")."""
+    try:
+        m = re.search(rf"\[slurm\] #{num} submitted as (\d+)", log.read_text())
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def _job_state(env: dict, jid: str) -> str | None:
+    """SLURM's state of the job (squeue -t all), or None once squeue no longer lists it."""
+    p = subprocess.run(["squeue", "-h", "-t", "all", "-j", jid, "-o", "%T|%r"], env=env, capture_output=True,
+                       text=True, timeout=30)
+    out = p.stdout.strip()
+    return out.splitlines()[0] if p.returncode == 0 and out else None
+
+
+def _when_running(env: dict, run: Path, log: Path, ranks: int, timeout: float = 300) -> str:
+    """Wait until SLURM runs the job of the run folder ``run`` (job #run.name of the sweep that writes
+    ``log``) and each of its ``ranks`` has started (its rank log: its signal handlers are in place),
+    and return its job id.  The job is followed in squeue: one that SLURM has ended first fails the test
+    at once, with its state; ``timeout`` is only a bound for a job that never starts."""
+    deadline = time.time() + timeout
+    jid, state = None, None
+    while time.time() < deadline:
+        jid = jid or _job_id(log, int(run.name))
+        if jid:
+            state = _job_state(env, jid)
+            started = all((run / f"rank{r}.log").exists() for r in range(ranks))
+            if state and state.startswith("RUNNING|") and started and \
+                    _json(run / "status.json").get("submitit_job_id") == jid:
+                return jid
+            if state is None or state.split("|")[0] not in ("PENDING", "CONFIGURING", "RUNNING"):
+                pytest.fail(f"SLURM job {jid} of {run} ended ({state or 'no longer listed'}) before its "
+                            f"{ranks} rank(s) were seen running:\n{log.read_text()[-4000:]}")
+        time.sleep(0.5)
+    pytest.fail(f"SLURM job {jid} of {run} was not running within {timeout:.0f} s (SLURM: {state}):\n"
+                f"{log.read_text()[-4000:]}")
+
+
 def test_real_slurm_sweep(slurm, sweep, tmp_path):
     t_start = time.time()
     tag = fault_env()  # every process of the test's jobs carries it (sbatch exports the environment)
@@ -102,34 +148,21 @@ def test_real_slurm_sweep(slurm, sweep, tmp_path):
     good, bad, stop = tmp_path / "good", tmp_path / "bad", tmp_path / "stop"
     pa = sweep(good, env, "strategy=single,ddp", "world_size=1,2", "hydra.launcher.timeout_min=10")
     pb = sweep(bad, env, "strategy=ddp", "world_size=1,2", "fault.kind=hang", "fault.step=1",
-                "hydra.launcher.timeout_min=1")
+                "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=10")
     pc = sweep(stop, env, "strategy=single", "fault.kind=hang", "fault.step=1", "seed=7")
 
-    # once they run (rank 0 wrote status "running" with its SLURM job id, every rank its log), and
-    # are in the hang (step 1): scancel B's two-task run, Ctrl-C to C
-    cancelled, interrupted = None, None
-    deadline = time.time() + 90
-    while (cancelled is None or interrupted is None) and time.time() < deadline:
-        st = _json(bad / "1" / "status.json")
-        if cancelled is None and st.get("status") == "running" and (bad / "1" / "rank1.log").exists():
-            time.sleep(2)
-            cancelled = st["submitit_job_id"]
-            subprocess.run(["scancel", cancelled], env=slurm.env, check=True, timeout=30)
-        st = _json(stop / "0" / "status.json")
-        if interrupted is None and st.get("status") == "running" and (stop / "0" / "rank0.log").exists():
-            time.sleep(2)
-            interrupted = st["submitit_job_id"]
-            pc.send_signal(signal.SIGINT)
-        time.sleep(0.5)
-    assert cancelled, f"B's two-task run never ran:\n{bad.with_suffix('.log').read_text()[-4000:]}"
-    assert interrupted, f"C's run never ran:\n{stop.with_suffix('.log').read_text()[-4000:]}"
+    # once SLURM runs them and every rank has started: scancel B's two-task run, Ctrl-C to C
+    cancelled = _when_running(slurm.env, bad / "1", bad.with_suffix(".log"), ranks=2)
+    subprocess.run(["scancel", cancelled], env=slurm.env, check=True, timeout=30)
+    interrupted = _when_running(slurm.env, stop / "0", stop.with_suffix(".log"), ranks=1)
+    pc.send_signal(signal.SIGINT)
 
     refused = tmp_path / "refused"
     pd = sweep(refused, env, "strategy=single", "device=cuda")
-    out_d = _wait(pd, refused.with_suffix(".log"), 120)
-    out_c = _wait(pc, stop.with_suffix(".log"), 60)
-    out_a = _wait(pa, good.with_suffix(".log"), 150)
-    out_b = _wait(pb, bad.with_suffix(".log"), 200)
+    out_d = _wait(pd, refused.with_suffix(".log"), 180)
+    out_c = _wait(pc, stop.with_suffix(".log"), 120)
+    out_a = _wait(pa, good.with_suffix(".log"), 300)
+    out_b = _wait(pb, bad.with_suffix(".log"), 360)  # its time-limited job: 2 min after it started
     elapsed = time.time() - t_start
 
     # A: three SLURM jobs completed, one invalid combination recorded without a job

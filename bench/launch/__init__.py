@@ -3,7 +3,7 @@
 Two ways (DESIGN: "local: torch elastic launch; SLURM: this process IS a rank"):
 
 * ``local.launch_local``: this process starts every rank;
-* ``task.launch_task_rank``: inside a submitit/SLURM task, this process is one rank (bench/slurm.py
+* ``task.launch_task_rank``: inside a submitit/SLURM task, this process is one rank (bench/launch/slurm/
   sized the job: one task per rank).  A watchdog thread in every rank ends the run on
   ``run_timeout_s`` or when another rank has failed (its failure_rank*.json appears in the shared
   run folder), so one failing rank cannot leave the others waiting in a collective; rank 0 records

@@ -48,35 +48,62 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
 
     from bench.worker import worker_main
 
-    timeout_s = plan.cfg.get("run_timeout_s")
-    teardown_s = plan.cfg["teardown_timeout_s"] + TEARDOWN_GRACE_S
+    # the deadlines (read here: a config without them fails before anything starts)
+    deadlines = (plan.cfg.get("run_timeout_s"), plan.cfg["teardown_timeout_s"] + TEARDOWN_GRACE_S)
     expired: dict = {}  # what ended the run from outside: {"limit": "run_timeout_s" | "teardown_timeout_s"}
     stop_watch = threading.Event()
-
-    def _watch() -> None:
-        """run_timeout_s from the start; teardown_timeout_s (+ grace) from the moment rank 0's
-        completed metrics.json appears.  Either sends this process SIGTERM, which the elastic agent
-        turns into a shutdown of all workers (SIGTERM, then SIGKILL)."""
-        t0, started, done_at = time.monotonic(), time.time(), None
-        metrics = run_dir / "metrics.json"
-        while not stop_watch.wait(0.5):
-            now = time.monotonic()
-            if (done_at is None and metrics.is_file() and metrics.stat().st_mtime >= started
-                    and _completed_before_exit(run_dir)):  # this launch's result, not an older one
-                done_at = now
-            if timeout_s and now - t0 > timeout_s:
-                expired["limit"] = "run_timeout_s"
-                log.error("run exceeded run_timeout_s=%s: terminating its processes", timeout_s)
-            elif done_at is not None and now - done_at > teardown_s:
-                expired["limit"] = "teardown_timeout_s"
-                log.error("the processes did not exit within teardown_timeout_s=%s after the run completed: "
-                          "terminating them", plan.cfg["teardown_timeout_s"])
-            else:
-                continue
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-
     start_method = plan.cfg["start_method"]
+    _prepare_start_method(start_method)
+    saved = {s: signal.getsignal(s) for s in _HANDLED_SIGNALS}
+    with tempfile.TemporaryDirectory(prefix="bench_elastic_") as logs:
+        config = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=plan.world_size,
+            run_id=f"bench-{uuid.uuid4().hex[:8]}",
+            rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # port 0: the OS picks a free one
+            max_restarts=0, monitor_interval=0.2, start_method=start_method,
+            logs_specs=DefaultLogsSpecs(log_dir=logs))
+        watcher = threading.Thread(target=_watch_deadlines, args=(run_dir, plan.cfg, *deadlines, expired, stop_watch),
+                                   name="bench-run-deadlines", daemon=True)
+        try:
+            watcher.start()
+            elastic_launch(config, worker_main)(plan.to_dict(), str(run_dir), True)  # teardown_deadline
+            return Outcome("completed")
+        except ChildFailedError as e:
+            return _outcome_of_failed_child(e, run_dir, plan.cfg, expired)
+        except SignalException as e:
+            return _outcome_of_signal(e, run_dir, plan.cfg, expired)
+        finally:
+            stop_watch.set()
+            for s, h in saved.items():
+                signal.signal(s, h)
+
+
+def _watch_deadlines(run_dir: Path, cfg: dict, timeout_s, teardown_s: float, expired: dict,
+                     stop_watch: threading.Event) -> None:
+    """run_timeout_s from the start; teardown_timeout_s (+ grace) from the moment rank 0's
+    completed metrics.json appears.  Either sends this process SIGTERM, which the elastic agent
+    turns into a shutdown of all workers (SIGTERM, then SIGKILL); ``expired["limit"]`` says which."""
+    t0, started, done_at = time.monotonic(), time.time(), None
+    metrics = run_dir / "metrics.json"
+    while not stop_watch.wait(0.5):
+        now = time.monotonic()
+        if (done_at is None and metrics.is_file() and metrics.stat().st_mtime >= started
+                and _completed_before_exit(run_dir)):  # this launch's result, not an older one
+            done_at = now
+        if timeout_s and now - t0 > timeout_s:
+            expired["limit"] = "run_timeout_s"
+            log.error("run exceeded run_timeout_s=%s: terminating its processes", timeout_s)
+        elif done_at is not None and now - done_at > teardown_s:
+            expired["limit"] = "teardown_timeout_s"
+            log.error("the processes did not exit within teardown_timeout_s=%s after the run completed: "
+                      "terminating them", cfg["teardown_timeout_s"])
+        else:
+            continue
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+
+
+def _prepare_start_method(start_method: str) -> None:
     if start_method == "forkserver":
         # ranks fork from a server process that has imported torch and bench.worker (and, in a
         # sweep, _PRELOAD's other modules) once (a sweep's later runs reuse it) instead of each rank
@@ -87,52 +114,41 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
         # (which inherits this environment when it starts) and the ranks use that one.
         os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         multiprocessing.set_forkserver_preload(list(_PRELOAD))
-    saved = {s: signal.getsignal(s) for s in _HANDLED_SIGNALS}
-    with tempfile.TemporaryDirectory(prefix="bench_elastic_") as logs:
-        config = LaunchConfig(
-            min_nodes=1, max_nodes=1, nproc_per_node=plan.world_size,
-            run_id=f"bench-{uuid.uuid4().hex[:8]}",
-            rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # port 0: the OS picks a free one
-            max_restarts=0, monitor_interval=0.2, start_method=start_method,
-            logs_specs=DefaultLogsSpecs(log_dir=logs))
-        watcher = threading.Thread(target=_watch, name="bench-run-deadlines", daemon=True)
-        try:
-            watcher.start()
-            elastic_launch(config, worker_main)(plan.to_dict(), str(run_dir), True)  # teardown_deadline
-            return Outcome("completed")
-        except ChildFailedError as e:
-            failures = read_failures(run_dir)
-            if expired:
-                return _ended_by_limit(run_dir, expired["limit"], plan.cfg, failures)
-            killed = _killed_without_record(e, failures)
-            if killed is not None and not _completed_before_exit(run_dir):
-                return Outcome("failed", killed, failures)
-            if failures:
-                return from_failures(failures)
-            rank, pf = e.get_first_failure()
-            if _completed_before_exit(run_dir):
-                # every rank finished and rank 0 wrote the results after the final barrier; a
-                # process died on its way out (DeepSpeed's rare "terminate called without an
-                # active exception") or its teardown hung and was ended: keep the measurement,
-                # record the exit.
-                _add_exit_warning(run_dir, _exit_after_completion(run_dir, rank, pf.exitcode, plan.cfg))
-                return Outcome("completed")
-            return Outcome("failed", {"rank": rank, "type": "ChildFailedError",
-                                      "message": f"rank {rank} exited with code {pf.exitcode}",
-                                      "traceback": str(e)}, failures)
-        except SignalException as e:
-            failures = read_failures(run_dir)
-            if expired:
-                return _ended_by_limit(run_dir, expired["limit"], plan.cfg, failures)
-            if _completed_before_exit(run_dir):
-                _add_exit_warning(run_dir, f"interrupted ({e}) during the teardown, after the run completed")
-                return Outcome("completed")
-            return Outcome("interrupted", {"rank": None, "type": "SignalException", "message": str(e),
-                                           "traceback": None}, failures)
-        finally:
-            stop_watch.set()
-            for s, h in saved.items():
-                signal.signal(s, h)
+
+
+def _outcome_of_failed_child(e, run_dir: Path, cfg: dict, expired: dict) -> Outcome:
+    """The outcome of a launch that ended in torch's ChildFailedError ``e``."""
+    failures = read_failures(run_dir)
+    if expired:
+        return _ended_by_limit(run_dir, expired["limit"], cfg, failures)
+    killed = _killed_without_record(e, failures)
+    if killed is not None and not _completed_before_exit(run_dir):
+        return Outcome("failed", killed, failures)
+    if failures:
+        return from_failures(failures)
+    rank, pf = e.get_first_failure()
+    if _completed_before_exit(run_dir):
+        # every rank finished and rank 0 wrote the results after the final barrier; a
+        # process died on its way out (DeepSpeed's rare "terminate called without an
+        # active exception") or its teardown hung and was ended: keep the measurement,
+        # record the exit.
+        _add_exit_warning(run_dir, _exit_after_completion(run_dir, rank, pf.exitcode, cfg))
+        return Outcome("completed")
+    return Outcome("failed", {"rank": rank, "type": "ChildFailedError",
+                              "message": f"rank {rank} exited with code {pf.exitcode}",
+                              "traceback": str(e)}, failures)
+
+
+def _outcome_of_signal(e, run_dir: Path, cfg: dict, expired: dict) -> Outcome:
+    """The outcome of a launch that a signal (torch's SignalException ``e``) ended."""
+    failures = read_failures(run_dir)
+    if expired:
+        return _ended_by_limit(run_dir, expired["limit"], cfg, failures)
+    if _completed_before_exit(run_dir):
+        _add_exit_warning(run_dir, f"interrupted ({e}) during the teardown, after the run completed")
+        return Outcome("completed")
+    return Outcome("interrupted", {"rank": None, "type": "SignalException", "message": str(e),
+                                   "traceback": None}, failures)
 
 
 def _killed_without_record(e, failures: list[dict]) -> Optional[dict]:

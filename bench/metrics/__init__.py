@@ -76,11 +76,40 @@ def assemble(cfg: dict, device_type: str, ranks: list[dict], describe: dict, pro
     out = skeleton(cfg, "completed")
     model = cfg["model"]
     warmup = cfg["warmup_steps"]
-    n_steps = cfg["steps"]
-    timed = n_steps - warmup
+    timed = cfg["steps"] - warmup
+    per_step = _loss_per_step(ranks, cfg["steps"])
+    skipped = ranks[0]["skipped"]
+    applied_timed = _applied_timed_steps(skipped, warmup, timed)
+    throughput = _throughput(ranks, model, cfg["world_size"], applied_timed, describe)
+    flops = _flops_fields(cfg, throughput["tokens_per_s"], ranks[0].get("device_name"), matmul_peak)
+    # The run's step time is set by its slowest rank: take the per-step max over ranks.
+    step_times = [max(r["step_times"][i] for r in ranks) for i in range(timed)]
+    energy = [r["energy_j"] for r in ranks]
 
-    # Loss per step: token-weighted mean over the ranks that hold a loss (DP: every rank; TP: one
-    # replica's first rank; PP: last stage).
+    out["run"].update(device_type=device_type, timed_steps=timed)
+    out["layout"] = describe
+    out["throughput"] = throughput
+    out["step_time_s"] = {**step_time_stats(step_times), "all": step_times,
+                          "source": ranks[0].get("step_time_source")}
+    finite = [x for x in per_step if x is not None]
+    out["loss"] = {"per_step": per_step, "first": finite[0] if finite else None,
+                   "last": finite[-1] if finite else None, "ln_vocab": math.log(model["vocab_size"])}
+    out["skipped_steps"] = {"warmup": sum(skipped[:warmup]), "timed": sum(skipped[warmup:])}
+    out["flops"].update(flops)
+    out["memory"] = _memory(ranks)
+    out["utilization"] = {"gpu_util_mean_pct": _mean(r["gpu_util_mean_pct"] for r in ranks)}
+    total_j = sum(energy) if energy and all(e is not None for e in energy) else None
+    out["energy"] = {"joules": total_j, "joules_per_token": total_j / throughput["tokens_timed"] if total_j else None}
+    profiles = [r.get("profile") for r in ranks]
+    out["profile"] = profiles if any(profiles) else None
+    out["ranks"] = [{k: v for k, v in r.items() if k not in ("losses", "profile")} for r in ranks]
+    out["provenance"] = provenance
+    return out
+
+
+def _loss_per_step(ranks: list[dict], n_steps: int) -> list:
+    """Loss per step: token-weighted mean over the ranks that hold a loss (DP: every rank; TP: one
+    replica's first rank; PP: last stage)."""
     per_step = []
     for n in range(n_steps):
         num = den = 0.0
@@ -89,31 +118,25 @@ def assemble(cfg: dict, device_type: str, ranks: list[dict], describe: dict, pro
                 num += r["losses"][n] * r["tokens_per_step"]
                 den += r["tokens_per_step"]
         per_step.append(num / den if den else None)
+    return per_step
 
-    skipped = ranks[0]["skipped"]
+
+def _applied_timed_steps(skipped: list, warmup: int, timed: int) -> int:
+    """The timed steps the optimizer applied (not skipped by the fp16 loss scaler); raises if none."""
     applied_timed = timed - sum(skipped[warmup:])
     if applied_timed == 0:  # no token was trained in the window: no throughput to report
         raise RuntimeError(f"every one of the {timed} timed steps was skipped by the fp16 loss scaler (gradient "
                            "overflow): nothing was trained in the timed window; raise warmup_steps so that the "
                            "loss scale settles before it, or use precision=bf16")
+    return applied_timed
+
+
+def _throughput(ranks: list[dict], model: dict, ws: int, applied_timed: int, describe: dict) -> dict:
     tokens_per_step = sum(r["tokens_per_step"] for r in ranks)
     window = max(r["window_s"] for r in ranks)
     tokens_timed = tokens_per_step * applied_timed
     tps = tokens_timed / window
-    ws = cfg["world_size"]
-    fpt = _flops.flops_per_token(model)
-    achieved = fpt * tps / ws / 1e12
-    dev_name = ranks[0].get("device_name")
-    peak, source = (cfg["metrics"]["peak_tflops"], "config metrics.peak_tflops") \
-        if cfg["metrics"].get("peak_tflops") else _flops.peak_tflops(dev_name, cfg["precision"], cfg["tf32"])
-
-    # The run's step time is set by its slowest rank: take the per-step max over ranks.
-    step_times = [max(r["step_times"][i] for r in ranks) for i in range(timed)]
-    energy = [r["energy_j"] for r in ranks]
-
-    out["run"].update(device_type=device_type, timed_steps=timed)
-    out["layout"] = describe
-    out["throughput"] = {
+    return {
         "tokens_per_step": tokens_per_step,
         "tokens_per_step_expected": model["global_batch"] * model["seq_len"],
         "timed_window_s": window,
@@ -123,36 +146,35 @@ def assemble(cfg: dict, device_type: str, ranks: list[dict], describe: dict, pro
         "tokens_per_s_per_device": tps / ws,
         "token_rule": describe.get("token_rule", "sum over ranks of each rank's counted tokens"),
     }
-    out["step_time_s"] = {**step_time_stats(step_times), "all": step_times,
-                          "source": ranks[0].get("step_time_source")}
-    finite = [x for x in per_step if x is not None]
-    out["loss"] = {"per_step": per_step, "first": finite[0] if finite else None,
-                   "last": finite[-1] if finite else None, "ln_vocab": math.log(model["vocab_size"])}
-    out["skipped_steps"] = {"warmup": sum(skipped[:warmup]), "timed": sum(skipped[warmup:])}
-    out["flops"].update(
+
+
+def _flops_fields(cfg: dict, tps: float, dev_name: Optional[str], matmul_peak: Optional[float]) -> dict:
+    """The measured part of metrics.json's "flops" section: model and hardware FLOPs, MFU, HFU."""
+    model, ws = cfg["model"], cfg["world_size"]
+    fpt = _flops.flops_per_token(model)
+    achieved = fpt * tps / ws / 1e12
+    peak, source = (cfg["metrics"]["peak_tflops"], "config metrics.peak_tflops") \
+        if cfg["metrics"].get("peak_tflops") else _flops.peak_tflops(dev_name, cfg["precision"], cfg["tf32"])
+    hw_fpt = _flops.hardware_flops_per_token(model, cfg.get("recompute", "none"))
+    hw = hw_fpt * tps / ws / 1e12
+    return dict(
         N=_flops.matmul_params(model), L=model["n_layers"], d=model["d_model"], seq=model["seq_len"],
         flops_per_token=fpt, total_params=_flops.total_params(model),
         achieved_tflops_per_device=achieved, peak_tflops=peak, peak_source=source,
         mfu=achieved / peak if peak else None, matmul_peak_tflops_measured=matmul_peak,
-        mfu_vs_measured_peak=achieved / matmul_peak if matmul_peak else None)
-    hw = _flops.hardware_flops_per_token(model, cfg.get("recompute", "none")) * tps / ws / 1e12
-    out["flops"].update(hardware_flops_per_token=_flops.hardware_flops_per_token(model, cfg.get("recompute", "none")),
-                        hfu=hw / peak if peak else None, hfu_vs_measured_peak=hw / matmul_peak if matmul_peak else None)
-    out["memory"] = {
+        mfu_vs_measured_peak=achieved / matmul_peak if matmul_peak else None,
+        hardware_flops_per_token=hw_fpt,
+        hfu=hw / peak if peak else None, hfu_vs_measured_peak=hw / matmul_peak if matmul_peak else None)
+
+
+def _memory(ranks: list[dict]) -> dict:
+    return {
         "max_allocated_mb": _max(r["max_allocated_mb"] for r in ranks),
         "max_reserved_mb": _max(r["max_reserved_mb"] for r in ranks),
         "nvml_used_peak_mb": _max(r["nvml_mem_used_peak_mb"] for r in ranks),
         "nvml_used_mean_mb": _mean(r["nvml_mem_used_mean_mb"] for r in ranks),
         "host_peak_rss_mb": _max(r["host_peak_rss_mb"] for r in ranks),
     }
-    out["utilization"] = {"gpu_util_mean_pct": _mean(r["gpu_util_mean_pct"] for r in ranks)}
-    total_j = sum(energy) if energy and all(e is not None for e in energy) else None
-    out["energy"] = {"joules": total_j, "joules_per_token": total_j / tokens_timed if total_j else None}
-    profiles = [r.get("profile") for r in ranks]
-    out["profile"] = profiles if any(profiles) else None
-    out["ranks"] = [{k: v for k, v in r.items() if k not in ("losses", "profile")} for r in ranks]
-    out["provenance"] = provenance
-    return out
 
 
 def one_line(m: dict[str, Any]) -> str:

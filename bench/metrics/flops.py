@@ -21,31 +21,11 @@ from __future__ import annotations
 
 from typing import Optional
 
+from bench.hardware import peak_table
+
 FORMULA = "flops_per_token = 6*N + 12*L*d*seq"
 N_COUNTS = ("parameters of the L transformer blocks (q/k/v/o, MLP, biases, norms), the final norm and "
             "the output projection (also when tied to the token embedding: it is a matmul); embeddings excluded")
-
-# Dense (no sparsity) peak TFLOP/s by device-name substring: (bf16/fp16 tensor, tf32 tensor, fp32).
-# Sources: vendor datasheets. First match wins, so more specific names come first.
-PEAK_TFLOPS: list[tuple[str, tuple[float, float, float]]] = [
-    ("H100 PCIe", (756.0, 378.0, 51.2)),
-    ("H100 NVL", (835.0, 417.5, 60.0)),
-    ("H100", (989.4, 494.7, 66.9)),   # SXM
-    ("H200", (989.4, 494.7, 66.9)),   # SXM
-    ("H20", (148.0, 74.0, 44.0)),
-    ("GH200", (989.4, 494.7, 66.9)),
-    ("B200", (2250.0, 1100.0, 80.0)),
-    ("A100", (312.0, 156.0, 19.5)),
-    ("A800", (312.0, 156.0, 19.5)),
-    ("L40S", (362.1, 183.0, 91.6)),
-    ("L4", (121.0, 60.0, 30.3)),
-    ("RTX A6000", (154.8, 77.4, 38.7)),
-    ("RTX 6000 Ada", (364.2, 182.1, 91.1)),
-    ("RTX 4090", (165.2, 82.6, 82.6)),
-    ("RTX 3090", (71.0, 35.6, 35.6)),
-    ("V100", (125.0, 15.7, 15.7)),
-]
-
 
 def param_groups(model: dict) -> dict[str, int]:
     """Parameters by part: embedding (token + learned positions), one block, the final norm, the
@@ -89,12 +69,17 @@ def hardware_flops_per_token(model: dict, recompute: str) -> int:
 
 
 def peak_tflops(device_name: Optional[str], precision: str, tf32: bool) -> tuple[Optional[float], str]:
-    """(peak, source) for a device name and precision; (None, reason) when unknown."""
+    """(peak, source) for a device name and precision from the hardware table (bench/hardware.py: the
+    presets, then further datasheet rows); (None, reason) when unknown."""
     if not device_name:
         return None, "no GPU: no peak known (set metrics.peak_tflops)"
-    col = 0 if precision in ("bf16", "fp16") else (1 if tf32 else 2)
-    kind = ("bf16/fp16 dense tensor", "tf32 dense tensor", "fp32")[col]
-    for key, peaks in PEAK_TFLOPS:
-        if key.lower() in device_name.lower():
-            return peaks[col], f"datasheet {key} {kind}"
-    return None, f"device {device_name!r} not in the peak table (set metrics.peak_tflops)"
+    key = precision if precision in ("bf16", "fp16", "fp8") else ("tf32" if tf32 else "fp32")
+    kind = {"bf16": "bf16/fp16 dense tensor", "fp16": "bf16/fp16 dense tensor", "fp8": "fp8 dense tensor",
+            "tf32": "tf32 dense tensor", "fp32": "fp32"}[key]
+    peaks, source = peak_table(device_name)
+    if peaks is None:
+        return None, source
+    peak = peaks.get(key) if key != "fp16" else peaks.get("fp16", peaks.get("bf16"))
+    if peak is None:
+        return None, f"{source}: no {kind} peak"
+    return peak, f"{source} {kind}"

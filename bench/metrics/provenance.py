@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata as md
+import os
 import platform
 import socket
 import subprocess
@@ -18,12 +19,41 @@ def _version(pkg: str) -> Optional[str]:
         return None
 
 
-def _run(cmd: list[str], cwd: Optional[str] = None) -> Optional[str]:
+def _run(cmd: list[str], cwd: Optional[str] = None, env: Optional[dict] = None) -> Optional[str]:
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, cwd=cwd)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, cwd=cwd, env=env)
         return out.stdout.strip() if out.returncode == 0 else None
     except Exception:
         return None
+
+
+# git obeys these over its working directory (set by git hooks, or left by a tool): they would point
+# it at another repository
+_GIT_LOCATION_VARS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR")
+
+
+def _git(args: list[str], cwd: Path) -> Optional[str]:
+    env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_VARS}
+    return _run(["git", "-C", str(cwd), *args], env=env)
+
+
+def source_git() -> dict:
+    """The git state of bench's own source: the checkout that tracks the ``bench`` package's files,
+    whatever the working directory.  git_commit is None (git_commit_reason says why) when bench is
+    not in a git checkout: installed into site-packages (even inside some other repository, e.g. a
+    virtual environment in a project's folder), or git missing."""
+    pkg = Path(__file__).resolve().parents[1]  # the bench package
+    top = _git(["rev-parse", "--show-toplevel"], pkg)
+    if top is None:
+        return {"git_commit": None, "git_dirty": None,
+                "git_commit_reason": f"bench's source ({pkg}) is not in a git checkout (or git is unavailable)"}
+    if not _git(["ls-files", "--", "__init__.py"], pkg):  # the enclosing repository does not hold bench
+        return {"git_commit": None, "git_dirty": None,
+                "git_commit_reason": f"bench's source ({pkg}) is not tracked by the git repository at {top}"}
+    commit = _git(["rev-parse", "HEAD"], Path(top))
+    return {"git_commit": commit,
+            "git_dirty": bool(_git(["status", "--porcelain", "--untracked-files=no"], Path(top))),
+            "git_commit_reason": None if commit else f"no commit in the git repository at {top}"}
 
 
 def versions() -> dict:
@@ -52,17 +82,15 @@ def versions() -> dict:
 
 def collect(command: list[str], device_names: list[Optional[str]]) -> dict:
     """Host-level provenance (called on rank 0 of the run)."""
-    repo = str(Path(__file__).resolve().parents[2])
     return {
         "command": command,
         "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
-        "cpu_count": __import__("os").cpu_count(),
+        "cpu_count": os.cpu_count(),
         "versions": versions(),
         "devices": device_names,
         "nvidia_smi_topo": _run(["nvidia-smi", "topo", "-m"]),
-        "git_commit": _run(["git", "rev-parse", "HEAD"], cwd=repo),
-        "git_dirty": bool(_run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)),
+        **source_git(),
         "python_executable": sys.executable,
     }

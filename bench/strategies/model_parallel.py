@@ -79,8 +79,16 @@ def _megatron_core_installed() -> bool:
 
 
 def rules(plan: Plan) -> None:
+    """Which implementation can run this plan, then the knobs' own rules."""
+    _implementation_rules(plan)
+    _knob_rules(plan)
+    if plan.strategy["cuda_graph"]:
+        _cuda_graph_rules(plan)
+
+
+def _implementation_rules(plan: Plan) -> None:
     s, m, c = plan.strategy, plan.model, plan.cfg
-    name, impl, tp, pp, dp = s["name"], s["impl"], plan.tp, plan.pp, plan.dp_size
+    name, impl, tp, pp = s["name"], s["impl"], plan.tp, plan.pp
     if name == "megatron" and impl != "megatron":
         raise ConfigError("strategy.impl", impl, "strategy=megatron is megatron-core only; for torch-native "
                           "parallelism use strategy=tp or strategy=pp with strategy.impl=torch, or strategy=ddp")
@@ -108,6 +116,11 @@ def rules(plan: Plan) -> None:
         raise ConfigError("strategy.microbatches", s["microbatches"],
                           f"Megatron's interleaved schedule needs the number of micro-batches ({plan.grad_accum}) "
                           f"to be a multiple of strategy.pp={pp}")
+
+
+def _knob_rules(plan: Plan) -> None:
+    s, m, c = plan.strategy, plan.model, plan.cfg
+    name, impl, tp = s["name"], s["impl"], plan.tp
     if s["sequence_parallel"]:
         if tp == 1:
             raise ConfigError("strategy.sequence_parallel", True, "needs strategy.tp > 1")
@@ -125,20 +138,23 @@ def rules(plan: Plan) -> None:
         raise ConfigError("strategy.bucket_size", s["bucket_size"], "must be a positive number of parameters, or null")
     if s["overlap_param_gather"] and not s["use_distributed_optimizer"]:
         raise ConfigError("strategy.overlap_param_gather", True, "needs strategy.use_distributed_optimizer=true")
-    if s["cuda_graph"]:
-        if impl != "megatron":
-            raise ConfigError("strategy.cuda_graph", True, "is implemented for strategy.impl=megatron only; "
-                              "with impl=torch use compile=true")
-        if s["overlap_param_gather"]:
-            raise ConfigError("strategy.cuda_graph", True, "cannot capture strategy.overlap_param_gather's "
-                              "forward hooks; set overlap_param_gather=false")
-        if c["precision"] == "fp16":
-            raise ConfigError("strategy.cuda_graph", True, "with precision=fp16: the dynamic loss scale is a new "
-                              "tensor after each change, which a captured graph would not see; use bf16 or fp32")
-        if c["warmup_steps"] <= CUDA_GRAPH_CAPTURE_STEP:
-            raise ConfigError("warmup_steps", c["warmup_steps"], f"must be > {CUDA_GRAPH_CAPTURE_STEP} with "
-                              f"strategy.cuda_graph=true: steps 0-{CUDA_GRAPH_CAPTURE_STEP - 1} run eagerly and step "
-                              f"{CUDA_GRAPH_CAPTURE_STEP} is captured, so no timed step includes the capture")
+
+
+def _cuda_graph_rules(plan: Plan) -> None:
+    s, c = plan.strategy, plan.cfg
+    if s["impl"] != "megatron":
+        raise ConfigError("strategy.cuda_graph", True, "is implemented for strategy.impl=megatron only; "
+                          "with impl=torch use compile=true")
+    if s["overlap_param_gather"]:
+        raise ConfigError("strategy.cuda_graph", True, "cannot capture strategy.overlap_param_gather's "
+                          "forward hooks; set overlap_param_gather=false")
+    if c["precision"] == "fp16":
+        raise ConfigError("strategy.cuda_graph", True, "with precision=fp16: the dynamic loss scale is a new "
+                          "tensor after each change, which a captured graph would not see; use bf16 or fp32")
+    if c["warmup_steps"] <= CUDA_GRAPH_CAPTURE_STEP:
+        raise ConfigError("warmup_steps", c["warmup_steps"], f"must be > {CUDA_GRAPH_CAPTURE_STEP} with "
+                          f"strategy.cuda_graph=true: steps 0-{CUDA_GRAPH_CAPTURE_STEP - 1} run eagerly and step "
+                          f"{CUDA_GRAPH_CAPTURE_STEP} is captured, so no timed step includes the capture")
 
 
 def model_states(cfg: dict) -> ModelStates:

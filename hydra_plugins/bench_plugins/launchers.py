@@ -1,6 +1,6 @@
-"""hydra/launcher=slurm and hydra/launcher=local_tasks (code: bench.slurm); needs submitit."""
-from bench.slurm import BenchLocalLauncher as _BenchLocalLauncher
-from bench.slurm import BenchSlurmLauncher as _BenchSlurmLauncher
+"""hydra/launcher=slurm and hydra/launcher=local_tasks (code: bench/launch/slurm/); needs submitit."""
+from bench.launch.slurm.launchers import BenchLocalLauncher as _BenchLocalLauncher
+from bench.launch.slurm.launchers import BenchSlurmLauncher as _BenchSlurmLauncher
 
 
 class BenchSlurmLauncher(_BenchSlurmLauncher):

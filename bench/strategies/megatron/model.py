@@ -90,29 +90,29 @@ class SDPACoreAttention(MegatronModule):
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
 
-class LayerNorm(torch.nn.LayerNorm):
+class _MegatronNorm:
+    """Megatron's norm constructor for a torch norm class (mixed in before it); under sequence
+    parallelism the parameters carry ``sequence_parallel=True`` so finalize_model_grads
+    all-reduces their gradients over TP (Megatron's stock torch-norm wrapper refuses sequence
+    parallelism)."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_unused):
+        device = None if config.use_cpu_initialization or not torch.cuda.is_available() \
+            else torch.cuda.current_device()
+        super().__init__(hidden_size, eps=eps, device=device, dtype=config.params_dtype)
+        for p in self.parameters():
+            setattr(p, "sequence_parallel", config.sequence_parallel)
+
+
+class LayerNorm(_MegatronNorm, torch.nn.LayerNorm):
     """torch LayerNorm with Megatron's constructor; under sequence parallelism its parameters
     carry ``sequence_parallel=True`` so finalize_model_grads all-reduces their gradients over
     TP (Megatron's stock torch-norm wrapper refuses sequence parallelism)."""
 
-    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_unused):
-        device = None if config.use_cpu_initialization or not torch.cuda.is_available() \
-            else torch.cuda.current_device()
-        super().__init__(hidden_size, eps=eps, device=device, dtype=config.params_dtype)
-        for p in self.parameters():
-            setattr(p, "sequence_parallel", config.sequence_parallel)
 
-
-class RMSNorm(torch.nn.RMSNorm):
+class RMSNorm(_MegatronNorm, torch.nn.RMSNorm):
     """torch RMSNorm (what bench's llama uses) with Megatron's constructor; parameters marked
     ``sequence_parallel`` as :class:`LayerNorm`'s."""
-
-    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_unused):
-        device = None if config.use_cpu_initialization or not torch.cuda.is_available() \
-            else torch.cuda.current_device()
-        super().__init__(hidden_size, eps=eps, device=device, dtype=config.params_dtype)
-        for p in self.parameters():
-            setattr(p, "sequence_parallel", config.sequence_parallel)
 
 
 NORMS = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm}

@@ -30,7 +30,7 @@ import torch
 from bench.layout import TOKEN_RULE, Layout, resolve_schedule
 from bench.model import DTYPES, build_model
 from bench.strategies.base import StepResult, Strategy
-from bench.strategies.megatron import CUDA_GRAPH_CAPTURE_STEP
+from bench.strategies.model_parallel import CUDA_GRAPH_CAPTURE_STEP
 
 log = logging.getLogger("bench.megatron")
 
@@ -62,6 +62,99 @@ def cfg_recompute(tcfg) -> str:
                                               "per checkpoint)" if g == "full" else f" ({tcfg.recompute_modules})")
 
 
+def _max_connections_source(tp: int):
+    """Megatron's TP (and SP) communication relies on CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware
+    queue: kernels start in issue order).  The driver reads it when the CUDA context is created, so
+    it must be in the environment before the first CUDA call of the process.  The worker calls
+    torch.cuda.set_device() before building the strategy, so setting it here is best effort; the
+    worker should set it (see strategy notes).  Returns where the setting came from (None: tp = 1)."""
+    if tp <= 1:
+        return None
+    if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+        return "environment (set before CUDA init)"
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    log.warning("CUDA_DEVICE_MAX_CONNECTIONS=1 set after CUDA initialisation; export "
+                "CUDA_DEVICE_MAX_CONNECTIONS=1 before launching for Megatron TP runs")
+    return ("set by the strategy after torch.cuda.set_device: may not "
+            "apply to this process's CUDA context; export it before launch")
+
+
+def _import_megatron_core() -> None:
+    """Import what setup uses (timed as its own setup phase; the steps then find it imported)."""
+    from megatron.core import parallel_state  # noqa: F401
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig  # noqa: F401
+    from megatron.core.distributed import finalize_model_grads  # noqa: F401
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: F401
+    from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: F401
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed  # noqa: F401
+    from megatron.core.transformer.module import Float16Module  # noqa: F401
+
+    from bench.strategies.megatron import model as mm  # noqa: F401
+
+
+def _ddp_config(s: dict):
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=s["grad_reduce_in_fp32"], overlap_grad_reduce=s["overlap_grad_reduce"],
+        use_distributed_optimizer=s["use_distributed_optimizer"],
+        overlap_param_gather=s["overlap_param_gather"], bucket_size=s["bucket_size"])
+
+
+def _wrap_ddp(chunks: list, tcfg, ddp_config, cuda_graph: bool, phase) -> list:
+    """megatron DistributedDataParallel per chunk (built inside the setup phase ``phase``)."""
+    from megatron.core.distributed import DistributedDataParallel
+
+    # buckets only on the first chunk (Megatron-LM: later chunks' reduction is off the critical path).
+    # DDP takes each parameter's gradient accumulator here, and autograd runs it on the stream that
+    # was current then: for a captured backward that must not be the legacy default stream (as for
+    # torch DDP: "construct DDP in a side-stream context", torch CUDA graphs notes)
+    side = torch.cuda.Stream() if cuda_graph else torch.cuda.current_stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with phase, torch.cuda.stream(side):
+        model = [DistributedDataParallel(config=tcfg, ddp_config=ddp_config, module=ch,
+                                         disable_bucketing=i > 0) for i, ch in enumerate(chunks)]
+    torch.cuda.current_stream().wait_stream(side)
+    return model
+
+
+def _optimizer_config(cfg: dict, s: dict):
+    from megatron.core.optimizer import OptimizerConfig
+
+    o = cfg["optim"]
+    return OptimizerConfig(
+        optimizer="adam", lr=o["lr"], weight_decay=o["weight_decay"], adam_beta1=o["beta1"],
+        adam_beta2=o["beta2"], adam_eps=1e-8, clip_grad=o["grad_clip"],
+        bf16=cfg["precision"] == "bf16", fp16=cfg["precision"] == "fp16",
+        # torch's GradScaler starts at 2**16; from Megatron's default 2**32 the scale halves on
+        # each overflow, so the first ~16 steps can be skipped: a short run's whole timed window
+        initial_loss_scale=2.0 ** 16,
+        params_dtype=DTYPES[cfg["precision"]], use_distributed_optimizer=s["use_distributed_optimizer"],
+        overlap_param_gather=s["overlap_param_gather"],
+    )
+
+
+def _reset_full_cuda_graph() -> None:
+    """A graph that holds NCCL work must be reset before its communicators go (pytorch#115388)."""
+    from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
+
+    log.info("teardown: resetting the CUDA graph")
+    torch.cuda.synchronize()
+    W = FullCudaGraphWrapper
+    for stage, graph in W.cuda_graph.items():
+        if graph is not None:
+            graph.reset()
+        W.cuda_graph[stage], W.result[stage], W.curr_iteration[stage] = None, None, 0
+    StaticBufferLoader.static_buffers = {"training": [], "validation": []}
+
+
+def _optimizer_text(optimizer, fused_adam: bool) -> str:
+    inner = getattr(optimizer, "chained_optimizers", [optimizer])
+    return (f"{type(optimizer).__name__}[{', '.join(type(o).__name__ for o in inner)}] "
+            f"over {type(getattr(inner[0], 'optimizer', None)).__name__}"
+            + (" (torch fused kernel)" if fused_adam else ""))
+
+
 class MegatronModelParallel(Strategy):
     """Not registered itself: strategies megatron / tp / pp with impl=megatron."""
 
@@ -69,39 +162,33 @@ class MegatronModelParallel(Strategy):
 
     def __init__(self, plan, dist):
         super().__init__(plan, dist)
-        # Megatron's TP (and SP) communication relies on CUDA_DEVICE_MAX_CONNECTIONS=1 (one
-        # hardware queue: kernels start in issue order).  The driver reads it when the CUDA
-        # context is created, so it must be in the environment before the first CUDA call of
-        # the process.  The worker calls torch.cuda.set_device() before building the strategy,
-        # so setting it here is best effort; the worker should set it (see strategy notes).
-        self.max_connections_source = None
-        if plan.tp > 1:
-            if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
-                self.max_connections_source = "environment (set before CUDA init)"
-            else:
-                os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
-                self.max_connections_source = ("set by the strategy after torch.cuda.set_device: may not "
-                                               "apply to this process's CUDA context; export it before launch")
-                log.warning("CUDA_DEVICE_MAX_CONNECTIONS=1 set after CUDA initialisation; export "
-                            "CUDA_DEVICE_MAX_CONNECTIONS=1 before launching for Megatron TP runs")
+        self.max_connections_source = _max_connections_source(plan.tp)
 
     def setup(self) -> None:
-        p, s, cfg, dev = self.plan, self.plan.strategy, self.plan.cfg, self.dist.device
-        if dev.type != "cuda":
+        if self.dist.device.type != "cuda":
             raise RuntimeError("megatron-core needs CUDA; use strategy.impl=torch")
         with self.setup_phase("import megatron.core"):
-            from megatron.core import parallel_state as ps
-            from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-            from megatron.core.distributed import finalize_model_grads
-            from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-            from megatron.core.pipeline_parallel import get_forward_backward_func
-            from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-            from megatron.core.transformer.module import Float16Module
+            _import_megatron_core()
+        self._init_parallel_state()
+        chunks = self._build_chunks()
+        self.ddp_config = _ddp_config(self.plan.strategy)
+        self.model = _wrap_ddp(chunks, self.tcfg, self.ddp_config, self.plan.strategy["cuda_graph"],
+                               self.setup_phase("DistributedDataParallel"))
+        self._build_optimizer()
+        self._install_train_hooks()
+        seq = self.plan.model["seq_len"]
+        self.position_ids = (torch.arange(seq, device=self.dist.device).unsqueeze(0)
+                             .expand(self.plan.micro_batch_size, seq))
+        self.stream = self.data_stream(self.coord.dp)
 
-            from bench.strategies.megatron import model as mm
+    def _init_parallel_state(self) -> None:
+        """parallel_state's groups; checks that Megatron's coordinates are bench.layout's."""
+        from megatron.core import parallel_state as ps
+
+        p, cfg = self.plan, self.plan.cfg
         self.layout = Layout(tp=p.tp, pp=p.pp, dp=p.dp_size)
         c = self.coord = self.layout.coords(self.dist.rank)
-        v = s["virtual_pipeline"]
+        v = p.strategy["virtual_pipeline"]
         with self.setup_phase("parallel groups"):
             ps.initialize_model_parallel(
                 tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
@@ -111,19 +198,35 @@ class MegatronModelParallel(Strategy):
         if got != (c.dp, c.pp, c.tp):
             raise RuntimeError(f"rank {self.dist.rank}: Megatron's (dp, pp, tp) = {got} != bench.layout's {c}")
 
+    def _seed_and_bench_model(self):
+        """bench's model (strategy.init=bench; else None), then Megatron-LM's seeding."""
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+        s, cfg, c = self.plan.strategy, self.plan.cfg, self.coord
         self.init = s["init"]
         with self.setup_phase("bench model (initial weights)"):
-            bench = build_model(p.model, cfg["seed"], dev) if self.init == "bench" else None
+            bench = build_model(self.plan.model, cfg["seed"], self.dist.device) if self.init == "bench" else None
         # Megatron-LM's seeding: a different default seed per pipeline stage, TP-rank offsets
         # inside the RNG tracker (used by TP-sharded init and dropout).  A CUDA graph registers the
         # tracker's states, which must then be graph-safe generators.
         torch.manual_seed(cfg["seed"] + 100 * c.pp)
         model_parallel_cuda_manual_seed(cfg["seed"] + 100 * c.pp, use_cudagraphable_rng=s["cuda_graph"],
                                         force_reset_rng=True)
+        return bench
 
+    def _build_chunks(self) -> list:
+        """The GPTModel chunks on this GPU, bench's weights copied in, Float16Module-wrapped (bf16/fp16).
+        (bench's model is referenced only here: the ``del`` below frees it before DDP and the optimizer.)"""
+        from megatron.core.transformer.module import Float16Module
+
+        from bench.strategies.megatron import model as mm
+
+        bench = self._seed_and_bench_model()
+        p, s, cfg, c = self.plan, self.plan.strategy, self.plan.cfg, self.coord
         self.spec = mm.resolve_spec(s["spec"])
         self.tcfg = tcfg = mm.transformer_config(
-            p.model, tp=p.tp, pp=p.pp, virtual_pipeline=v, sequence_parallel=s["sequence_parallel"],
+            p.model, tp=p.tp, pp=p.pp, virtual_pipeline=s["virtual_pipeline"],
+            sequence_parallel=s["sequence_parallel"],
             precision=cfg["precision"], perform_initialization=bench is None,
             batch_p2p_sync=s["batch_p2p_sync"] and not s["cuda_graph"], recompute=cfg["recompute"])
         with self.setup_phase("GPTModel build"):
@@ -138,37 +241,22 @@ class MegatronModelParallel(Strategy):
                 torch.cuda.empty_cache()
         if cfg["precision"] in ("bf16", "fp16"):
             chunks = [Float16Module(tcfg, ch) for ch in chunks]
+        return chunks
 
-        self.ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=s["grad_reduce_in_fp32"], overlap_grad_reduce=s["overlap_grad_reduce"],
-            use_distributed_optimizer=s["use_distributed_optimizer"],
-            overlap_param_gather=s["overlap_param_gather"], bucket_size=s["bucket_size"])
-        # buckets only on the first chunk (Megatron-LM: later chunks' reduction is off the critical path).
-        # DDP takes each parameter's gradient accumulator here, and autograd runs it on the stream that
-        # was current then: for a captured backward that must not be the legacy default stream (as for
-        # torch DDP: "construct DDP in a side-stream context", torch CUDA graphs notes)
-        side = torch.cuda.Stream() if s["cuda_graph"] else torch.cuda.current_stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with self.setup_phase("DistributedDataParallel"), torch.cuda.stream(side):
-            self.model = [DistributedDataParallel(config=tcfg, ddp_config=self.ddp_config, module=ch,
-                                                  disable_bucketing=i > 0) for i, ch in enumerate(chunks)]
-        torch.cuda.current_stream().wait_stream(side)
+    def _build_optimizer(self) -> None:
+        from megatron.core.optimizer import get_megatron_optimizer
 
-        o = cfg["optim"]
+        s = self.plan.strategy
         with self.setup_phase("optimizer"):
-            self.optimizer = get_megatron_optimizer(OptimizerConfig(
-                optimizer="adam", lr=o["lr"], weight_decay=o["weight_decay"], adam_beta1=o["beta1"],
-                adam_beta2=o["beta2"], adam_eps=1e-8, clip_grad=o["grad_clip"],
-                bf16=cfg["precision"] == "bf16", fp16=cfg["precision"] == "fp16",
-                # torch's GradScaler starts at 2**16; from Megatron's default 2**32 the scale halves on
-                # each overflow, so the first ~16 steps can be skipped: a short run's whole timed window
-                initial_loss_scale=2.0 ** 16,
-                params_dtype=DTYPES[cfg["precision"]], use_distributed_optimizer=s["use_distributed_optimizer"],
-                overlap_param_gather=s["overlap_param_gather"],
-            ), self.model)
+            self.optimizer = get_megatron_optimizer(_optimizer_config(self.plan.cfg, s), self.model)
         self.fused_adam = s["fused_adam"] and _use_fused_torch_adam(self.optimizer)
 
-        # the hooks Megatron-LM's train() installs
+    def _install_train_hooks(self) -> None:
+        """The hooks Megatron-LM's train() installs, and the forward-backward schedule."""
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        s, tcfg = self.plan.strategy, self.tcfg
         one = (lambda fs: fs[0] if len(fs) == 1 else fs)
         tcfg.grad_scale_func = self.optimizer.scale_loss
         tcfg.finalize_model_grads_func = finalize_model_grads
@@ -182,10 +270,6 @@ class MegatronModelParallel(Strategy):
 
             self.forward_backward = FullCudaGraphWrapper(self.forward_backward,
                                                          cuda_graph_warmup_steps=CUDA_GRAPH_CAPTURE_STEP)
-
-        seq = p.model["seq_len"]
-        self.position_ids = torch.arange(seq, device=dev).unsqueeze(0).expand(p.micro_batch_size, seq)
-        self.stream = self.data_stream(c.dp)
 
     # ------------------------------------------------------------------ step
     def _forward_step(self, data_iterator, model):
@@ -220,19 +304,8 @@ class MegatronModelParallel(Strategy):
         return StepResult(loss=loss, skipped=not ok)
 
     def close(self) -> None:
-        if not self.plan.strategy["cuda_graph"]:
-            return
-        from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
-
-        # a graph that holds NCCL work must be reset before its communicators go (pytorch#115388)
-        log.info("teardown: resetting the CUDA graph")
-        torch.cuda.synchronize()
-        W = FullCudaGraphWrapper
-        for stage, graph in W.cuda_graph.items():
-            if graph is not None:
-                graph.reset()
-            W.cuda_graph[stage], W.result[stage], W.curr_iteration[stage] = None, None, 0
-        StaticBufferLoader.static_buffers = {"training": [], "validation": []}
+        if self.plan.strategy["cuda_graph"]:
+            _reset_full_cuda_graph()
 
     # ------------------------------------------------------------------ accounting
     def tokens_this_rank(self) -> int:
@@ -244,7 +317,6 @@ class MegatronModelParallel(Strategy):
 
         p, s = self.plan, self.plan.strategy
         v = s["virtual_pipeline"]
-        inner = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
         return {
             "impl": "megatron", "megatron_core": __version__,
             "tp": p.tp, "pp": p.pp, "dp": p.dp_size,
@@ -269,9 +341,7 @@ class MegatronModelParallel(Strategy):
                     "overlap_param_gather": self.ddp_config.overlap_param_gather,
                     "bucket_size": self.ddp_config.bucket_size,  # after Megatron's defaults; null = one bucket
                     "grad_reduce_in_fp32": self.ddp_config.grad_reduce_in_fp32},
-            "optimizer": f"{type(self.optimizer).__name__}[{', '.join(type(o).__name__ for o in inner)}] "
-                         f"over {type(getattr(inner[0], 'optimizer', None)).__name__}"
-                         + (" (torch fused kernel)" if self.fused_adam else ""),
+            "optimizer": _optimizer_text(self.optimizer, self.fused_adam),
             "precision": {"fp32": "fp32 (FP32Optimizer)",
                           "bf16": "Float16Module bf16 params, fp32 master weights in the optimizer",
                           "fp16": "Float16Module fp16 params, fp32 master weights, dynamic loss scale"}[p.cfg["precision"]],

@@ -1,0 +1,178 @@
+"""When each submitted job is over, and the status of its run.  Over is SLURM's word: ``squeue -t all``
+every few seconds (a job in a final state, or no longer listed).  submitit asks ``sacct``, which needs
+SLURM's accounting database: without one, a job that ended without submitit's result file (time limit,
+scancel, node failure, bench's own watchdog, which ends the processes with os._exit) was never seen to
+end and the sweep waited forever; with one, only after submitit's polling delay (up to 10 minutes).
+A run its job left without a final status gets one from SLURM's last state."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import DictConfig
+
+from bench.launch.slurm.record import job_dir, log, mark_failed
+
+# SLURM job states of a job that is not over yet (squeue %T); any other state, or a job squeue no longer
+# lists (MinJobAge after its end), is over
+ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
+          "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+
+
+class NoResult(Exception):
+    """The job ended without submitit's result file: its stderr's tail says what happened."""
+
+    def __init__(self, job) -> None:
+        tail = ""
+        try:
+            err = Path(job.paths.stderr).read_text(errors="replace").strip().splitlines()[-15:]
+            tail = " | ".join(line for line in err if line.strip())
+        except OSError:
+            pass
+        super().__init__(f"the job was ended before the task could report (no {Path(job.paths.result_pickle).name})"
+                         + (f"; its stderr ends: {tail}" if tail else ""))
+
+
+def squeue_states(job_ids: list[str]) -> Optional[dict[str, tuple[str, str]]]:
+    """squeue's state and reason of each job it still lists (``-t all``: ended ones too, for MinJobAge),
+    or None where squeue fails (then submitit decides, through sacct)."""
+    out: dict[str, tuple[str, str]] = {}
+    for i in range(0, len(job_ids), 200):
+        chunk = job_ids[i:i + 200]
+        try:
+            p = subprocess.run(["squeue", "-h", "-t", "all", "-j", ",".join(chunk), "-o", "%i|%T|%r"],
+                               capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("[slurm] squeue failed (%s): asking submitit (sacct) instead", e)
+            return None
+        if p.returncode != 0:
+            if "Invalid job id" in p.stderr:  # every job of the chunk has left the queue
+                continue
+            log.warning("[slurm] squeue failed (exit %d: %s): asking submitit (sacct) instead", p.returncode,
+                        p.stderr.strip()[-300:])
+            return None
+        for line in p.stdout.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) >= 3:
+                out[parts[0]] = (parts[1], parts[2])
+    return out
+
+
+class JobCollector:
+    """Mixin over hydra-submitit-launcher's launchers: wait for the submitted jobs, one JobReturn each."""
+
+    _EXECUTOR: str
+    _QUEUE_POLL_S = 3.0
+
+    def _queue_states(self, job_ids: list[str]) -> Optional[dict[str, tuple[str, str]]]:
+        """{job id: (state, reason)} of the jobs the scheduler still lists, or None where it cannot say
+        (not SLURM, or squeue failed): then submitit decides (job.done())."""
+        return None
+
+    def _collect(self, submitted: list) -> list[JobReturn]:
+        """Wait until every job of ``submitted`` (num, overrides, sweep config, job) is over; their returns."""
+        out: dict[int, JobReturn] = {}
+        pending = list(submitted)
+        total, n_done = len(submitted), 0
+        seen: dict[str, tuple[str, str]] = {}  # the last state/reason the scheduler gave for each job
+        next_poll, queue_ok = 0.0, False
+        while pending:
+            states = None
+            if time.monotonic() >= next_poll:
+                states = self._queue_states([str(item[3].job_id) for item in pending])
+                next_poll = time.monotonic() + self._QUEUE_POLL_S
+                queue_ok = states is not None
+                seen.update(states or {})
+            still = []
+            for item in pending:
+                num, overrides, sc, job = item
+                jid = str(job.job_id)
+                if states is not None:  # the scheduler's word: gone from the queue, or in a final state
+                    done = jid not in states or states[jid][0] not in ACTIVE
+                elif queue_ok:  # it answered at the last poll: wait for the next one
+                    done = False
+                else:  # no scheduler to ask (local tasks, or squeue failed): submitit's result file or sacct
+                    done = job.done()
+                if not done:
+                    still.append(item)
+                    continue
+                out[num] = self._finish(num, overrides, sc, job, seen.get(jid))
+                n_done += 1
+                if total > 1:
+                    log.info("[%s] %d/%d jobs done: #%d %s", self._EXECUTOR, n_done, total, num,
+                             out[num].return_value)
+            pending = still
+            if pending:
+                time.sleep(1.0)
+        return [out[num] for num, *_ in submitted]
+
+    def _finish(self, num: int, overrides: list, sc: DictConfig, job,
+                queued: Optional[tuple[str, str]] = None) -> JobReturn:
+        """The JobReturn of a job that is over; its run gets a final status if it recorded none."""
+        from bench.runs import STATUSES as FINAL
+        from bench.runs import read_result
+
+        d = job_dir(sc, num)
+        r = read_result(d) if d.is_dir() else None
+        status = r.status if r else None
+        ret, error = None, None
+        if status not in FINAL:  # ask submitit why (a task raised, or the job died)
+            ret, error = self._task_result(num, job)
+            r = read_result(d) if d.is_dir() else None
+            status = r.status if r else None
+        if status not in FINAL:
+            status = self._record_end(num, sc, job, d, r.info if r else {}, queued, error)
+        if ret is None or not isinstance(ret, JobReturn):
+            ret = JobReturn(overrides=overrides, working_dir=os.getcwd(), task_name="bench")
+            ret.status = JobStatus.COMPLETED
+        ret.return_value = status
+        ret.status = JobStatus.COMPLETED  # bench recorded the outcome; the sweep goes on
+        return ret
+
+    def _task_result(self, num: int, job) -> tuple[Any, Optional[BaseException]]:
+        """submitit's (return, error) of a job whose run recorded no final status: a task raised, or the
+        job died (node failure, scancel, time limit).  Without a result pickle job.results() waits for
+        sacct to call the job done, forever on a cluster without accounting: then NoResult."""
+        ret, error = None, None
+        if self._EXECUTOR == "slurm":  # a shared filesystem may show the task's result file late
+            deadline = time.monotonic() + 5
+            while not job.paths.result_pickle.exists() and time.monotonic() < deadline:
+                time.sleep(0.5)
+        if job.paths.result_pickle.exists() or self._EXECUTOR != "slurm":
+            try:
+                ret = job.results()[0]
+            except Exception as e:
+                error = e
+        else:
+            error = NoResult(job)
+        if isinstance(ret, JobReturn) and ret.status == JobStatus.FAILED:  # the task function raised:
+            error = ret._return_value  # hydra's launcher caught it into the JobReturn
+            log.error("[%s] #%d: the job raised %s: %s", self._EXECUTOR, num, type(error).__name__, error,
+                      exc_info=error if isinstance(error, BaseException) else None)
+        return ret, error
+
+    def _record_end(self, num: int, sc: DictConfig, job, d: Path, info: dict,
+                    queued: Optional[tuple[str, str]], error: Optional[BaseException]) -> str:
+        """Record a run its job left without a final status, from SLURM's last state: ``timeout`` for
+        TIMEOUT / TimeLimit, ``oom`` for OUT_OF_MEMORY, else ``failed``; returns the status recorded."""
+        from bench.runs import read_result
+
+        state, reason = queued or (None, None)
+        msg = f"submitit job {job.job_id} ended without a final status"
+        status = "failed"
+        if state:
+            msg = f"SLURM job {job.job_id} ended {state} (reason {reason}) without a final status from the run"
+            if state == "TIMEOUT" or reason == "TimeLimit":
+                status, msg = "timeout", msg + ": it reached its time limit (hydra.launcher.timeout_min)"
+            elif state == "OUT_OF_MEMORY":
+                status = "oom"
+        if error is not None:
+            msg += f": {type(error).__name__}: {' '.join(str(error).split())[-2000:]}"
+        mark_failed(d, sc, msg, info, status)
+        r = read_result(d)
+        log.error("[%s] #%d: %s", self._EXECUTOR, num, msg)
+        return r.status if r else status

@@ -1,0 +1,36 @@
+"""A run's folder and its record when bench, not the run, has to give it a final status (sbatch refused
+the job, the job died before rank 0 could record, Ctrl-C in the sweep): the sweep goes on with it."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from bench.jsonio import write_json_atomic
+
+log = logging.getLogger("bench.slurm")
+
+
+def job_dir(sc: DictConfig, num: int) -> Path:
+    """The run folder of job ``num`` of the sweep config ``sc`` (hydra.sweep.dir / hydra.sweep.subdir)."""
+    with open_dict(sc):
+        sc.hydra.job.num = num
+    return Path(str(sc.hydra.sweep.dir)) / str(OmegaConf.select(sc, "hydra.sweep.subdir"))
+
+
+def mark_failed(d: Path, sc: DictConfig, message: str, info: dict, status: str = "failed") -> None:
+    """Give the run in ``d`` a final status (``failed`` unless said) with ``message`` as its reason,
+    unless the run recorded one itself; the ranks' failure records, if any, name the root cause."""
+    from bench.runs import mark_unfinished, read_failures
+
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        task = OmegaConf.to_container(sc, resolve=True)
+        task.pop("hydra", None)
+    except Exception:
+        task = {}
+    if info and not (d / "status.json").exists():
+        write_json_atomic(d / "status.json", info)
+    err_type = {"timeout": "SlurmTimeLimit", "interrupted": "KeyboardInterrupt"}.get(status, "JobFailure")
+    mark_unfinished(d, task, status, err_type, message, read_failures(d))

@@ -1,0 +1,103 @@
+"""Submit each job of a sweep on its own, with its own size: a fresh submitit executor per job (no job
+array: SLURM runs them in parallel).  A job sbatch refuses (GPUs, a partition or an account the
+cluster lacks), or bench refuses before sbatch (ConfigError), is recorded ``failed`` with the reason,
+and the sweep goes on instead of ending with a traceback and its runs left ``pending``."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from omegaconf import DictConfig
+
+from bench.launch.slurm.interrupt import cancel_unfinished
+from bench.launch.slurm.record import job_dir, log, mark_failed
+from bench.schema import ConfigError
+
+
+def _repository_importable() -> None:
+    """The tasks unpickle the launcher (hydra_plugins.bench_plugins) and bench: make the repository
+    importable there whatever their working directory (local tasks and sbatch inherit the environment)."""
+    import bench
+
+    root = str(Path(bench.__file__).resolve().parents[1])
+    pp = os.environ.get("PYTHONPATH", "")
+    if root not in pp.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (root, pp) if x)
+
+
+class JobSubmitter:
+    """Mixin over hydra-submitit-launcher's launchers: ``launch`` submits every job with its own
+    parameters (JobResources), then waits for all of them (JobCollector)."""
+
+    _EXECUTOR: str
+    parallel_jobs = False  # the bench sweeper launches jobs one at a time unless True
+    job_nums: Optional[list[int]] = None  # set by the bench sweeper: the jobs' numbers
+    params: dict
+    config: Optional[DictConfig]
+    hydra_context: Any
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None
+        nums = list(self.job_nums) if self.job_nums and len(self.job_nums) == len(job_overrides) \
+            else list(range(initial_job_idx, initial_job_idx + len(job_overrides)))
+        self.job_nums = None
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        _repository_importable()
+        submitted: list = []  # (num, overrides, sweep config, submitit job)
+        refused: dict[int, JobReturn] = {}
+        try:
+            for num, overrides in zip(nums, job_overrides):
+                self._submit(num, list(overrides), submitted, refused)
+            done = dict(zip([item[0] for item in submitted], self._collect(submitted)))
+            return [refused[num] if num in refused else done[num] for num in nums]
+        except KeyboardInterrupt:
+            cancel_unfinished(self._EXECUTOR, submitted)
+            raise
+
+    def _executor(self):
+        """A fresh executor for each job: update_parameters merges, and None means "keep", so one
+        executor reused across jobs would carry one job's size into the next."""
+        import submitit
+
+        init = {"folder": self.params["submitit_folder"]}
+        if self.params.get("max_num_timeout") is not None and self._EXECUTOR == "slurm":
+            init["slurm_max_num_timeout"] = self.params["max_num_timeout"]
+        return submitit.AutoExecutor(cluster=self._EXECUTOR, **init)
+
+    def _submit(self, num: int, overrides: list, submitted: list, refused: dict) -> None:
+        """Size job ``num`` from its own config and submit it (appended to ``submitted``), or record why
+        it was not (in ``refused``)."""
+        sc = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        res = self.job_resources(sc)
+        try:  # refused before sbatch: e.g. a time limit the time-limit warning could end at its start
+            self.check_resources(res)
+        except ConfigError as e:
+            refused[num] = self._refused(num, overrides, sc, e)
+            return
+        executor = self._executor()
+        executor.update_parameters(**{**self._base_params(), **self._prefixed(res)})
+        try:
+            job = executor.submit(self, overrides, "hydra.sweep.dir", num, f"job_id_for_{num}", Singleton.get_state())
+        except Exception as e:  # sbatch refused it (GPUs, partition, account the cluster lacks):
+            refused[num] = self._refused(num, overrides, sc, e)  # this run fails, the sweep goes on
+            return
+        log.info("[%s] #%d submitted as %s: %s (%s)", self._EXECUTOR, num, job.job_id,
+                 " ".join(filter_overrides(overrides)), ", ".join(f"{k}={v}" for k, v in res.items() if v is not None))
+        submitted.append((num, overrides, sc, job))
+
+    def _refused(self, num: int, overrides: list, sc: DictConfig, e: Exception) -> JobReturn:
+        """Record the run of a job that was not submitted ``failed``, with why; the sweep goes on."""
+        from bench.runs import read_result
+
+        d = job_dir(sc, num)
+        r = read_result(d) if d.is_dir() else None
+        msg = f"the job could not be submitted: {type(e).__name__}: {' '.join(str(e).split())[-2000:]}"
+        mark_failed(d, sc, msg, r.info if r else {})
+        log.error("[%s] #%d: %s", self._EXECUTOR, num, msg)
+        ret = JobReturn(overrides=overrides, working_dir=os.getcwd(), task_name="bench")
+        ret.return_value = "failed"
+        ret.status = JobStatus.COMPLETED  # recorded; the sweep goes on
+        return ret
