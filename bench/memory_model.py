@@ -50,6 +50,10 @@ CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS workspace, NCCL buffers
 # one H200, the same cases outside (results/2026-11-25-h200-search-1gpu).  A plan this
 # close to the limit is called tight
 TIGHT = 0.10
+# torch's default cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG=:4096:8), from the caching allocator
+CUBLAS_WORKSPACE_BYTES = 8 * 4 * MB
+# bench/worker.py measure_matmul_peak: two 8192 x 8192 bf16 matrices and their product
+PROBE_BYTES = 3 * 8192 * 8192 * 2
 # offload: the host holds the offloaded states of every rank of the node, plus each rank's own process
 # (torch, CUDA, DeepSpeed's pinned staging buffers); the OS and page cache keep the rest.
 HOST_PER_RANK_BYTES = 4 * GIB
@@ -81,8 +85,10 @@ def params_per_rank(plan: Plan, tp_splits_vocab: bool) -> dict[str, float]:
     head = (0 if g["tied"] and pp == 1 else g["head"]) / vocab_div
     first = emb + blocks + (g["norm"] + head if pp == 1 else 0)
     last = blocks + g["norm"] + head
+    # the head's matmul weight (d x V / tp): a copy of the tied embedding too
+    head_matmul = g["head"] / vocab_div if first < last or pp == 1 else 0.0
     return {"params": max(first, last), "stage": "first" if first >= last else "last",
-            "blocks": blocks, "embedding_and_head": max(first, last) - blocks}
+            "blocks": blocks, "embedding_and_head": max(first, last) - blocks, "head": head_matmul}
 
 
 # ------------------------------------------------------------------------------ model states
@@ -105,10 +111,13 @@ def model_state_bytes(plan: Plan, psi: float, lay: ModelStates) -> tuple[dict, d
 # ------------------------------------------------------------------------------ activations
 def _act_dtypes(plan: Plan, lay) -> tuple[int, int, int]:
     """(bytes of a saved activation, bytes of a norm input, projection-input copies per consumer (1: one
-    16-bit cast per projection under autocast, 0: one shared tensor)) for how this run computes."""
+    16-bit cast per projection under eager autocast, 0: one shared tensor)) for how this run computes."""
     if plan.cfg["precision"] == "fp32":
         return 4, 4, 0
-    return (2, 2, 0) if lay.sixteen_bit_weights else (2, 4, 1)
+    if lay.sixteen_bit_weights:
+        return 2, 2, 0
+    # compiled, Inductor casts a norm's output once for all the projections that read it
+    return 2, 4, 0 if plan.cfg.get("compile") else 1
 
 
 def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
@@ -124,9 +133,11 @@ def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
     # replicated over tp: the two norms' inputs and the projections' inputs
     norms = 2 * d * norm_in
     inputs = ((attn_consumers + mlp_consumers) if per_consumer else 2) * d * act
-    # split over tp: q, k, v, the attention output (saved by the kernel) and o_proj's input, the MLP
-    attn = (q + 2 * kv + 2 * q) * act / tp
-    mlp = (4 if llama else 2) * ff * act / tp
+    # split over tp: q, k, v and the attention output, saved by the fused kernel and by o_proj as its input
+    # (one tensor); the MLP: gpt fc_in's output and GELU's (fc_out's input); llama gate, up, silu(gate) and
+    # their product (down's input), silu(gate) recomputed in backward when compiled
+    attn = (2 * q + 2 * kv) * act / tp
+    mlp = ((3 if plan.cfg.get("compile") else 4) if llama else 2) * ff * act / tp
     return {"per_token": norms + inputs + attn + mlp, "tokens": tokens,
             "bytes": tokens * (norms + inputs + attn + mlp), "block_input": tokens * d * norm_in}
 
@@ -145,22 +156,36 @@ def in_flight_microbatches(plan: Plan) -> int:
     return min(m, plan.pp)
 
 
-def activation_bytes(plan: Plan, lay) -> dict[str, Any]:
+def autocast_copy_bytes(plan: Plan, lay, matmul_params: float) -> float:
+    """torch.autocast's 16-bit copies of fp32 weights (every matmul weight and bias on the rank): the forward
+    caches one per weight and each Linear saves it for its backward, so all are alive when backward starts."""
+    if plan.cfg["precision"] == "fp32" or lay.sixteen_bit_weights:
+        return 0.0
+    return 2 * matmul_params
+
+
+def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str, Any]:
+    """Saved activations of the in-flight micro-batches, the loss' logits buffers, and what backward's start
+    adds to them: autocast's weight copies, or (full recompute) one layer recomputed with its copies."""
     m, b = plan.model, plan.micro_batch_size
+    ranks = ranks or params_per_rank(plan, lay.tp_splits_vocab)
     layer = layer_activation_bytes(plan, b, lay)
     layers = m["n_layers"] / plan.pp
     k = in_flight_microbatches(plan)
     mode = plan.cfg["recompute"]
-    if mode == "full":
+    copies = autocast_copy_bytes(plan, lay, ranks["blocks"] + ranks["head"])
+    head_copy = autocast_copy_bytes(plan, lay, ranks["head"])
+    if mode == "full":  # block inputs kept; the blocks' copies are not saved (their forward runs again)
         per_mb = layers * layer["block_input"]
-        total = k * per_mb + layer["bytes"]  # + the layer being recomputed
+        recomputed = layer["bytes"] + copies * (1 - ranks["head"] / max(1.0, ranks["blocks"] + ranks["head"])) / layers
+        at_loss = head_copy
     else:
-        per_mb = layers * layer["bytes"]
-        total = k * per_mb
+        per_mb, recomputed, at_loss = layers * layer["bytes"], 0.0, copies
     vocab = m["vocab_size"] / (plan.tp if lay.tp_splits_vocab else 1)
-    logits = b * m["seq_len"] * vocab * (12 if plan.cfg["precision"] == "fp32" else 10)
+    logits = b * m["seq_len"] * vocab * lay.loss_bytes_per_logit if ranks["head"] else 0.0
     return {"layers_on_rank": layers, "microbatches_in_flight": k, "per_layer_per_microbatch": layer["bytes"],
-            "recompute": mode, "activations": total, "logits": logits}
+            "recompute": mode, "activations": k * per_mb, "logits": logits, "weight_copies": at_loss,
+            "recomputed_layer": recomputed}
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -205,6 +230,18 @@ def _ranks_on_node(plan: Plan) -> int:
     return min(plan.world_size, per_node)
 
 
+def _workspace(plan: Plan) -> float:
+    """cuBLAS's workspace, which torch takes from its caching allocator (counted as allocated)."""
+    return CUBLAS_WORKSPACE_BYTES if plan.device == "cuda" else 0.0
+
+
+def _probe(plan: Plan) -> float:
+    """Rank 0's matmul-peak probe before the run (bench/worker.py measure_matmul_peak, when
+    metrics.measure_matmul_peak): its peak is in the run's max_memory_allocated too."""
+    on = plan.device == "cuda" and (plan.cfg.get("metrics") or {}).get("measure_matmul_peak", False)
+    return PROBE_BYTES + CUBLAS_WORKSPACE_BYTES if on else 0.0
+
+
 def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
     """The predicted memory of the largest rank of a plan (module docstring), in MiB, with its parts."""
     from bench.metrics.flops import flops_per_token, total_params
@@ -214,17 +251,22 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
     ranks = params_per_rank(plan, tp_splits_vocab=lay.tp_splits_vocab)
     psi = ranks["params"]
     device, host = model_state_bytes(plan, psi, lay)
-    act = activation_bytes(plan, lay)
+    act = activation_bytes(plan, lay, ranks)
     per_block = ranks["blocks"] / max(1, plan.model["n_layers"] / plan.pp)
     buf, buf_note = spec.buffers(plan, psi, per_block)
     grads_live = plan.grad_accum > 1 or plan.pp > 1 or lay.grads_live
     grads = device["grads"]
-    transient = max(act["activations"] + act["logits"] + (grads if grads_live else 0), grads)
-    allocated = device["params"] + device["optimizer"] + transient + buf
+    backward_start = act["activations"] + max(act["logits"] + act["weight_copies"], act["recomputed_layer"])
+    transient = max(backward_start + (grads if grads_live else 0), grads)
+    allocated = device["params"] + device["optimizer"] + transient + buf + _workspace(plan)
+    allocated = max(allocated, _probe(plan))
     needed = allocated * (1 + FRAGMENTATION) + CONTEXT_BYTES
     mem_gib, source = device_memory_gib(plan, gpu_memory_gib)
-    fits_ = None if mem_gib is None else needed <= mem_gib * GIB
-    # within the plan's error (TIGHT) of the limit: said so
+    # the verdict's margin: "does not fit" only when even the plan's error (TIGHT) in the run's favour and no
+    # fragmentation leave it above the limit; "tight" when the allocated peak plus fragmentation and context
+    # comes within the plan's error of it (a sweep runs it and says so)
+    least = allocated * (1 - TIGHT) + CONTEXT_BYTES
+    fits_ = None if mem_gib is None else least <= mem_gib * GIB
     tight = bool(fits_) and needed > (1 - TIGHT) * mem_gib * GIB
     host_needed = sum(host.values()) * _ranks_on_node(plan) + (HOST_PER_RANK_BYTES * _ranks_on_node(plan)
                                                                  if any(host.values()) else 0)
@@ -254,7 +296,7 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
         "predicted_peak_allocated_mb": mib(allocated),
         "allowance": f"+{int(100 * FRAGMENTATION)}% allocator fragmentation, +{CONTEXT_BYTES / GIB:.0f} GiB CUDA "
                      "context and library workspaces",
-        "needed_mb": mib(needed), "device_memory_gib": mem_gib, "device_memory_source": source,
+        "needed_mb": mib(needed), "least_needed_mb": mib(least), "device_memory_gib": mem_gib, "device_memory_source": source,
         "fits": fits_, "tight": tight, "host_needed_mb": mib(host_needed), "host_memory_gib": host_gib,
         "host_fits": host_fits, "summary": summary,
     }
@@ -268,5 +310,6 @@ def fits(mem: dict, plan: Plan) -> Optional[str]:
                 "force_run=true runs it anyway")
     if mem.get("fits") is not False:
         return None
-    return (f"predicted OOM (needs {mem['needed_mb'] / 1024:.3g} GiB of {mem['device_memory_gib']:.3g}): "
+    return (f"predicted OOM (needs at least {mem['least_needed_mb'] / 1024:.3g} GiB of {mem['device_memory_gib']:.3g}: "
+            f"the allocated peak less the plan's {int(100 * TIGHT)}% error, plus the CUDA context): "
             f"{mem['summary']}; force_run=true runs it anyway")

@@ -14,13 +14,14 @@ from multirun_analysis.analyze import Analysis, analyze
 from multirun_analysis.load import config_columns, find_runs, load_runs, problems_of, read_run
 from multirun_analysis.plots import (NoDataError, make_plots, plot_memory, plot_mfu, plot_pp_microbatches,
                                      plot_scaling_efficiency, plot_throughput, plot_variants)
-from multirun_analysis.answer import default_vs_best, prediction_error, ranked
+from multirun_analysis.answer import default_vs_best, ranked
+from multirun_analysis.prediction import accuracy, prediction_table
 from multirun_analysis.report import compact_table
 from multirun_analysis.summarize import (DEFINITIONS, compare_to_baseline, experiment_key, failed_runs,
                                          fixed_overhead, summarize, variant_labels)
 
 __all__ = ["Analysis", "analyze", "config_columns", "find_runs", "load_runs", "problems_of", "read_run",
            "NoDataError", "make_plots", "plot_memory", "plot_mfu", "plot_pp_microbatches",
-           "plot_scaling_efficiency", "plot_throughput", "plot_variants", "compact_table", "ranked", "default_vs_best", "prediction_error",
+           "plot_scaling_efficiency", "plot_throughput", "plot_variants", "compact_table", "ranked", "default_vs_best", "prediction_table", "accuracy",
            "DEFINITIONS", "compare_to_baseline", "experiment_key", "failed_runs", "fixed_overhead", "summarize",
            "variant_labels"]

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     for name, (fig, note) in res.plots.items():
         if fig is None:
             print(f"plot {name}: {note}")
-    print(f"\nwrote {res.out_dir}/ (runs.csv, runs.parquet, summary.csv, fixed_overhead.csv, failed_runs.csv, report.md, plots)")
+    print(f"\nwrote {res.out_dir}/ (runs.csv, runs.parquet, summary.csv, prediction.csv, fixed_overhead.csv, failed_runs.csv, report.md, plots)")
     return 0
 
 

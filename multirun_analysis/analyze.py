@@ -11,6 +11,7 @@ import pandas as pd
 
 from multirun_analysis.load import load_runs, problems_of
 from multirun_analysis.plots import make_plots
+from multirun_analysis.prediction import prediction_table
 from multirun_analysis.report import write_report
 from multirun_analysis.summarize import failed_runs, fixed_overhead, summarize
 
@@ -25,6 +26,7 @@ class Analysis:
     problems: list = field(default_factory=list)
     plots: dict = field(default_factory=dict)
     report: Path | None = None
+    prediction: pd.DataFrame | None = None
 
 
 def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
@@ -66,6 +68,8 @@ def analyze(*paths, out_dir=None, plots: bool = True, memory_budget_gib: float |
     overhead = fixed_overhead(runs)
     write_tables(out, runs, summary, failed, problems, overhead)
     figs = make_plots(summary, out) if plots else {}
+    prediction = prediction_table(paths)
+    prediction.to_csv(out / "prediction.csv", index=False)
     report = write_report(out, [str(p) for p in paths], runs, summary, failed, figs, problems, overhead,
-                          memory_budget_gib)
-    return Analysis(out, runs, summary, failed, overhead, problems, figs, report)
+                          memory_budget_gib, prediction)
+    return Analysis(out, runs, summary, failed, overhead, problems, figs, report, prediction)

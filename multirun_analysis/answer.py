@@ -206,22 +206,3 @@ def _num(x) -> float:
 def _mib(x) -> str:
     x = _num(x)
     return "n/a" if math.isnan(x) else f"{x / 1024:,.1f} GiB"
-
-
-def prediction_error(runs: pd.DataFrame) -> pd.DataFrame:
-    """The memory plan's predicted peak against the measured one (CUDA runs), per strategy."""
-    pred, meas = "memory.plan.predicted_peak_allocated_mb", "memory.max_allocated_mb"
-    if pred not in runs.columns or meas not in runs.columns:
-        return pd.DataFrame()
-    ok = runs[runs["usable"].astype(bool)].copy()
-    ok["_p"], ok["_m"] = pd.to_numeric(ok[pred], errors="coerce"), pd.to_numeric(ok[meas], errors="coerce")
-    ok = ok[ok["_p"].notna() & (ok["_m"] > 0)]
-    if ok.empty:
-        return pd.DataFrame()
-    ok["error_pct"] = 100 * (ok["_p"] / ok["_m"] - 1)
-    rows = []
-    for name, g in ok.groupby(ok["strategy"].map(fmt_value)):
-        rows.append({"strategy": name, "runs": len(g), "median_error_pct": g["error_pct"].median(),
-                     "min_error_pct": g["error_pct"].min(), "max_error_pct": g["error_pct"].max(),
-                     "within_10pct": int((g["error_pct"].abs() <= 10).sum())})
-    return pd.DataFrame(rows)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from multirun_analysis.prediction import by_strategy, report_section
 from multirun_analysis import answer, breakdown
 from multirun_analysis.tables import fmt_value, md_table, table_rows
 from multirun_analysis.summarize import DEFINITIONS
@@ -77,12 +78,13 @@ DEFAULT_BEST_MD = [("model", "model", str), ("world_size", "GPUs", "{:g}"), ("to
                    ("best_measured", "best measured over", str), ("n_settings", "settings run", "{:g}")]
 PREDICTION_MD = [("strategy", "strategy", str), ("runs", "runs", "{:g}"), ("median_error_pct", "median error %", "{:+.1f}"),
                  ("min_error_pct", "min %", "{:+.1f}"), ("max_error_pct", "max %", "{:+.1f}"),
-                 ("within_10pct", "within ±10%", "{:g}")]
+                 ("within_10pct", "within ±10%", "{:g}"),
+                 ("tokens_median_abs_error_pct", "throughput median abs error %", "{:.1f}")]
 
 
 def write_report(out_dir: Path, inputs, runs: pd.DataFrame, summary: pd.DataFrame, failed: pd.DataFrame,
                  plots: dict, problems: list[tuple[str, str]], overhead: pd.DataFrame | None = None,
-                 memory_budget_gib: float | None = None) -> Path:
+                 memory_budget_gib: float | None = None, prediction: pd.DataFrame | None = None) -> Path:
     """Write report.md next to the tables and PNGs; returns its path."""
     n_ok = int(runs["usable"].astype(bool).sum()) if len(runs) else 0
     md = ["# Benchmark analysis", "",
@@ -103,12 +105,8 @@ def write_report(out_dir: Path, inputs, runs: pd.DataFrame, summary: pd.DataFram
            "of the same strategy and workload among those measured over the most timed steps (a setting measured "
            "more than once, e.g. at two rungs of a search, at its longest run; one measured only shorter is not "
            "ranked against them).", "", md_table(answer.default_vs_best(summary), DEFAULT_BEST_MD)]
-    pe = answer.prediction_error(runs)
-    if len(pe):
-        md += ["## Memory plan against measured peaks", "",
-               "Predicted peak allocated memory (bench/memory_model.py, `memory.plan`) against the measured "
-               "`torch.cuda.max_memory_allocated`, per strategy; error = predicted / measured - 1.", "",
-               md_table(pe, PREDICTION_MD)]
+    if prediction is not None and prediction["peak_error_pct"].notna().any():
+        md += report_section(prediction) + [md_table(by_strategy(prediction), PREDICTION_MD)]
     md += ["", "## Summary (median over repeats)", "", md_table(summary, SUMMARY_MD),
            "## Comparison with the single-device baseline", "", md_table(summary, BASELINE_MD), "## Plots", ""]
     for name, (fig, note) in plots.items():

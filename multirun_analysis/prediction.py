@@ -1,0 +1,245 @@
+"""Prediction against measurement: every recorded run re-planned from its configuration with the current code.
+
+``python -m multirun_analysis.prediction results/ [--out DIR]`` (or any run folders / ``runs.json``
+files): writes ``prediction.csv`` and prints the four numbers bench's predictions are judged by:
+
+1. memory: the share of completed GPU runs whose predicted peak (``memory_plan``'s allocated peak)
+   is within +-10% of ``torch.cuda.max_memory_allocated``, and whether all are within +-15%;
+2. the fit verdict both ways: completed runs predicted not to fit (must be none), and recorded
+   out-of-memory runs predicted to fit without a ``tight`` flag (must be none);
+3. throughput (bench/predict.py, where calibrated): median and 90th percentile of |predicted /
+   measured - 1| over all runs and over runs whose step takes >= 100 ms;
+4. the winner: within each (device, model, GPU count, tokens per step) group of two or more
+   strategies, whether the predicted fastest is the measured fastest or within 5% of it.
+
+The fit verdict is checked against the memory of the GPU each run was measured on (its preset in
+bench/hardware.py).  ``python -m multirun_analysis DIR`` writes the same table for its runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Iterable, Optional
+
+import pandas as pd
+
+COLUMNS = ["run", "model", "strategy", "world_size", "precision", "status", "measured_tokens_per_s",
+           "predicted_tokens_per_s", "measured_peak_gib", "predicted_peak_gib", "predicted_fits"]
+EXTRA = ["predicted_tight", "peak_error_pct", "tokens_error_pct", "step_time_s", "device", "folder", "note"]
+GIB = 2**30
+
+
+def recorded(paths: Iterable) -> list[tuple[str, str, dict]]:
+    """(folder, run name, metrics) of every recorded run: ``runs.json`` lists (results/) and run folders."""
+    out = []
+    for p in map(Path, paths):
+        files = [p] if p.is_file() else sorted(p.rglob("runs.json")) + sorted(p.rglob("metrics.json"))
+        for f in files:
+            try:
+                data = json.loads(f.read_text())
+            except (OSError, ValueError):  # a broken file: the loader reports it (multirun_analysis/load.py)
+                continue
+            if f.name == "metrics.json" and isinstance(data, dict):
+                out.append((str(f.parent.parent), f.parent.name, data))
+            elif isinstance(data, list):
+                out += [(f.parent.name, f"{f.parent.name}#{i}", m) for i, m in enumerate(data)
+                        if isinstance(m, dict) and isinstance(m.get("status"), str)]
+    return out
+
+
+def _device(m: dict) -> Optional[str]:
+    devs = (m.get("provenance") or {}).get("devices") or []
+    d = devs[0] if devs else None
+    return d.get("name") if isinstance(d, dict) else d
+
+
+def _oom(m: dict) -> bool:
+    text = f"{m.get('status')} {m.get('error')}".lower()
+    return m.get("status") == "oom" or "out of memory" in text
+
+
+def _schema_defaults(cfg: dict) -> dict:
+    """Every key's schema default (the top level, its sections, the recorded strategy's schema)."""
+    from omegaconf import OmegaConf
+
+    from bench.schema import BenchConfig
+    from bench.strategies.registry import get_spec
+
+    top = OmegaConf.to_container(OmegaConf.structured(BenchConfig), resolve=False)
+    top = {k: v for k, v in top.items() if v != "???"}
+    top["strategy"] = OmegaConf.to_container(OmegaConf.structured(get_spec(cfg["strategy"]["name"]).schema),
+                                             resolve=False)
+    return top
+
+
+def _merged(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return out
+
+
+def _unaliased(v, cfg: dict):
+    """A shorthand's interpolation recorded unresolved (``${bench_alias:microbatches,4p}``): its value."""
+    if isinstance(v, str) and v.startswith("${bench_alias:"):
+        key, default = v[len("${bench_alias:"):-1].split(",", 1)
+        v = cfg.get(key) if cfg.get(key) is not None else default
+        return None if v in ("null", None) else v
+    return v
+
+
+def replan(m: dict):
+    """(plan, memory plan) of a recorded run's configuration under the current code (ConfigError if it no
+    longer validates)."""
+    from bench.config import validate
+    from bench.hardware import match
+    from bench.memory_model import memory_plan
+    from bench.runs import with_added_defaults
+
+    recorded_cfg = with_added_defaults({k: v for k, v in m["config"].items() if k != "_command"})
+    cfg = _merged(_schema_defaults(recorded_cfg), recorded_cfg)  # keys newer than the record, at their defaults
+    cfg["strategy"] = {k: _unaliased(v, cfg) for k, v in cfg["strategy"].items()}
+    cfg.update(device="cuda", tuning="default", hardware={"name": "auto"}, dry_run=False)  # the profile is applied
+    plan = validate(cfg, gpus=cfg["world_size"])
+    preset = match(_device(m))
+    return plan, memory_plan(plan, gpu_memory_gib=preset.memory_gib if preset else None)
+
+
+def _predicted_tokens(plan, device: Optional[str]) -> Optional[float]:
+    try:
+        from bench.predict import predict
+        from bench.hardware import match
+    except ImportError:
+        return None
+    try:
+        return predict(plan, match(device))["tokens_per_s"]
+    except Exception:  # noqa: BLE001  (an uncalibrated case: no prediction, said in the table)
+        return None
+
+
+def row(folder: str, name: str, m: dict) -> dict:
+    """One prediction.csv row (COLUMNS + EXTRA)."""
+    run = m.get("run") or {}
+    out = {"run": name, "folder": folder, "model": run.get("model"), "strategy": run.get("strategy"),
+           "world_size": run.get("world_size"), "precision": run.get("precision"),
+           "status": "oom" if _oom(m) else m.get("status"), "device": _device(m),
+           "measured_tokens_per_s": (m.get("throughput") or {}).get("tokens_per_s"),
+           "step_time_s": (m.get("step_time_s") or {}).get("median")}
+    peak = (m.get("memory") or {}).get("max_allocated_mb")
+    out["measured_peak_gib"] = peak / 1024 if peak else None
+    if not m.get("config") or out["device"] is None:
+        return {**out, "note": "no configuration or no GPU recorded"}
+    try:
+        plan, mem = replan(m)
+    except Exception as e:  # noqa: BLE001  (a config the current code refuses: said, not fatal)
+        return {**out, "note": f"not re-plannable: {type(e).__name__}: {str(e)[:120]}"}
+    out.update(predicted_peak_gib=mem["predicted_peak_allocated_mb"] / 1024, predicted_fits=mem["fits"],
+               predicted_tight=mem["tight"], predicted_tokens_per_s=_predicted_tokens(plan, out["device"]))
+    if out["measured_peak_gib"] and out["status"] == "completed":
+        out["peak_error_pct"] = 100 * (out["predicted_peak_gib"] / out["measured_peak_gib"] - 1)
+    if out["predicted_tokens_per_s"] and out["measured_tokens_per_s"] and out["status"] == "completed":
+        out["tokens_error_pct"] = 100 * (out["predicted_tokens_per_s"] / out["measured_tokens_per_s"] - 1)
+    return out
+
+
+def prediction_table(paths: Iterable) -> pd.DataFrame:
+    rows = [row(*r) for r in recorded(paths)]
+    return pd.DataFrame(rows, columns=COLUMNS + EXTRA)
+
+
+def _winners(t: pd.DataFrame) -> tuple[int, int]:
+    """(groups where the predicted fastest strategy is the measured fastest or within 5%, groups)."""
+    ok = t[t["tokens_error_pct"].notna()].copy()
+    ok["tokens_per_step"] = ok["measured_tokens_per_s"] * ok["step_time_s"]
+    agree = groups = 0
+    for _, g in ok.groupby(["device", "model", "world_size", ok["tokens_per_step"].round(-2)]):
+        best = g.groupby("strategy")[["measured_tokens_per_s", "predicted_tokens_per_s"]].max()
+        if len(best) < 2:
+            continue
+        groups += 1
+        picked = best["predicted_tokens_per_s"].idxmax()
+        agree += best.loc[picked, "measured_tokens_per_s"] >= 0.95 * best["measured_tokens_per_s"].max()
+    return int(agree), groups
+
+
+def accuracy(t: pd.DataFrame) -> dict:
+    """The four numbers (module docstring)."""
+    done = t[(t["status"] == "completed") & t["peak_error_pct"].notna()]
+    err = done["peak_error_pct"].abs()
+    oom = t[t["status"] == "oom"]
+    thr = t[t["tokens_error_pct"].notna()]
+    slow = thr[thr["step_time_s"] >= 0.1]
+    q = lambda s, p: float(s.abs().quantile(p)) if len(s) else math.nan  # noqa: E731
+    agree, groups = _winners(t)
+    return {
+        "memory_runs": len(done), "memory_within_10pct_share": float((err <= 10).mean()) if len(done) else math.nan,
+        "memory_within_15pct_all": bool((err <= 15).all()), "memory_worst_pct": float(err.max()) if len(done) else None,
+        "completed_predicted_oom": int((t[t["status"] == "completed"]["predicted_fits"] == False).sum()),  # noqa: E712
+        "oom_runs": len(oom),
+        "oom_predicted_to_fit": int(((oom["predicted_fits"] == True) & (oom["predicted_tight"] != True)).sum()),  # noqa
+        "throughput_runs": len(thr), "throughput_median_pct": q(thr["tokens_error_pct"], 0.5),
+        "throughput_p90_pct": q(thr["tokens_error_pct"], 0.9), "throughput_runs_ge_100ms": len(slow),
+        "throughput_median_ge_100ms_pct": q(slow["tokens_error_pct"], 0.5),
+        "winner_agreement": f"{agree}/{groups}", "not_replanned": int(t["note"].notna().sum()),
+    }
+
+
+def lines(acc: dict) -> list[str]:
+    """The four numbers as text (CLI and report)."""
+    return [
+        f"memory plan: {100 * acc['memory_within_10pct_share']:.1f}% of {acc['memory_runs']} completed GPU runs "
+        f"within +-10% of the measured peak; all within +-15%: {acc['memory_within_15pct_all']} "
+        f"(worst {acc['memory_worst_pct']:.1f}%)" if acc["memory_runs"] else "memory plan: no completed GPU runs",
+        f"fit verdict: {acc['completed_predicted_oom']} completed run(s) predicted not to fit; "
+        f"{acc['oom_predicted_to_fit']} of {acc['oom_runs']} out-of-memory run(s) predicted to fit (not tight)",
+        f"throughput: median |error| {acc['throughput_median_pct']:.1f}%, p90 {acc['throughput_p90_pct']:.1f}% over "
+        f"{acc['throughput_runs']} runs; median {acc['throughput_median_ge_100ms_pct']:.1f}% over "
+        f"{acc['throughput_runs_ge_100ms']} runs with steps >= 100 ms" if acc["throughput_runs"]
+        else "throughput: no prediction (bench/predict.py not calibrated)",
+        f"winner: predicted fastest strategy is the measured fastest or within 5% in {acc['winner_agreement']} "
+        "groups (device, model, GPUs, tokens per step)",
+        f"not re-planned (no config / GPU, or refused by the current code): {acc['not_replanned']} run(s)",
+    ]
+
+
+def by_strategy(t: pd.DataFrame) -> pd.DataFrame:
+    """Per strategy: the memory plan's error (median, min, max, runs within +-10%) and the throughput error."""
+    done = t[(t["status"] == "completed") & t["peak_error_pct"].notna()]
+    rows = []
+    for name, g in done.groupby("strategy"):
+        e = g["peak_error_pct"]
+        rows.append({"strategy": name, "runs": len(g), "median_error_pct": e.median(), "min_error_pct": e.min(),
+                     "max_error_pct": e.max(), "within_10pct": int((e.abs() <= 10).sum()),
+                     "tokens_median_abs_error_pct": g["tokens_error_pct"].abs().median()})
+    return pd.DataFrame(rows)
+
+
+def report_section(t: pd.DataFrame) -> list[str]:
+    """report.md's "Prediction against measurement" (prediction.csv holds every run)."""
+    if t is None or not len(t):
+        return []
+    return ["## Prediction against measurement", "",
+            "Every run re-planned from its recorded configuration with the current code (`prediction.csv`; "
+            "`python -m multirun_analysis.prediction DIR` prints the same): memory = the plan's allocated peak "
+            "against `torch.cuda.max_memory_allocated`, error = predicted / measured - 1.", ""] + \
+        [f"- {line}" for line in lines(accuracy(t))] + [""]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m multirun_analysis.prediction", description=__doc__.split("\n")[0])
+    ap.add_argument("paths", nargs="+", help="results/ folders, runs.json files or run folders")
+    ap.add_argument("--out", default=None, help="folder for prediction.csv (default: none written)")
+    a = ap.parse_args(argv)
+    t = prediction_table(a.paths)
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        t.to_csv(Path(a.out) / "prediction.csv", index=False)
+    print("\n".join(lines(accuracy(t))))
+    return 0 if len(t) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
