@@ -217,8 +217,12 @@ def dry_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = ()) -> str
              f" -> would be skipped: {verdict}" if verdict else "")
     if plan.tuning:
         log.info("tuning=%s: %s", plan.tuning["profile"], plan.tuning["summary"])
+    from bench.predict import predicted, prediction_line
+
+    pred = predicted(plan)
+    log.info("%s", prediction_line(pred))
     write_json_atomic(run_dir / "plan.json", {"key": base["key"], "config": plan.cfg, "memory": mem,
-                                              "tuning": plan.tuning, "fits": verdict is None})
+                                              "tuning": plan.tuning, "fits": verdict is None, "prediction": pred})
     return "skipped" if verdict else "planned"
 
 

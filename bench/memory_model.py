@@ -130,9 +130,10 @@ def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
     act, norm_in, per_consumer = _act_dtypes(plan, lay)
     attn_consumers, mlp_consumers = 3, (2 if llama else 1)
     tokens = s * b
-    # replicated over tp: the two norms' inputs and the projections' inputs
-    norms = 2 * d * norm_in
-    inputs = ((attn_consumers + mlp_consumers) if per_consumer else 2) * d * act
+    # replicated over tp (split too with sequence parallelism): the two norms' inputs and the projections' inputs
+    sp = tp if lay.sequence_parallel else 1
+    norms = 2 * d * norm_in / sp
+    inputs = ((attn_consumers + mlp_consumers) if per_consumer else 2) * d * act / sp
     # split over tp: q, k, v and the attention output, saved by the fused kernel and by o_proj as its input
     # (one tensor); the MLP: gpt fc_in's output and GELU's (fc_out's input); llama gate, up, silu(gate) and
     # their product (down's input), silu(gate) recomputed in backward when compiled
@@ -230,6 +231,20 @@ def _ranks_on_node(plan: Plan) -> int:
     return min(plan.world_size, per_node)
 
 
+def transient_bytes(plan: Plan, lay, grads: float, act: dict, phase: dict) -> float:
+    """What comes and goes within a step, at its largest: when backward starts, the saved activations and the
+    pass's buffers, beside the loss' logits buffers and autocast's weight copies, or (after the first gradient)
+    beside the backward's buffers and the copies or the layer being recomputed; the gradients too where they
+    outlive a micro-batch.  At the end of backward and in the optimizer step: the gradients beside the step's
+    temporaries (or the backward's buffers, where the gradient hooks run only after the whole backward)."""
+    bwd, step = phase.get("backward", 0.0), phase.get("step", 0.0)
+    early, late = (0.0, bwd) if lay.late_grad_hooks else (bwd, 0.0)
+    start = act["activations"] + phase.get("pass", 0.0) + max(
+        act["logits"] + act["weight_copies"], early + max(act["recomputed_layer"], act["weight_copies"]))
+    grads_live = plan.grad_accum > 1 or plan.pp > 1 or lay.grads_live
+    return max(start + (grads if grads_live else 0.0), grads + max(late, step))
+
+
 def _workspace(plan: Plan) -> float:
     """cuBLAS's workspace, which torch takes from its caching allocator (counted as allocated)."""
     return CUBLAS_WORKSPACE_BYTES if plan.device == "cuda" else 0.0
@@ -254,11 +269,9 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
     act = activation_bytes(plan, lay, ranks)
     per_block = ranks["blocks"] / max(1, plan.model["n_layers"] / plan.pp)
     buf, buf_note = spec.buffers(plan, psi, per_block)
-    grads_live = plan.grad_accum > 1 or plan.pp > 1 or lay.grads_live
-    grads = device["grads"]
-    backward_start = act["activations"] + max(act["logits"] + act["weight_copies"], act["recomputed_layer"])
-    transient = max(backward_start + (grads if grads_live else 0), grads)
-    allocated = device["params"] + device["optimizer"] + transient + buf + _workspace(plan)
+    phase, phase_note = spec.phase_buffers(plan, psi, per_block)
+    allocated = device["params"] + device["optimizer"] + transient_bytes(plan, lay, device["grads"], act, phase) \
+        + buf + _workspace(plan)
     allocated = max(allocated, _probe(plan))
     needed = allocated * (1 + FRAGMENTATION) + CONTEXT_BYTES
     mem_gib, source = device_memory_gib(plan, gpu_memory_gib)
@@ -293,6 +306,7 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
                         "per_layer_per_microbatch_mb": mib(act["per_layer_per_microbatch"]),
                         "activations_mb": mib(act["activations"]), "logits_mb": mib(act["logits"])},
         "buffers_mb": mib(buf), "buffers_note": buf_note,
+        "phase_buffers_mb": {k: mib(v) for k, v in phase.items()}, "phase_buffers_note": phase_note,
         "predicted_peak_allocated_mb": mib(allocated),
         "allowance": f"+{int(100 * FRAGMENTATION)}% allocator fragmentation, +{CONTEXT_BYTES / GIB:.0f} GiB CUDA "
                      "context and library workspaces",

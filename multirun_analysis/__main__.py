@@ -11,6 +11,7 @@ import sys
 
 from multirun_analysis import answer
 from multirun_analysis.analyze import analyze
+from multirun_analysis.prediction import planned, planned_section
 from multirun_analysis.report import compact_table
 
 
@@ -23,6 +24,12 @@ def main(argv=None) -> int:
                     help="rank only strategies whose measured peak memory per GPU fits this many GiB")
     a = ap.parse_args(argv)
     res = analyze(*a.paths, out_dir=a.out, plots=not a.no_plots, memory_budget_gib=a.memory_budget_gib)
+    plans = planned(a.paths)
+    if len(plans):  # a dry-run sweep: the answer before any GPU is spent
+        print("\n".join(planned_section(plans)))
+    if res.runs.empty and len(plans):
+        print(f"wrote {res.report}")
+        return 0
     if res.runs.empty:
         print(f"no run folders (with .hydra/config.yaml, metrics.json or status.json) under: {' '.join(a.paths)}",
               file=sys.stderr)

@@ -228,6 +228,78 @@ def report_section(t: pd.DataFrame) -> list[str]:
         [f"- {line}" for line in lines(accuracy(t))] + [""]
 
 
+def _plan_records(paths: Iterable) -> list[tuple[dict, str]]:
+    """(record, where) of every single dry run's ``plan.json`` and every dry-run sweep's ``plans.json``."""
+    out = []
+    for path in map(Path, paths):
+        files = [path] if path.is_file() else sorted([*path.rglob("plan.json"), *path.rglob("plans.json")])
+        for f in files:
+            try:
+                d = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(d, dict):
+                out.append((d, str(f.parent)))
+            elif isinstance(d, list):
+                out += [(r, f"{f.parent}/{r.get('dir') or r.get('num')}") for r in d if isinstance(r, dict)]
+    return out
+
+
+def planned(paths: Iterable) -> pd.DataFrame:
+    """A dry-run sweep's answer before any GPU is spent: every ``plan.json`` under ``paths`` (its layout, fit
+    verdict and predicted tokens/s), fastest first per (model, GPU count, tokens per step); predicted, not
+    measured."""
+    rows = []
+    for d, where in _plan_records(paths):
+        cfg, mem, pred = d.get("config") or {}, d.get("memory") or {}, d.get("prediction") or {}
+        if not mem:  # invalid: nothing planned
+            continue
+        lay = mem.get("layout") or {}
+        rows.append({"run": where, "model": (cfg.get("model") or {}).get("name"),
+                     "world_size": cfg.get("world_size"), "tokens_per_step": (cfg.get("model") or {}).get(
+                         "global_batch", 0) * (cfg.get("model") or {}).get("seq_len", 0),
+                     "strategy": (cfg.get("strategy") or {}).get("name"),
+                     "layout": f"tp={lay.get('tp')} pp={lay.get('pp')} dp={lay.get('dp')} "
+                               f"mb={lay.get('micro_batch_size')}x{lay.get('microbatches')} rc={lay.get('recompute')}",
+                     "fits": "no" if mem.get("fits") is False else ("tight" if mem.get("tight") else
+                                                                     ("yes" if mem.get("fits") else "unknown")),
+                     "predicted_peak_gib": (mem.get("predicted_peak_allocated_mb") or 0) / 1024,
+                     "predicted_tokens_per_s": pred.get("tokens_per_s"),
+                     "predicted_step_ms": 1000 * pred["step_time_s"] if pred.get("step_time_s") else None})
+    t = pd.DataFrame(rows)
+    if t.empty:
+        return t
+    t["_out"] = t["fits"] == "no"  # listed after the ranked layouts of their group
+    t = t.sort_values(["model", "world_size", "tokens_per_step", "_out", "predicted_tokens_per_s"],
+                      ascending=[True, True, True, True, False], na_position="last")
+    return t.drop(columns="_out").reset_index(drop=True)
+
+
+def planned_section(t: pd.DataFrame) -> list[str]:
+    """report.md's predicted ranking of a dry-run sweep, said to be predicted."""
+    if t is None or t.empty:
+        return []
+    err = ""
+    try:
+        from bench.predict import load_calibration
+
+        e = load_calibration().get("error") or {}
+        err = (f" Measured error of such predictions: median {100 * e['median_abs']:.0f}%, 90th percentile "
+               f"{100 * e['p90_abs']:.0f}% ({e.get('method')}).")
+    except (ImportError, KeyError, TypeError):
+        pass
+    out = ["## Predicted ranking (dry run: planned, nothing measured)", "",
+           "Each planned layout's fit verdict and predicted throughput (bench/predict.py), fastest first per "
+           "model, GPU count and tokens per step; layouts that do not fit are listed, not ranked." + err, ""]
+    cols = ["model", "world_size", "strategy", "layout", "fits", "predicted_peak_gib", "predicted_tokens_per_s"]
+    out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in t.iterrows():
+        cells = [r[c] if not isinstance(r[c], float) else (f"{r[c]:,.0f}" if c == "predicted_tokens_per_s"
+                                                            else f"{r[c]:.1f}") for c in cols]
+        out.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return out + [""]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m multirun_analysis.prediction", description=__doc__.split("\n")[0])
     ap.add_argument("paths", nargs="+", help="results/ folders, runs.json files or run folders")

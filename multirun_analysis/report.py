@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from multirun_analysis.prediction import by_strategy, report_section
+from multirun_analysis.prediction import by_strategy, planned, planned_section, report_section
 from multirun_analysis import answer, breakdown
 from multirun_analysis.tables import fmt_value, md_table, table_rows
 from multirun_analysis.summarize import DEFINITIONS
@@ -105,6 +105,7 @@ def write_report(out_dir: Path, inputs, runs: pd.DataFrame, summary: pd.DataFram
            "of the same strategy and workload among those measured over the most timed steps (a setting measured "
            "more than once, e.g. at two rungs of a search, at its longest run; one measured only shorter is not "
            "ranked against them).", "", md_table(answer.default_vs_best(summary), DEFAULT_BEST_MD)]
+    md += planned_section(planned(inputs))
     if prediction is not None and prediction["peak_error_pct"].notna().any():
         md += report_section(prediction) + [md_table(by_strategy(prediction), PREDICTION_MD)]
     md += ["", "## Summary (median over repeats)", "", md_table(summary, SUMMARY_MD),

@@ -65,7 +65,7 @@ def test_sweep_skips_predicted_ooms_without_starting_them(tmp_path):
     skipped = by["skipped"]
     m = json.loads((skipped / "metrics.json").read_text())
     assert m["error"]["type"] == "PredictedOOM" and "predicted OOM (needs" in m["error"]["message"]
-    assert "of 0.05)" in m["error"]["message"]
+    assert "of 0.05:" in m["error"]["message"]
     assert m["memory"]["plan"]["fits"] is False and not list(skipped.glob("rank*"))
     done = json.loads((by["completed"] / "metrics.json").read_text())
     assert done["memory"]["plan"]["predicted_peak_allocated_mb"] > 0  # predicted beside measured

@@ -2,14 +2,16 @@
 batch; gradients all-reduced in buckets overlapped with backward."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
 from bench.schema import ConfigError, Plan, StrategyConfig, fields_of, knob
-from bench.strategies.registry import StrategySpec, register
+from bench.strategies.registry import ModelStates, StrategySpec, register, replicated_states
 from bench.strategies.single import REDUCE_OVERHEAD
 from bench.parallel.dp import TorchDDP
 from bench.strategies.torch_native import torch_native
+from bench.traffic import all_reduce, buckets
 
 
 @dataclass
@@ -46,9 +48,48 @@ def rules(plan: Plan) -> None:
         raise ConfigError("strategy.comm_hook", s["comm_hook"], "needs NCCL (a GPU); on CPU use none or fp16_compress")
 
 
+def traffic(plan: Plan, params: float) -> dict[str, float]:
+    """One all-reduce of the gradients per step (no_sync on the other micro-batches), bucket by bucket during
+    the last backward; fp32 gradients (the weights are fp32 under autocast) unless a compress hook halves them.
+    The reducer is C++: no Python hooks per parameter."""
+    if plan.dp_size == 1:
+        return {}
+    s = plan.strategy
+    grads = params * (2 if s["comm_hook"] != "none" else 4)
+    return {"grad_reduce": all_reduce(grads, plan.dp_size),
+            "collectives": buckets(grads, s["bucket_cap_mb"] * 2**20)}
+
+
+def model_states(cfg: dict) -> ModelStates:
+    """single's states; on several ranks with gradient_as_bucket_view the gradients are views into the
+    reducer's buckets, allocated when DDP wraps the model: alive through the forward too."""
+    lay = replicated_states(cfg)
+    views = cfg["world_size"] > 1 and cfg["strategy"]["gradient_as_bucket_view"]
+    return dataclasses.replace(lay, grads_live=views, note=lay.note + ("; DDP: gradients are bucket views" if views else ""))
+
+
+def bucket_bytes(plan: Plan, psi: float, rebuilds: bool = True) -> tuple[float, str]:
+    """torch DDP's reducer over psi fp32 gradients (dp > 1): its flat bucket tensors (4 B/param: the gradients
+    themselves with gradient_as_bucket_view, counted as model states then), and, where DDP rebuilds its buckets
+    in gradient-ready order at step 2 (not with find_unused_parameters), the first step's buckets (4 B/param):
+    NCCL's work objects still hold them until its watchdog drops the completed all-reduces, so both sets can be
+    alive at step 2's peak (seen on the largest rank of 41 of 45 runs of 2-4 ranks: its peak 8 B/param over
+    single's; the other ranks' 4: results/2026-11-23-h200x2-cpu-affinity, results/2026-11-22-h200x4-paper-sweeps)."""
+    if plan.dp_size == 1:
+        return 0.0, ""
+    own = 0.0 if plan.strategy.get("gradient_as_bucket_view", True) else 4 * psi
+    old = 4 * psi if rebuilds else 0.0
+    return own + old, "DDP gradient buckets" + (" + the first step's buckets until rebuilt" if rebuilds else "")
+
+
+def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
+    return bucket_bytes(plan, psi)
+
+
 SPEC = register(StrategySpec(
     name="ddp", schema=DDPConfig, summary="torch DistributedDataParallel: replicas, bucketed all-reduce",
-    implementation=lambda plan: torch_native(TorchDDP()), rules=rules,
+    implementation=lambda plan: torch_native(TorchDDP()), rules=rules, traffic=traffic,
+    model_states=model_states, buffers=buffers,
     profiles={"best": {
         # one rank is single's step: single's compiled CUDA-graph profile holds; on several ranks it does not
         "compile": (True, "1 x H100, 1 rank: gpt2 94.6k -> 156.4k tokens/s, 300m 153.1k -> 195.0k "

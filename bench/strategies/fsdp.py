@@ -11,6 +11,8 @@ from bench.schema import LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConf
 from bench.strategies.registry import ModelStates, StrategySpec, register
 from bench.parallel.dp import FSDP2
 from bench.strategies.torch_native import torch_native
+from bench.traffic import (all_gather, compute_bytes, merge, param_tensors, pp_p2p, torch_native_hooks,
+                           tp_activation)
 
 
 @dataclass
@@ -78,6 +80,25 @@ def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
         "FSDP2: gathered units (current + next + prefetch) and one unit's unsharded gradients"
 
 
+def traffic(plan: Plan, params: float) -> dict[str, float]:
+    """Per micro-batch each unit's 16-bit parameters are gathered for forward (and again for backward when
+    resharding), prefetched ahead of use; the gradients are reduce-scattered once per step (no gradient sync on
+    the other micro-batches).  Host: four hooks per unit per micro-batch; per parameter, a DTensor made at each
+    gather, its gradient's share of the reduce-scatter and its dispatch in the optimizer.  With cpu_offload the
+    shards cross PCIe and AdamW runs on the host."""
+    s, dp, m = plan.strategy, plan.dp_size, plan.grad_accum
+    units = s["virtual_pipeline"] * -(-plan.model["n_layers"] // (plan.pp * s["virtual_pipeline"] *
+                                                                   s["blocks_per_unit"])) + 1  # + the root
+    gathers = m * (2 if s["reshard_after_forward"] else 1)
+    grad_bytes = 4 if s["reduce_dtype"] == "fp32" or plan.cfg["precision"] == "fp32" else 2
+    own = {"param_gather": gathers * all_gather(params * compute_bytes(plan), dp),
+           "grad_reduce": all_gather(params * grad_bytes, dp), "collectives": units * (gathers + 1),
+           "hooks": 4 * units * m + param_tensors(plan) * (gathers + 2)}
+    if s["cpu_offload"]:  # fp32 shards in (per gather) and gradients out, the AdamW step on the host
+        own.update(offload=4 * params / dp * (gathers + 1), host_adam=params / dp)
+    return merge(own, tp_activation(plan), pp_p2p(plan), torch_native_hooks(plan))
+
+
 def label(name: str, v: dict) -> list[str]:
     return [name] + (["cpu_offload"] if v.get("cpu_offload") is True else [])
 
@@ -85,7 +106,7 @@ def label(name: str, v: dict) -> list[str]:
 SPEC = register(StrategySpec(
     name="fsdp", schema=FSDPConfig, summary="PyTorch FSDP2 (fully_shard), alone or over torch TP / PP",
     implementation=lambda plan: torch_native(FSDP2()), rules=rules, model_states=model_states, buffers=buffers, label=label,
-    profiles={"best": {
+    traffic=traffic, profiles={"best": {
         "strategy.blocks_per_unit": (8, "2 x H200, 300m, global batch 16, compiled: units of 8 beat 4 and 24 twice "
                                         "within one call, 76.2% / 67.1% of 2 x single without / with resharding "
                                         "(results/2026-11-23-h200x2-zero-grad-norm-fsdp)"),

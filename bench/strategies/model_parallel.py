@@ -18,6 +18,8 @@ from bench.schema import LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConf
 from bench.strategies.registry import ModelStates, StrategySpec, register
 from bench.parallel.dp import TorchDDP
 from bench.strategies.torch_native import torch_native
+from bench.traffic import (all_gather, all_reduce, buckets, merge, param_tensors, pp_p2p, torch_native_hooks,
+                           tp_activation)
 
 
 # strategy.cuda_graph (megatron-core): steps 0 .. CUDA_GRAPH_CAPTURE_STEP - 1 run eagerly (NCCL communicators,
@@ -166,6 +168,11 @@ def model_states(cfg: dict) -> ModelStates:
     scheme = "fp32" if prec == "fp32" else ("megatron_mixed" if s["grad_reduce_in_fp32"] else "mixed")
     return ModelStates(scheme, stage=1 if s["use_distributed_optimizer"] else 0, sixteen_bit_weights=True,
                        tp_splits_vocab=True,  # Float16Module; VocabParallelEmbedding and the parallel output layer
+                       grads_live=True,  # Megatron DDP's contiguous main-grad buffers, allocated when it wraps
+                       sequence_parallel=bool(s["sequence_parallel"]),
+                       # vocab_parallel_cross_entropy works in place on one fp32 copy of the 16-bit logits (the
+                       # softmax it saves becomes the gradient), whose 16-bit cast then flows back: 4 + 2 B
+                       loss_bytes_per_logit=6,
                        note=f"megatron tp={s['tp']} pp={s['pp']}"
                             + (" distributed optimizer" if s["use_distributed_optimizer"] else ""))
 
@@ -179,11 +186,46 @@ def label(name: str, v: dict) -> list[str]:
     return [name] + ([f"impl={v['impl']}"] if v.get("impl") not in (None, "torch") and name != "megatron" else [])
 
 
+# Megatron's host operations per parameter and micro-batch, eager (its Python gradient hook, the bucket's
+# bookkeeping, the schedule's per-micro-batch work): gpt2 on one H200 ran 47.7-59.3 ms a step against single's
+# 28.1-32.3, and 28.7-31.6 with cuda_graph on one H100 (results/2026-11-25-h200-search-1gpu, -h100-search-1gpu)
+MEGATRON_PARAM_OPS = 3
+
+
+def traffic(plan: Plan, params: float) -> dict[str, float]:
+    """tp's activation all-reduces and pp's sends (bench/traffic.py), then the data-parallel reduction: Megatron
+    DDP's buckets (fp32 main grads by default; reduce-scatter + parameter all-gather with the distributed
+    optimizer), torch DDP's fp32 all-reduce.  Host: Megatron's Python gradient hooks per parameter and
+    micro-batch, a device sync after each batched pipeline send / receive, the gradient norm read on the host;
+    cuda_graph replays forward-backward (hooks, sends, reduction) as one graph."""
+    s, dp = plan.strategy, plan.dp_size
+    if s["impl"] != "megatron":
+        grads = 4 * params
+        own = {"grad_reduce": all_reduce(grads, dp), "collectives": buckets(grads, 25 * 2**20) if dp > 1 else 0,
+               "hooks": param_tensors(plan) if plan.tp > 1 else 0}
+        return merge(own, tp_activation(plan), pp_p2p(plan), torch_native_hooks(plan))
+    grads = params * (4 if s["grad_reduce_in_fp32"] or plan.cfg["precision"] == "fp32" else 2)
+    bucket = s["bucket_size"] or max(40_000_000, 1_000_000 * dp)  # Megatron's default bucket (parameters)
+    graphed = s["cuda_graph"]
+    own = {"syncs": 1 + (0 if graphed or not s["batch_p2p_sync"] or plan.pp == 1 else
+                         2 * plan.grad_accum * s["virtual_pipeline"]),
+           "hooks": 0 if graphed else MEGATRON_PARAM_OPS * param_tensors(plan) * plan.grad_accum,
+           "graphed": 1 if graphed else 0}
+    if dp > 1:
+        kind = "grad_reduce" if s["overlap_grad_reduce"] else "tail"
+        own["collectives"] = buckets(params, bucket) * (2 if s["use_distributed_optimizer"] else 1)
+        if s["use_distributed_optimizer"]:
+            gather = {"param_gather" if s["overlap_param_gather"] else "tail": all_gather(2 * params, dp)}
+            return merge(own, {kind: all_gather(grads, dp)}, gather, tp_activation(plan), pp_p2p(plan))
+        own[kind] = all_reduce(grads, dp)
+    return merge(own, tp_activation(plan), pp_p2p(plan))
+
+
 def family_spec(name: str, schema: type, summary: str, profiles: dict) -> StrategySpec:
     """Register one strategy of the family (its own module calls this: tp.py, pp.py, megatron/)."""
     return register(StrategySpec(
         name=name, schema=schema, summary=summary, implementation=implementation, rules=rules,
-        model_states=model_states, process_env=process_env, profiles=profiles, label=label,
+        model_states=model_states, process_env=process_env, profiles=profiles, label=label, traffic=traffic,
         preload=lambda s: MEGATRON_MODULES if s["impl"] == "megatron" else ()))
 
 

@@ -2,8 +2,9 @@
 
 A strategy is one module in this package that registers one :class:`StrategySpec`: its config
 schema (the only source of its defaults, with each knob's documentation and search candidates),
-its validation rules, how it holds model states (the memory plan), its tuning profile, what the
-fork server should preload, and its class (bench/strategies/base.py: the interface).  Nothing outside
+its validation rules, how it holds model states (the memory plan), what a step moves between devices
+(the throughput prediction), its tuning profile, what the fork server should preload, and its class
+(bench/strategies/base.py: the interface).  Nothing outside
 the module names the strategy: bench.config, the memory plan, the run key and the knob search ask
 this module, which imports every module of the package once (importing none of them itself, so that
 what only needs the descriptions - validation, run keys, the analysis - stays light).  Adding a
@@ -29,7 +30,12 @@ class ModelStates:
     the forward runs on 16-bit weights (activations and norm inputs 16-bit, no per-consumer autocast
     casts); ``tp_splits_vocab``: the embedding and output layer are split over tp (so are the
     logits); ``grads_live``: the gradient buffers stay allocated through the forward, not only from
-    the backward on."""
+    the backward on; ``loss_bytes_per_logit``: what the loss holds per logit element when its backward
+    runs (torch's cross entropy in fp32: the log-softmax output, its gradient and the fp32 logits' gradient,
+    4 B each); ``late_grad_hooks``: the gradient hooks, and the backward buffers they allocate, run after the
+    whole backward graph (one compiled graph for the model): beside all gradients, not beside the activations;
+    ``sequence_parallel``: the norms' and the projections' inputs are split over tp too (Megatron's sequence
+    parallelism: each rank keeps its slice of the sequence and gathers the rest again in backward)."""
 
     scheme: str
     stage: int = 0
@@ -41,6 +47,9 @@ class ModelStates:
     sixteen_bit_weights: bool = False
     tp_splits_vocab: bool = False
     grads_live: bool = False
+    loss_bytes_per_logit: int = 12
+    late_grad_hooks: bool = False
+    sequence_parallel: bool = False
     note: str = ""
 
 
@@ -53,6 +62,16 @@ def replicated_states(cfg: dict) -> ModelStates:
 def no_buffers(plan: Plan, params: float, per_block: float) -> tuple[float, str]:
     """Communication / gather buffers beside the model states: none (torch DDP's buckets are the gradients)."""
     return 0.0, ""
+
+
+def no_traffic(plan: Plan, params: float) -> dict[str, float]:
+    """What a step moves between devices and adds on the host beyond the model's own kernels: nothing (one device)."""
+    return {}
+
+
+def no_phase_buffers(plan: Plan, params: float, per_block: float) -> tuple[dict[str, float], str]:
+    """Buffers alive in part of a step only (StrategySpec.phase_buffers): none."""
+    return {}, ""
 
 
 def knob_text(v: Any) -> str:
@@ -77,6 +96,13 @@ class StrategySpec:
     rules: Callable[[Plan], None] = lambda plan: None  # its own cross-field rules; raise ConfigError
     model_states: Callable[[dict], ModelStates] = replicated_states  # memory plan: how it holds model states
     buffers: Callable[[Plan, float, float], tuple[float, str]] = no_buffers  # memory plan: (bytes, what they are)
+    # memory plan: buffers alive in part of a step only, by phase: "pass" from the forward to the end of the
+    # backward (ZeRO-3's gathered parameters), "backward" from a backward's first gradient to its end (ZeRO's reduce
+    # buckets: beside the activations, not beside the loss' logits buffers), "step" the optimizer step's temporaries
+    phase_buffers: Callable[[Plan, float, float], tuple[dict[str, float], str]] = no_phase_buffers
+    # the throughput prediction (bench/predict.py): (plan, parameters on the rank) -> per step, bytes sent by
+    # kind and host work (keys: bench/traffic.py)
+    traffic: Callable[[Plan, float], dict[str, float]] = no_traffic
     # the analysis: the words naming a run of it, given its varying knob values ({knob: value}; the layout's
     # tp / pp and recompute are added by the analysis), and the knob whose values its variants figure compares
     label: Callable[[str, dict], list[str]] = plain_label

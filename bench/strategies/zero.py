@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 from omegaconf import OmegaConf
 
+from bench.metrics.flops import param_groups
 from bench.model import Block, build_model, lm_loss
 from bench.parallel.ac import apply_ac
 from bench.parallel.compile import compile_kwargs
@@ -32,6 +34,7 @@ from bench.schema import ConfigError, Plan, StrategyConfig, alias_default, check
 from bench.strategies.base import StepResult, Strategy
 from bench.strategies.deepspeed_env import ensure_torch_extensions_dir, fix_cuda_arch_list
 from bench.strategies.registry import ModelStates, StrategySpec, knob_text, register
+from bench.traffic import all_gather, all_reduce, buckets, param_tensors
 
 # --------------------------------------------------------------------------- schema
 @dataclass
@@ -183,42 +186,147 @@ def _rules_deepcompile(plan: Plan) -> None:
                           "which takes no mode; use compile_mode=default with strategy.deepcompile=true")
 
 
+def runs_torch_autocast(cfg: dict) -> bool:
+    """DeepSpeed's torch_autocast: strategy.autocast, or a raw ds_config that enables it."""
+    raw = ((cfg["strategy"].get("ds_config") or {}).get("torch_autocast") or {}).get("enabled")
+    return cfg["precision"] != "fp32" and bool(cfg["strategy"]["autocast"] or raw)
+
+
 def model_states(cfg: dict) -> ModelStates:
     """DeepSpeed's 16-bit wrapper: 2 + 2 + 12 B/param; fp32 / torch_autocast: 4 + 4 + 8, with one more fp32 copy
     of the partition at stages 1-2 (and with optimizer offload); offload moves parts to the host."""
     s, prec = cfg["strategy"], cfg["precision"]
-    autocast = prec != "fp32" and s["autocast"]
+    autocast = runs_torch_autocast(cfg)
     scheme = "fp32" if prec == "fp32" else "mixed"
     if autocast:
         scheme = "autocast_copy" if s["zero_stage"] in (1, 2) or s["offload_optimizer"] != "none" else "fp32"
     off = s["offload_optimizer"] != "none"
     return ModelStates(scheme, stage=s["zero_stage"], offload_optimizer=off, host_fp32_grad_partition=off,
-                       offload_param=s["offload_param"] != "none", sixteen_bit_weights=not s["autocast"],
-                       grads_live=True,  # DeepSpeed allocates its gradient partition / buffers at initialize
+                       # ZeRO-3 keeps its gradient partition on the optimizer's device (stage3.py grad_partitions_flat_buffer)
+                       offload_grads=off and s["zero_stage"] == 3,
+                       offload_param=s["offload_param"] != "none", sixteen_bit_weights=not autocast,
+                       # ZeRO-3 allocates its flat gradient partition at initialize; stages 0-2 fill gradients
+                       # (stage 2 its partition) from the backward on
+                       grads_live=s["zero_stage"] == 3,
+                       # engine.compile: one graph for the model, whose gradients (and so the hooks that fill the
+                       # reduce buckets) come out when its whole backward has run
+                       late_grad_hooks=bool(cfg["compile"]) and not s["deepcompile"],
                        note=f"DeepSpeed ZeRO-{s['zero_stage']}" + (" torch_autocast" if autocast else ""))
 
 
+def _reduce_buckets(plan: Plan) -> tuple[float, int]:
+    """(elements, bytes per element) of ZeRO's reduce buckets: one per communication dtype (under torch_autocast
+    Linear gradients are reduced in 16 bit, the rest in fp32: two), reduce_bucket_size elements each."""
+    autocast = runs_torch_autocast(plan.cfg)
+    # without contiguous_gradients there are no buckets: gradients stay in param.grad until reduced
+    n = float(plan.strategy["reduce_bucket_size"]) if plan.strategy["contiguous_gradients"] else 0.0
+    if plan.strategy["zero_stage"] == 3:  # stage3.py: each bucket in its communication dtype
+        return (2 * n, 3) if autocast else (n, 4 if plan.cfg["precision"] == "fp32" else 2)
+    # stage_1_and_2.py setup_buckets: each in the parameters' dtype (fp32 under torch_autocast), two with
+    # overlap_comm (double buffering)
+    k = (2 if autocast else 1) * (2 if plan.strategy["overlap_comm"] else 1)
+    return k * n, 4 if plan.cfg["precision"] == "fp32" or autocast else 2
+
+
+def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, float], str]:
+    """Stages 1-2: the reduce buckets, allocated whole at a backward's first gradient hook (setup_buckets) and
+    released at its end (_release_ipg_buffers), whatever the model's size.  ZeRO-3: its gathered parameters,
+    from the forward to the backward.  The step: the gradient partition flattened (16-bit, or fp32 under
+    torch_autocast) and cast to fp32 for the optimizer (stage_1_and_2.py step; stage3.py
+    _prepare_fp32_grad_for_sub_group, one sub-group of at most sub_group_size parameters at a time); with
+    optimizer offload the host holds those."""
+    s, stage = plan.strategy, plan.strategy["zero_stage"]
+    out = {}
+    if stage in (1, 2):
+        n, b = _reduce_buckets(plan)
+        out["backward"] = n * b
+    if stage == 3:
+        out["pass"] = _gathered_params(plan, psi, per_block) * _param_bytes(plan)
+    if stage and s["offload_optimizer"] == "none":
+        n = psi if stage < 3 else min(psi, float(_zero_option(plan, "sub_group_size", 1e9)))
+        out["step"] = n / plan.dp_size * (4 if _param_bytes(plan) == 4 else 2 + 4)
+    return out, ("ZeRO reduce buckets in backward (reduce_bucket_size elements per communication dtype, x2 with "
+                 "overlap_comm)" if stage in (1, 2) else "ZeRO-3 gathered parameters from forward to backward"
+                 ) + "; the step's flattened gradient partition and its fp32 copy"
+
+
+def _param_bytes(plan: Plan) -> int:
+    """Bytes of a parameter as DeepSpeed holds it in the model: fp32 under torch_autocast or in fp32 runs."""
+    return 4 if plan.cfg["precision"] == "fp32" or runs_torch_autocast(plan.cfg) else 2
+
+
+def _zero_option(plan: Plan, key: str, default: float) -> float:
+    """A zero_optimization setting bench leaves at DeepSpeed's default unless ds_config sets it."""
+    return ((plan.strategy.get("ds_config") or {}).get("zero_optimization") or {}).get(key, default)
+
+
+def _gathered_params(plan: Plan, psi: float, per_block: float) -> float:
+    """Elements of ZeRO-3's gathered parameters when backward starts.  One rank without parameter offload: none
+    (a gathered parameter is its own partition, no copy).  Otherwise the prefetch bucket and the block in use, or
+    more: from step 2 (the trace complete) a parameter stays gathered from its forward to its backward when it is
+    used again within stage3_max_reuse_distance elements (1e9) of the trace (partitioned_param_coordinator.py
+    __params_to_release).  Counted here over the rest of the forward (the blocks after it and the head): the runs
+    held every block of 300m, 500m and 1b (36 blocks of 28M) at dp 2-4 (results/2026-11-23-h200x2-ddp-ceiling-
+    graph-exit), where the trace's forward and backward together would have released 1b's first half."""
+    if plan.dp_size == 1 and plan.strategy["offload_param"] == "none":
+        return 0.0
+    g, L = param_groups(plan.model), plan.model["n_layers"]
+    reuse = float(_zero_option(plan, "stage3_max_reuse_distance", 1e9))
+    head = g["head"] + g["norm"]
+    blocks = min(L, max(0, math.ceil((reuse - head) / per_block)))
+    kept = blocks * per_block + head + (g["embedding"] if L * per_block + head < reuse else 0)
+    return min(psi, max(kept, float(plan.strategy["prefetch_bucket_size"]) + per_block))
+
+
 def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
-    """ZeRO's reduce bucket (stages 1-2); ZeRO-3's gathered parameters and its whole reduce bucket."""
-    s = plan.strategy
-    # ZeRO's gradients (and ZeRO-3's gathered parameters) are in the parameters' dtype: fp32 under autocast
-    zero_bytes = 4 if plan.cfg["precision"] == "fp32" or s["autocast"] else 2
-    if s["zero_stage"] in (1, 2):
-        n = min(float(s["reduce_bucket_size"]), psi)
-        note = "ZeRO reduce bucket (min(reduce_bucket_size, parameters) x gradient bytes)"
-        if s["overlap_comm"]:
-            note += ("; not counted: overlap_comm's second bucket, up to 2 x reduce_bucket_size x gradient bytes more "
-                     "(measured +3.7 GiB on gpt2, nothing on 300m: results/2026-11-25-h100-search-1gpu)")
-        return n * zero_bytes, note
-    if s["zero_stage"] == 3:
-        # DeepSpeed 0.19.8 allocates the reduce bucket whole at start (stage3.py: torch.empty(reduce_bucket_size)),
-        # and under autocast 2 more bytes per bucket element showed (1 x H100, 300m and gpt2, buckets 5e7 and 5e8:
-        # results/2026-11-25-h100-search-1gpu)
-        n = min(float(s["prefetch_bucket_size"]) + per_block, psi)
-        bucket = float(s["reduce_bucket_size"]) * (zero_bytes + (2 if s["autocast"] else 0))
-        return n * zero_bytes + bucket, ("ZeRO-3 gathered parameters (prefetch bucket + one block) and the whole reduce "
-                                         "bucket (reduce_bucket_size elements), in the parameters' dtype")
-    return 0.0, ""
+    """ZeRO-3's reduce buckets, allocated at initialize."""
+    if plan.strategy["zero_stage"] != 3:
+        return 0.0, ""
+    elements, b = _reduce_buckets(plan)
+    return elements * b, "ZeRO-3 reduce buckets (reduce_bucket_size elements per communication dtype)"
+
+
+# ZeRO-3's host operations (bench/traffic.py "hooks") per micro-batch: each hooked module's fetch and release in
+# forward and backward (pre / post hooks, the gather's launch, status bookkeeping), each parameter's gather,
+# partition and release (one H200, gpt2: 12 leaf blocks ran in 100-150 ms a step, 132 hooked modules in 183-252,
+# against 28 ms for single; results/2026-11-25-h100-search-1gpu, results/2026-11-25-h200-search-1gpu)
+FETCH_OPS, PARAM_OPS = 12, 8
+
+
+def traffic(plan: Plan, params: float) -> dict[str, float]:
+    """Stage 0: one all-reduce of the gradients after backward; 1-2: gradients reduce-scattered from the
+    per-parameter backward hooks of every micro-batch (overlapped only with overlap_comm; stage 2 also copies
+    each gradient into its partition), the updated parameters all-gathered after the step; 3: every
+    micro-batch gathers each module's parameters for forward and again for backward and reduce-scatters the
+    gradients.  Gradients and parameters travel in the parameters' dtype (fp32 under autocast).  Host: those
+    Python hooks (per module at stage 3, per block with leaf_blocks), the step's pass over the parameters
+    (twice with DeepSpeed's 16-bit wrapper, whose module hooks also leave a compiled step eager), a host read
+    of the gradient norm; offload crosses PCIe and runs Adam on the host."""
+    s, dp, m, n = plan.strategy, plan.dp_size, plan.grad_accum, param_tensors(plan)
+    autocast = runs_torch_autocast(plan.cfg)
+    stage, elem = s["zero_stage"], 4 if plan.cfg["precision"] == "fp32" or autocast else 2
+    overlap = stage == 3 if s["overlap_comm"] is None else s["overlap_comm"]
+    grads = params * elem
+    wrapper = not autocast and plan.cfg["precision"] != "fp32"  # DeepSpeed's own 16-bit optimizer wrapper
+    norm = s["compute_grad_norm"] and (stage > 0 or wrapper)  # stage 0 under autocast: torch's AdamW, no norm
+    out = {"hooks": n * (3 if wrapper else 1), "syncs": 1 if norm else 0, "eager": 1 if wrapper else 0}
+    if stage == 0:
+        out.update(tail=all_reduce(grads, dp), collectives=buckets(grads, s["reduce_bucket_size"] * elem))
+    elif stage in (1, 2):
+        out["grad_reduce" if overlap else "tail"] = all_gather(grads, dp)
+        out.update(tail=out.get("tail", 0.0) + all_gather(grads, dp), hooks=out["hooks"] + stage * n * m,
+                   collectives=2 * buckets(grads, s["reduce_bucket_size"] * elem))
+    else:
+        per_block = s["leaf_blocks"] or s["deepcompile"]
+        modules = plan.model["n_layers"] * (1 if per_block else 12) + 5
+        out.update(param_gather=2 * m * all_gather(grads, dp), grad_reduce=m * all_gather(grads, dp),
+                   collectives=2 * m * modules + m * buckets(grads, s["reduce_bucket_size"] * elem),
+                   hooks=out["hooks"] + m * (FETCH_OPS * modules + (0 if s["deepcompile"] else PARAM_OPS * n)))
+    if s["offload_optimizer"] != "none":  # gradients out, updated parameters in, the Adam step on the host
+        out.update(offload=(elem + 2) * params / dp, host_adam=params / dp)
+    if s["offload_param"] != "none":  # the shard copied in before each gather
+        out["offload"] = out.get("offload", 0.0) + 2 * m * grads / dp
+    return out
 
 
 def label(name: str, v: dict) -> list[str]:
@@ -408,7 +516,8 @@ class Zero(Strategy):
 SPEC = register(StrategySpec(
     name="zero", schema=ZeroConfig, summary="DeepSpeed ZeRO stages 0-3 (+ CPU offload) on bench's model",
     implementation=lambda plan: Zero, rules=rules, model_states=model_states, buffers=buffers, label=label,
-    variants_figure=("zero_stage", "ZeRO stages"),
+    phase_buffers=phase_buffers,
+    traffic=traffic, variants_figure=("zero_stage", "ZeRO stages"),
     # deepspeed.initialize imports TorchInductor (its Muon optimizer module compiles at import; 0.7 s of its
     # ~1.5 s on the CPU machine). deepspeed itself is not preloaded: importing it queries the CUDA device count.
     preload=lambda s: ("torch._inductor.compile_fx",),

@@ -34,6 +34,7 @@ class Job:
     dir: Optional[str] = None  # folder name in the sweep dir
     estimate_s: Optional[float] = None
     memory: Optional[dict] = None  # the memory plan (bench/memory_model.py)
+    prediction: Optional[dict] = None  # dry runs: the throughput prediction (bench/predict.py)
 
     def record(self) -> dict:
         return {"num": self.num, "dir": self.dir, "key": self.key, "action": self.action, "reason": self.reason,
@@ -82,6 +83,10 @@ def compose(job: Job, load: Callable[[list[str]], DictConfig], gpus: Callable[[d
     job.cfg = plan.cfg  # the settings that will run (tuning=best applied)
     job.key, job.ident = run_key(job.cfg), identity(job.cfg)
     job.memory = memory_plan(plan, gpu_memory_gib=gpu_memory_gib(job.cfg))
+    if job.cfg.get("dry_run"):  # the answer before any GPU is spent: <sweep>/plans.json
+        from bench.predict import predicted
+
+        job.prediction = predicted(plan)
     verdict = fits(job.memory, plan)
     if verdict is not None and not job.cfg["force_run"]:
         job.action, job.reason = "skipped", verdict
@@ -125,3 +130,15 @@ def declare_preloads(to_run: list[Job]) -> None:
         return
     for j in forked:
         preload(sweep_preloads(j.cfg["strategy"]))
+
+
+def write_plans(sweep_dir: Path, jobs: Sequence[Job]) -> Path:
+    """A dry-run sweep's record: each job's config, memory plan (fit verdict) and prediction, in
+    ``<sweep>/plans.json``, for ``python -m multirun_analysis <sweep>`` to rank (marked as predicted)."""
+    from bench.jsonio import write_json_atomic
+
+    path = Path(sweep_dir) / "plans.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, [{**j.record(), "config": j.cfg, "memory": j.memory, "prediction": j.prediction}
+                             for j in jobs])
+    return path

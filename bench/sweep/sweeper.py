@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench.runs import FAILED, scan
 from bench.sweep.claims import SweepFolder
-from bench.sweep.jobs import Job, compose, declare_preloads, expand, log_plan
+from bench.sweep.jobs import Job, compose, declare_preloads, expand, log_plan, write_plans
 from bench.sweep.runner import Runner
 
 log = logging.getLogger("bench.sweep")
@@ -135,7 +135,9 @@ class BenchSweeper(Sweeper):
         log_plan(jobs, to_run, self.sweep_dir, [self.sweep_dir, cwd / "multirun", *map(Path, map(str, self.history))],
                  self.resume, self.rerun, plan_s, self.dry)
         if self.dry:
-            log.info("[sweep] dry run: nothing written, nothing run")
+            write_plans(self.sweep_dir, jobs)
+            log.info("[sweep] dry run: nothing run; each run's plan and prediction in %s/plans.json "
+                     "(python -m multirun_analysis %s ranks them)", self.sweep_dir, self.sweep_dir)
             return []
         # each planned folder's status and the manifest, written holding the sweep folder's lock; each job
         # is claimed again just before it runs (bench/sweep/claims.py)

@@ -1,0 +1,194 @@
+"""Throughput prediction: the step time of a plan on a GPU, from first principles with a few constants
+calibrated on recorded runs (bench/calibrate.py writes bench/calibration.json, read here).
+
+One optimizer step of the slowest rank, in seconds::
+
+  compute  = F / (peak x e(x))                         matmuls: hardware FLOPs of the rank (recompute included)
+               e(x) = e_max x / (x + x_half)           x = tokens per micro-batch x d_model / tp (matmul size)
+           + passes x activation bytes / HBM x (fused if compiled)   elementwise work, memory bound
+           + 1.75 x model-state bytes / HBM                          the AdamW step (reads p g m v, writes p m v)
+  comm     = (grad_exposed x grad_reduce + param_exposed x param_gather + tail + activation + p2p)
+               / (link x link_eff) + 20 us x collectives + offload / PCIe
+             bytes per kind from the strategy (StrategySpec.traffic, bench/traffic.py); the link is the
+             node's GPU-to-GPU bandwidth (between nodes when the run spans several)
+  bubble   = (compute + comm) x (pp - 1) / (virtual x micro-batches)
+  host     = host factor x (launch x (per_layer x layer_host x layers x micro-batches
+             + per_microbatch x micro-batches) + per_step + per_hook x hooks)
+             launch: 1 eager, compiled_host with compile, graph_host with CUDA graphs; layer_host (eager
+             only): the strategy's cost of a layer's ops against plain tensors' (DTensor dispatch)
+  step     = max(G, H) + overlap x min(G, H) + per_sync x syncs + per_adam_param x host Adam parameters
+             G = compute + comm + bubble (the device), H = host; overlap: how much of the shorter side
+             the other does not hide (overlap_sync when the host waits on the device every step:
+             step_timing=sync, fp16 overflow checks, a host read of the gradient norm)
+
+The breakdown is compute_s, exposed_comm_s, bubble_s and host_s = step - G (what the host adds).
+
+Hosts: host-bound runs move between hosts with the same GPU (the same gpt2 fp16 ZeRO-0 command ran at
+157k tokens/s on one H100 host and 193-197k on another the same day).  H is therefore multiplied by a
+host factor: the calibration fits one per recorded host (``host_key``: hostname and CPU count, since the
+recorded hostname alone, "vm", names a VM image, not a machine: the machine shapes, 16 to 128 CPUs for 1
+to 8 GPUs, are what it can tell apart), normalised so that the median host's is 1.  ``predict(plan,
+host=key)`` uses a measured host's factor; an unmeasured host, or none named, gets the median's (1).  Two
+machines of one shape stay one host: their spread is part of the measured error ``predict`` reports.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from bench.hardware import HardwareConfig, match, resolve
+from bench.memory_model import MB, memory_plan
+from bench.metrics.flops import hardware_flops_per_token
+from bench.schema import Plan
+from bench.strategies.registry import get_spec
+from bench.traffic import BYTE_KINDS
+
+CALIBRATION = Path(__file__).with_name("calibration.json")
+OPTIMIZER_PASSES = 1.75  # fused AdamW: reads params, grads, m, v, writes params, m, v: 7 of 4 state parts
+HOST_LINK_GBPS = 25.0  # host <-> device over PCIe (offload), one direction, achieved
+COLLECTIVE_LATENCY_S = 20e-6  # one NCCL collective's start-up inside a node (small-message latency)
+
+# the calibrated constants (bench/calibration.json), with the starting point of the fit
+DEFAULTS = {
+    "e_max": 0.6, "x_half": 2e6, "passes": 4.0, "fused": 0.5, "link_eff": 0.7, "grad_exposed": 0.3,
+    "param_exposed": 0.3, "per_layer": 3e-4, "per_microbatch": 1e-3, "per_step": 3e-3,
+    "compiled_host": 0.5, "graph_host": 0.05, "per_hook": 2e-5, "overlap": 0.05, "overlap_sync": 0.3,
+    "per_sync": 1e-4, "per_adam_param": 2e-9,
+}
+BOUNDED = ("e_max", "fused", "link_eff", "grad_exposed", "param_exposed", "compiled_host", "graph_host", "overlap",
+           "overlap_sync")  # fractions in (0, 1)
+
+
+def device_hardware(plan: Plan, hardware: Optional[HardwareConfig] = None) -> HardwareConfig:
+    """The GPU a plan is predicted for: the argument, else the config's preset, else the visible GPU's."""
+    hw = hardware or resolve(plan.cfg)
+    if hw is None and plan.device == "cuda":
+        import torch
+
+        hw = match(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
+    if hw is None or not hw.peak_tflops or not hw.hbm_gbps:
+        raise ValueError("no hardware to predict for: plan with hardware=<preset> (bench/hardware.py), or pass one")
+    return hw
+
+
+def _peak(plan: Plan, hw: HardwareConfig) -> float:
+    prec = plan.cfg["precision"]
+    key = prec if prec != "fp32" else ("tf32" if plan.cfg.get("tf32") else "fp32")
+    return float(hw.peak_tflops.get(key) or hw.peak_tflops["fp32"]) * 1e12
+
+
+def _link(plan: Plan, hw: HardwareConfig) -> float:
+    """GPU-to-GPU bytes/s: inside the node, or between nodes when the run spans several."""
+    per_node = hw.gpus_per_node or plan.world_size
+    gbps = hw.intra_node_gbps if plan.world_size <= per_node else (hw.inter_node_gbps or hw.intra_node_gbps)
+    return float(gbps or 25.0) * 1e9
+
+
+def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, float]:
+    """What the step time is made of, before any calibrated constant: FLOPs, bytes, counts, rates."""
+    hw = device_hardware(plan, hardware)
+    mem = memory_plan(plan, gpu_memory_gib=hw.memory_gib)
+    traffic = get_spec(plan.strategy["name"]).traffic(plan, float(mem["parameters_on_rank"]))
+    return {**_device_terms(plan, hw, mem), **_host_terms(plan, traffic),
+            **{f"{k}_s": traffic.get(k, 0.0) / _link(plan, hw) for k in BYTE_KINDS if k != "offload"},
+            "offload_s": traffic.get("offload", 0.0) / (HOST_LINK_GBPS * 1e9),
+            "collectives": traffic.get("collectives", 0.0)}
+
+
+def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict) -> dict[str, float]:
+    """FLOPs and peak, the matmul size, the memory-bound seconds at full HBM bandwidth, the pipeline bubble."""
+    m, cfg, act, ga = plan.model, plan.cfg, mem["activations"], plan.grad_accum
+    hbm = float(hw.hbm_gbps) * 1e9
+    activations = (act["per_layer_per_microbatch_mb"] * act["layers_on_rank"] + act["logits_mb"]) * MB * ga
+    return {
+        "flops": hardware_flops_per_token(m, cfg["recompute"]) * m["global_batch"] * m["seq_len"] / plan.world_size,
+        "peak": _peak(plan, hw), "matmul_size": plan.micro_batch_size * m["seq_len"] * m["d_model"] / plan.tp,
+        "elementwise_s": activations / hbm,
+        "optimizer_s": OPTIMIZER_PASSES * sum(mem["model_states"]["device_mb"].values()) * MB / hbm,
+        "bubble": (plan.pp - 1) / (plan.strategy.get("virtual_pipeline", 1) * ga) if plan.pp > 1 else 0.0,
+    }
+
+
+def _host_terms(plan: Plan, traffic: dict) -> dict[str, float]:
+    """Compiled / graphed, the layer passes and micro-batches the host launches, the strategy's host work, and
+    whether the host waits on the device every step (sync timing, fp16's overflow check, a strategy's syncs)."""
+    cfg = plan.cfg
+    compiled = bool(cfg["compile"]) and not traffic.get("eager", 0)
+    graphed = (compiled and cfg["compile_mode"] == "reduce-overhead") or traffic.get("graphed", 0) > 0
+    syncs = traffic.get("syncs", 0.0) + (1.0 if cfg["precision"] == "fp16" else 0.0)
+    sync_timing = (cfg.get("metrics") or {}).get("step_timing") == "sync"
+    return {"compiled": float(compiled), "graphed": float(graphed), "microbatches": float(plan.grad_accum),
+            "layer_passes": plan.model["n_layers"] / plan.pp * plan.grad_accum,
+            "layer_host": traffic.get("layer_host", 1.0), "hooks": traffic.get("hooks", 0.0), "syncs": syncs,
+            "host_waits": float(sync_timing or syncs > 0), "host_adam": traffic.get("host_adam", 0.0)}
+
+
+def combine(t: dict, k: dict) -> dict:
+    """The step and its parts from ``terms`` and the constants; works on floats or numpy arrays alike."""
+    eff = k["e_max"] * t["matmul_size"] / (t["matmul_size"] + k["x_half"])
+    fused = np.where(t["compiled"] > 0, k["fused"], 1.0)
+    compute = t["flops"] / (t["peak"] * eff) + k["passes"] * t["elementwise_s"] * fused + t["optimizer_s"]
+    wire = (k["grad_exposed"] * t["grad_reduce_s"] + k["param_exposed"] * t["param_gather_s"] + t["tail_s"]
+            + t["activation_s"] + t["p2p_s"]) / k["link_eff"]
+    comm = wire + COLLECTIVE_LATENCY_S * t["collectives"] + t["offload_s"]
+    bubble = (compute + comm) * t["bubble"]
+    device = compute + comm + bubble
+    launch = np.where(t["graphed"] > 0, k["graph_host"], np.where(t["compiled"] > 0, k["compiled_host"], 1.0))
+    layers = k["per_layer"] * t["layer_passes"] * np.where(t["compiled"] > 0, 1.0, t["layer_host"])
+    host = t.get("host_factor", 1.0) * (launch * (layers + k["per_microbatch"] * t["microbatches"]) + k["per_step"]
+                                        + k["per_hook"] * t["hooks"])
+    overlap = np.where(t["host_waits"] > 0, k["overlap_sync"], k["overlap"])
+    step = (np.maximum(device, host) + overlap * np.minimum(device, host) + k["per_sync"] * t["syncs"]
+            + k["per_adam_param"] * t["host_adam"])
+    return {"step_time_s": step, "compute_s": compute, "exposed_comm_s": comm, "bubble_s": bubble,
+            "host_s": step - device}
+
+
+def load_calibration(path: Optional[Path] = None) -> dict:
+    """The shipped calibration (constants and the measured error), or the fit's starting point without one."""
+    p = Path(path) if path else CALIBRATION
+    if not p.exists():
+        return {"constants": dict(DEFAULTS), "error": None}
+    return json.loads(p.read_text())
+
+
+def host_key(hostname: Optional[str], cpu_count: Optional[int]) -> str:
+    """A host as the calibration knows it (module docstring): its name and its CPU count."""
+    return f"{hostname or '?'}/{cpu_count or '?'} CPUs"
+
+
+def predict(plan: Plan, hardware: Optional[HardwareConfig] = None, host: Optional[str] = None,
+            calibration: Optional[dict] = None) -> dict:
+    """Predicted tokens/s and step time of a plan on ``hardware`` (default: the plan's preset or the visible
+    GPU) and ``host`` (a ``host_key``; default the median host), the step's breakdown, and the calibration's
+    measured error."""
+    cal = calibration or load_calibration()
+    t = terms(plan, hardware)
+    t["host_factor"] = (cal.get("host_factors") or {}).get(host, 1.0)
+    parts = {name: float(v) for name, v in combine(t, cal["constants"]).items()}
+    step = parts.pop("step_time_s")
+    tokens = plan.model["global_batch"] * plan.model["seq_len"]
+    return {"tokens_per_s": tokens / step, "step_time_s": step, "breakdown": parts, "error": cal.get("error")}
+
+
+def predicted(plan) -> Optional[dict]:
+    """The throughput prediction of a plan (bench/predict.py), or None where there is no GPU to predict for."""
+    try:
+        return predict(plan)
+    except ValueError as e:  # a CPU plan with hardware=auto
+        return None
+
+
+def prediction_line(pred: Optional[dict]) -> str:
+    """The prediction with its measured error beside it (never one without the other)."""
+    if pred is None:
+        return "prediction: none (no GPU to predict for: name one with hardware=<preset>)"
+    b, e = pred["breakdown"], pred.get("error") or {}
+    return (f"prediction: {pred['tokens_per_s']:,.0f} tokens/s, step {1000 * pred['step_time_s']:.1f} ms = compute "
+            f"{1000 * b['compute_s']:.1f} + exposed communication {1000 * b['exposed_comm_s']:.1f} + pipeline bubble "
+            f"{1000 * b['bubble_s']:.1f} + host {1000 * b['host_s']:.1f} ms; measured error of such predictions: "
+            f"median {100 * e.get('median_abs', float('nan')):.0f}%, 90th percentile {100 * e.get('p90_abs', float('nan')):.0f}% "
+            f"({e.get('method', 'uncalibrated')}, {e.get('runs', 0)} runs; python -m bench.calibrate results/)")

@@ -1,0 +1,110 @@
+"""What a strategy moves and adds per optimizer step: the terms each strategy declares
+(``StrategySpec.traffic``) for the throughput prediction (bench/predict.py).
+
+A strategy's ``traffic(plan, params_on_rank)`` returns a dict; every key is optional:
+
+bytes one rank sends per step, by how they can hide behind compute
+  ``grad_reduce``   gradient all-reduce / reduce-scatter issued during backward (bucketed, overlappable)
+  ``param_gather``  parameter all-gathers prefetched ahead of their use (ZeRO-3, FSDP)
+  ``tail``          collectives with nothing left to overlap: a reduction after backward, a gather after
+                    the optimizer step
+  ``activation``    tensor-parallel all-reduces of activations (on the critical path of every layer)
+  ``p2p``           pipeline sends of activations and their gradients
+  ``offload``       bytes over the host link (PCIe) to and from host memory
+counts per step
+  ``collectives``   collective / point-to-point calls (each pays a latency)
+  ``hooks``         framework host operations: Python hooks, per-parameter bookkeeping, DTensor dispatch
+  ``syncs``         host waits on the device (``.item()``, ``synchronize``): the host cannot run ahead
+  ``host_adam``     parameters whose optimizer step runs on the CPU
+  ``graphed``       1: the strategy replays its step as CUDA graphs (launches cost next to nothing)
+  ``eager``         1: torch.compile leaves the step eager (the strategy's module hooks break every graph)
+  ``layer_host``    eager host cost of a layer's ops against plain tensors' (> 1: DTensor dispatch, which
+                    torch.compile traces away); default 1
+
+Ring collectives: an all-reduce of B bytes over n ranks sends 2 B (n-1)/n per rank, an all-gather or a
+reduce-scatter B (n-1)/n.  Nothing here names a strategy (bench/strategies/ hold each one's terms).
+"""
+from __future__ import annotations
+
+from math import ceil
+
+from bench.schema import Plan
+
+BYTE_KINDS = ("grad_reduce", "param_gather", "tail", "activation", "p2p", "offload")
+COUNT_KINDS = ("collectives", "hooks", "syncs", "host_adam", "graphed", "eager", "layer_host")
+FLAGS = ("graphed", "eager", "layer_host")  # merged by the largest, not summed
+# torch-native tensor parallelism: a layer's ops dispatched as DTensors cost this many times a plain layer's
+# on the host (300m, TP=2, 2 x H200, eager: 243 ms a step against Megatron's 73-78 ms with the same
+# all-reduces; compiled, where the dispatch is traced away: 104-114 ms; results/2026-11-23-h200x2-zero-fsdp-tp-pp)
+DTENSOR_LAYER_HOST = 6.0
+
+
+def all_reduce(nbytes: float, n: int) -> float:
+    """Bytes one rank sends in a ring all-reduce of ``nbytes`` over n ranks."""
+    return 2.0 * nbytes * (n - 1) / n if n > 1 else 0.0
+
+
+def all_gather(nbytes: float, n: int) -> float:
+    """Bytes one rank sends in a ring all-gather (or reduce-scatter) of ``nbytes`` (the whole) over n ranks."""
+    return nbytes * (n - 1) / n if n > 1 else 0.0
+
+
+def compute_bytes(plan: Plan) -> int:
+    """Bytes of one 16-bit (or fp32) activation / parameter element as the step computes."""
+    return 4 if plan.cfg["precision"] == "fp32" else 2
+
+
+def param_tensors(plan: Plan) -> int:
+    """Parameter tensors on one rank (bookkeeping that runs once per tensor: hooks, copies)."""
+    m = plan.model
+    gpt = m.get("arch", "gpt") == "gpt"
+    block = 16 if gpt else 9  # gpt: q/k/v/o, fc_in/out with biases, two LayerNorms (w, b); llama: 7 + 2 norms
+    ends = (2 if gpt else 1) + (2 if gpt else 1) + (0 if m.get("tie_embeddings") else 1)
+    return ceil(block * m["n_layers"] / plan.pp) + ends
+
+
+def buckets(nbytes: float, bucket_bytes: float) -> int:
+    """Collectives of a bucketed reduction."""
+    return max(1, ceil(nbytes / max(bucket_bytes, 1.0))) if nbytes > 0 else 0
+
+
+def tp_activation(plan: Plan) -> dict[str, float]:
+    """Tensor parallelism: per layer and micro-batch, two all-reduces of the b x s x d activation in forward
+    and two in backward (Megatron's f / g; sequence parallelism moves the same bytes as gathers + scatters)."""
+    if plan.tp == 1:
+        return {}
+    m = plan.model
+    layers = m["n_layers"] / plan.pp * plan.grad_accum
+    act = plan.micro_batch_size * m["seq_len"] * m["d_model"] * compute_bytes(plan)
+    return {"activation": 4 * layers * all_reduce(act, plan.tp), "collectives": 4 * layers}
+
+
+def pp_p2p(plan: Plan) -> dict[str, float]:
+    """Pipeline: each micro-batch sends its activation forward and receives its gradient back at every
+    stage boundary (``virtual`` chunks per rank multiply the boundaries)."""
+    if plan.pp == 1:
+        return {}
+    m = plan.model
+    v = plan.strategy.get("virtual_pipeline", 1)
+    act = plan.micro_batch_size * m["seq_len"] * m["d_model"] * compute_bytes(plan)
+    sends = 2 * plan.grad_accum * v
+    return {"p2p": sends * act, "collectives": 2 * sends}
+
+
+def torch_native_hooks(plan: Plan) -> dict[str, float]:
+    """torch-native model parallelism's host work: DTensor dispatch of every op of a tensor-parallel layer,
+    and the pipeline schedule's forward, backward, send and receive per micro-batch and local stage."""
+    out: dict[str, float] = {"layer_host": DTENSOR_LAYER_HOST} if plan.tp > 1 else {}
+    if plan.pp > 1:  # compiled stages save no host time under the schedule (300m, PP=2, 2 x H200: 146-209 ms
+        # a step eager, 203-274 compiled; results/2026-11-22-h200x2-model-parallel, -forkserver-graphs, -x4-followups)
+        out.update(hooks=4 * plan.grad_accum * plan.strategy.get("virtual_pipeline", 1), eager=1)
+    return out
+
+
+def merge(*parts: dict) -> dict[str, float]:
+    """Sum traffic dicts key by key (FLAGS: the largest wins)."""
+    out: dict[str, float] = {}
+    for p in parts:
+        for k, v in p.items():
+            out[k] = max(out.get(k, 0.0), v) if k in FLAGS else out.get(k, 0.0) + v
+    return out

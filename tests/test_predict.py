@@ -1,0 +1,104 @@
+"""The throughput prediction (bench/predict.py) and its calibration (bench/calibrate.py), on CPU: every strategy
+is predicted for a GPU preset from a dry-run plan, the breakdown adds up, the predictions move the way the
+hardware says they must, and the calibration runs on a copy of two recorded results folders."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from bench.calibrate import calibrate
+from bench.config import register_configs, validate
+from bench.predict import load_calibration, predict
+from tests.conftest import REPO
+
+register_configs()
+
+EVERY_STRATEGY = {
+    "single": ["strategy=single", "world_size=1"], "ddp": ["strategy=ddp"], "fsdp": ["strategy=fsdp"],
+    "fsdp_tp": ["strategy=fsdp", "strategy.tp=2"], "zero0": ["strategy=zero", "zero_stage=0"],
+    "zero3": ["strategy=zero", "zero_stage=3"], "zero2_offload": ["strategy=zero", "zero_stage=2",
+                                                                  "strategy.offload_optimizer=cpu"],
+    "megatron": ["strategy=megatron"], "megatron_tp2_pp2": ["strategy=megatron", "strategy.tp=2", "strategy.pp=2"],
+    "megatron_graphs": ["strategy=megatron", "strategy.cuda_graph=true", "warmup_steps=5"],
+    "tp": ["strategy=tp"], "tp_torch": ["strategy=tp", "strategy.impl=torch", "strategy.tp=8"],
+    "pp": ["strategy=pp", "strategy.pp=4", "model.global_batch=32"],
+    "pp_torch": ["strategy=pp", "strategy.impl=torch", "strategy.pp=2", "microbatches=2", "model.tie_embeddings=false"],
+}
+
+
+def plan_for(*overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return validate(compose("config", overrides=["dry_run=true", *overrides]), gpus=0)
+
+
+def breakdown_total(p: dict) -> float:
+    return sum(p["breakdown"][k] for k in ("compute_s", "exposed_comm_s", "bubble_s", "host_s"))
+
+
+@pytest.mark.parametrize("name", list(EVERY_STRATEGY))
+def test_every_strategy_is_predicted_for_a_preset(name):
+    plan = plan_for("model=llama3_1b", "world_size=8", "hardware=h100_sxm_80gb", *EVERY_STRATEGY[name])
+    p = predict(plan)
+    assert p["tokens_per_s"] > 0 and p["step_time_s"] > 0
+    assert set(p["breakdown"]) == {"compute_s", "exposed_comm_s", "bubble_s", "host_s"}
+    assert all(v >= 0 for v in p["breakdown"].values()), p["breakdown"]
+    assert breakdown_total(p) == pytest.approx(p["step_time_s"], rel=1e-9)
+    tokens = plan.model["global_batch"] * plan.model["seq_len"]
+    assert p["tokens_per_s"] == pytest.approx(tokens / p["step_time_s"])
+    assert p["error"] == load_calibration()["error"]  # the shipped calibration's measured error
+    if plan.world_size > 1 and plan.dp_size * plan.tp * plan.pp > 1 and name != "single":
+        assert p["breakdown"]["exposed_comm_s"] > 0  # several GPUs move something
+    if plan.pp > 1:
+        assert p["breakdown"]["bubble_s"] > 0
+
+
+def test_the_shipped_calibration_states_its_error():
+    err = load_calibration()["error"]
+    for key in ("median_abs", "median_abs_step_ge_100ms", "p90_abs", "winner_agreement", "runs", "method"):
+        assert key in err
+    assert "leave-one-results-folder-out" in err["method"]
+
+
+@pytest.mark.parametrize("model", ["gpt2", "300m", "llama3_1b"])
+def test_more_ddp_gpus_at_a_fixed_per_rank_batch_never_lower_total_throughput(model):
+    per_rank = {"gpt2": 32, "300m": 8, "llama3_1b": 4}[model]
+    rates = [predict(plan_for(f"model={model}", "strategy=ddp", f"world_size={n}",
+                              f"model.global_batch={per_rank * n}", "hardware=h100_sxm_80gb"))["tokens_per_s"]
+             for n in (1, 2, 4, 8)]
+    assert rates == sorted(rates), rates
+
+
+def test_pcie_exposes_more_communication_than_nvlink():
+    layout = ["model=300m", "strategy=ddp", "world_size=4", "model.global_batch=16"]
+    pcie = predict(plan_for(*layout, "hardware=rtx_a6000"))["breakdown"]["exposed_comm_s"]
+    nvlink = predict(plan_for(*layout, "hardware=h100_sxm_80gb"))["breakdown"]["exposed_comm_s"]
+    assert pcie > nvlink > 0
+
+
+def test_a_named_host_uses_its_factor_and_an_unknown_one_the_median():
+    plan = plan_for("model=gpt2", "strategy=zero", "zero_stage=3", "world_size=1", "hardware=h100_sxm_80gb")
+    cal = load_calibration()
+    cal = {**cal, "host_factors": {"slow/8 CPUs": 2.0}}
+    slow, median = predict(plan, host="slow/8 CPUs", calibration=cal), predict(plan, host="other", calibration=cal)
+    assert median["step_time_s"] == predict(plan, calibration=cal)["step_time_s"]
+    assert slow["breakdown"]["host_s"] > median["breakdown"]["host_s"]
+
+
+def test_calibrate_on_two_results_folders_writes_constants_and_error(tmp_path):
+    for name in ("2026-11-22-h200x2-foundation", "2026-11-22-h200x2-sharding"):
+        (tmp_path / "results" / name).mkdir(parents=True)
+        shutil.copy(REPO / "results" / name / "runs.json", tmp_path / "results" / name / "runs.json")
+    out = tmp_path / "calibration.json"
+    calibrate([tmp_path / "results"], out, quiet=True)
+    doc = json.loads(out.read_text())
+    assert set(doc["constants"]) == set(load_calibration()["constants"])
+    assert all(v > 0 for v in doc["constants"].values())
+    err = doc["error"]
+    assert err["runs"] == doc["fitted_on"]["runs"] > 0 and "leave-one-results-folder-out over 2" in err["method"]
+    assert 0 <= err["median_abs"] <= err["p90_abs"]
+    assert set(doc["per_folder"]) == {"2026-11-22-h200x2-foundation", "2026-11-22-h200x2-sharding"}
+    plan = plan_for("model=300m", "strategy=single", "world_size=1", "hardware=h200_141gb")
+    assert predict(plan, calibration=doc)["error"] == err
