@@ -10,6 +10,7 @@ key, the value and what would be valid, and are raised before any process is spa
 """
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any, Iterable, Optional
 
@@ -133,11 +134,24 @@ def validate(cfg: DictConfig | dict, gpus: Optional[int] = None, explicit: Itera
         from bench.tuning_profiles import apply_profile
 
         _check_choices(c, spec)
-        c, record = apply_profile(c, spec, lambda trial: _validate(trial, spec, gpus), explicit)
+        # each trial is checked on a copy: a setting such as micro_batch_size=auto stays what was set until the end
+        c, record = apply_profile(c, spec, lambda trial: _validate(copy.deepcopy(trial), spec, gpus), explicit,
+                                  device=_device_name(c, gpus))
         plan = _validate(c, spec, gpus)
         plan.tuning = record
         return plan
     return _validate(c, spec, gpus)
+
+
+def _device_name(c: dict, gpus: int) -> Optional[str]:
+    """The GPU a run is on, as nvidia-smi names it (a dry run with a hardware preset: the preset's); None on
+    CPU: tuning=best looks up measured bests by it (bench/bests.py)."""
+    if c.get("device") == "cpu":
+        return None
+    preset = resolve_hardware(c)
+    if preset is not None and preset.gpu and (c.get("dry_run") or not gpus):
+        return preset.gpu
+    return _visible_gpu_name()
 
 
 def _validate(c: dict, spec: StrategySpec, gpus: int) -> Plan:
@@ -145,6 +159,7 @@ def _validate(c: dict, spec: StrategySpec, gpus: int) -> Plan:
     _shared_rules(c)
     device = _device(c, gpus)
     plan = _layout(c, spec, device)
+    _float8_rules(plan, spec)
     spec.rules(plan)
     return plan
 
@@ -258,12 +273,110 @@ def _layout(c: dict, spec: StrategySpec, device: str) -> Plan:
         raise ConfigError("model.global_batch", gb,
                           f"must be divisible by the data-parallel size {dp} (world_size={ws})")
     per_rank = gb // dp
-    mbs = s.get("micro_batch_size") or per_rank
-    if mbs <= 0 or per_rank % mbs:
+    auto = s.get("micro_batch_size") == "auto"
+    mbs = per_rank if auto else s.get("micro_batch_size") or per_rank
+    if not isinstance(mbs, int) or isinstance(mbs, bool) or mbs <= 0 or per_rank % mbs:
         raise ConfigError("strategy.micro_batch_size", s.get("micro_batch_size"),
-                          f"must divide the per-rank batch {per_rank} (= global_batch {gb} / dp {dp})")
+                          f"must divide the per-rank batch {per_rank} (= global_batch {gb} / dp {dp}), or be auto "
+                          "(the largest the memory plan fits) or null (all of it)")
+    if auto and s.get("microbatches") is not None:
+        raise ConfigError("strategy.micro_batch_size", "auto", f"conflicts with strategy.microbatches="
+                          f"{s['microbatches']}, which sets the micro-batches; set only one of them")
     plan = Plan(cfg=c, device=device, backend="nccl" if device == "cuda" else "gloo", world_size=ws,
                 tp=tp, pp=pp, dp_size=dp, micro_batch_size=mbs, grad_accum=per_rank // mbs)
     if "tp" in s:  # a strategy that splits the model: its shapes, schedule and micro-batches (bench/layout_rules.py)
         check_split(plan)
+    if auto:
+        _auto_micro_batch(plan, per_rank)
     return plan
+
+
+def _auto_micro_batch(plan: Plan, per_rank: int) -> None:
+    """``strategy.micro_batch_size=auto``: the largest divisor of the per-rank batch whose memory plan fits the
+    device (the visible GPU, the hardware preset or memory_gib) outside the plan's error margin (not tight),
+    else the largest that fits at all, else 1; the rest of the per-rank batch by gradient accumulation.  With
+    no device memory to plan against (a CPU run without memory_gib) the whole per-rank batch, as null.  The
+    choice goes into the config (the run key says what ran) and plan.micro_batch_auto (why)."""
+    from bench.memory_model import memory_plan
+
+    tried, chosen, why = [], None, None
+    for b in sorted((d for d in range(1, per_rank + 1) if per_rank % d == 0), reverse=True):
+        plan.micro_batch_size, plan.grad_accum = b, per_rank // b
+        plan.strategy["micro_batch_size"] = b
+        mem = memory_plan(plan)
+        if mem["fits"] is None:
+            chosen, why = per_rank, (f"no device memory to plan against ({mem['device_memory_source']}): the whole "
+                                     "per-rank batch, one micro-batch (as null); set memory_gib or hardware= to choose")
+            break
+        tried.append({"micro_batch_size": b, "needed_gib": round(mem["needed_mb"] / 1024, 1), "fits": mem["fits"],
+                      "tight": mem["tight"]})
+        if mem["fits"] and not mem["tight"]:
+            chosen, why = b, f"the largest that fits {mem['device_memory_gib']:.1f} GiB ({mem['device_memory_source']})"
+            break
+    if chosen is None:
+        fit = [t["micro_batch_size"] for t in tried if t["fits"]]
+        chosen, why = (fit[0], "the largest that fits, within the plan's error of the limit (tight: it may run out "
+                       "of memory)") if fit else (1, "none fits: the smallest (the memory plan says it does not fit)")
+    plan.micro_batch_size, plan.grad_accum = chosen, per_rank // chosen
+    plan.strategy["micro_batch_size"] = chosen
+    plan.micro_batch_auto = {"key": "strategy.micro_batch_size", "chosen": chosen, "grad_accum": per_rank // chosen,
+                             "per_rank_batch": per_rank, "reason": why, "tried": tried}
+
+
+# --------------------------------------------------------------------------- precision=fp8
+FLOAT8_MIN_CC = 8.9  # float8 tensor cores: Ada (8.9), Hopper (9.0) and later
+
+
+def _float8_rules(plan: Plan, spec: StrategySpec) -> None:
+    """precision=fp8 (torchao's float8 training, bench/parallel/float8.py): its recipe only with it, a strategy
+    whose implementation composes with torchao (StrategySpec.float8), a GPU with float8 tensor cores, and
+    compile=true: torchao's float8 is fast only compiled (eager, its scaling and casts are separate kernels
+    that make it slower than bf16), so an eager fp8 run is refused rather than recorded as float8's speed."""
+    c = plan.cfg
+    if c["precision"] != "fp8":
+        if c.get("fp8_recipe", "tensorwise") != "tensorwise":
+            raise ConfigError("fp8_recipe", c["fp8_recipe"], "takes effect only with precision=fp8; add precision=fp8 "
+                              "or leave fp8_recipe=tensorwise")
+        return
+    if not spec.float8:
+        able = [n for n, sp in specs().items() if sp.float8]
+        raise ConfigError("strategy", spec.name, f"cannot run precision=fp8: torchao's float8 composes with the "
+                          f"torch-native strategies ({'|'.join(able)}); strategy={_float8_alternative(c, able)} "
+                          "precision=fp8 runs")
+    if plan.device != "cuda":
+        raise ConfigError("precision", "fp8", "needs a GPU with float8 tensor cores (compute capability >= "
+                          f"{FLOAT8_MIN_CC}: H100, H200, L40S) and this run is on the CPU; use precision=bf16 (or "
+                          "fp32) here, or plan for such a GPU with dry_run=true hardware=h100_sxm_80gb")
+    cc, where = _compute_capability(c)
+    if cc is not None and cc < FLOAT8_MIN_CC:
+        raise ConfigError("precision", "fp8", f"needs float8 tensor cores (compute capability >= {FLOAT8_MIN_CC}: "
+                          f"H100, H200, L40S), and {where} has {cc}; use precision=bf16")
+    if not c["compile"]:
+        raise ConfigError("compile", False, "with precision=fp8: torchao's float8 is fast only compiled (eager, its "
+                          "scaling and casts are separate kernels, slower than bf16); add compile=true")
+
+
+def _compute_capability(c: dict) -> tuple[Optional[float], str]:
+    """The planned GPU's compute capability: the hardware preset's on a dry run, else the visible GPU's (else the
+    preset's); (None, "") where neither is known (planned on a machine without one): not checked then."""
+    preset = resolve_hardware(c)
+    if preset is not None and preset.compute_capability and (c["dry_run"] or not cuda_device_count()):
+        return float(preset.compute_capability), f"hardware={preset.name}"
+    if cuda_device_count():
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(0)
+        return major + minor / 10, torch.cuda.get_device_name(0)
+    return None, ""
+
+
+def _float8_alternative(c: dict, able: list[str]) -> str:
+    """The fp8-capable strategy to suggest: the first whose default knobs shard the model states (as the
+    refused ones, ZeRO and Megatron's distributed optimizer, do), else the first."""
+    import dataclasses
+
+    for name in able:
+        spec = get_spec(name)
+        if spec.model_states({**c, "strategy": dataclasses.asdict(spec.schema())}).stage >= 1:
+            return name
+    return able[0]

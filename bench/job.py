@@ -64,6 +64,7 @@ def finish(run_dir: Path, raw: dict, status: str, error: Optional[dict], failure
         m["failures"] = failures
         if plan is not None:
             m["memory"]["plan"] = plan.memory
+        m["placement"] = _placement(run_dir)
     timing = job_timing(run_dir, t0, time.time())
     m["job"] = {"key": base["key"], **timing}
     write_json_atomic(mpath, m)
@@ -77,6 +78,14 @@ def finish(run_dir: Path, raw: dict, status: str, error: Optional[dict], failure
                  timing["wall_s"], timing["overhead_s"], timing["startup_s"], timing["teardown_s"])
     loggers.log_run(run_dir, plan.cfg if plan else raw, m)  # the logger group: after the run's files are final
     return m["status"]
+
+
+def _placement(run_dir: Path) -> Optional[dict]:
+    """Where the ranks of a run that did not complete ran, from what they wrote at their start (SLURM tasks)."""
+    from bench.launch.placement import read_placements, summary
+
+    found = read_placements(run_dir)
+    return summary([found.get(r) for r in range(max(found) + 1)]) if found else None
 
 
 def record_invalid(run_dir: Path, raw: dict, base: dict, e: ConfigError, t0: float) -> str:
@@ -123,8 +132,7 @@ def run(cfg: DictConfig, run_dir: Path, command: list[str], t0: Optional[float] 
         log.info("run %s: model=%s strategy=%s world_size=%d device=%s backend=%s precision=%s; %s",
                  run_dir, plan.model["name"], plan.strategy["name"], plan.world_size, plan.device,
                  plan.backend, plan.cfg["precision"], mem["summary"])
-        if plan.tuning:
-            log.info("tuning=%s: %s", plan.tuning["profile"], plan.tuning["summary"])
+        log_choices(plan)
         verdict = fits(mem, plan)
         if verdict is not None and not plan.cfg["force_run"]:
             return finish(run_dir, raw, "skipped", {"rank": None, "type": "PredictedOOM", "message": verdict,
@@ -215,15 +223,25 @@ def dry_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = ()) -> str
              mem["flops_per_token"] / 1e9, plan.strategy["name"], plan.world_size, lay["tp"], lay["pp"], lay["dp"],
              lay["micro_batch_size"], lay["microbatches"], lay["recompute"], mem["summary"],
              f" -> would be skipped: {verdict}" if verdict else "")
-    if plan.tuning:
-        log.info("tuning=%s: %s", plan.tuning["profile"], plan.tuning["summary"])
+    log_choices(plan)
     from bench.predict import predicted, prediction_line
 
     pred = predicted(plan)
     log.info("%s", prediction_line(pred))
     write_json_atomic(run_dir / "plan.json", {"key": base["key"], "config": plan.cfg, "memory": mem,
-                                              "tuning": plan.tuning, "fits": verdict is None, "prediction": pred})
+                                              "tuning": plan.tuning, "micro_batch_size_auto": plan.micro_batch_auto,
+                                              "fits": verdict is None, "prediction": pred})
     return "skipped" if verdict else "planned"
+
+
+def log_choices(plan: Plan) -> None:
+    """What tuning=best applied (and from which measured workload), and what micro_batch_size=auto chose."""
+    if plan.tuning:
+        log.info("tuning=%s: %s", plan.tuning["profile"], plan.tuning["summary"])
+    if plan.micro_batch_auto:
+        a = plan.micro_batch_auto
+        log.info("strategy.micro_batch_size=auto: %d (x %d micro-batches of the per-rank batch %d): %s", a["chosen"],
+                 a["grad_accum"], a["per_rank_batch"], a["reason"])
 
 
 def exit_code(status: str) -> int:

@@ -1,34 +1,46 @@
 """The memory plan: predicted peak device memory per rank, before anything is launched.
 
-peak allocated (what ``torch.cuda.max_memory_allocated`` measures) =
+peak allocated (what ``torch.cuda.max_memory_allocated`` measures: the largest rank's) =
     model states (parameters + gradients + optimizer states of this rank)
-  + the larger of (activations of the in-flight micro-batches + the loss' logits buffers
-                   [+ the gradients, when they outlive a micro-batch: accumulation, pipelines]) and
-                  (the gradients: end of backward / optimizer step)
-  + the strategy's communication buffers (ZeRO buckets, FSDP2's gathered units)
+  + the larger of (when backward starts: the saved activations of the in-flight micro-batches and the pass's
+                   buffers, beside the loss' logits buffers and autocast's weight copies, or, after the first
+                   gradient, beside the backward's buffers [+ the gradients, when they outlive a micro-batch:
+                   accumulation, pipelines, buffers allocated up front]) and
+                  (the gradients, beside the optimizer step's temporaries: end of backward / step)
+  + the strategy's persistent buffers (DDP's buckets, ZeRO-3's reduce buckets, FSDP2's gathered units)
+  + cuBLAS's workspace (32 MiB), and never less than rank 0's matmul-peak probe (two 8192^2 bf16 matrices
+    and their product, measured before the run when metrics.measure_matmul_peak)
 
 * Model states: the ZeRO paper's bytes per parameter (Rajbhandari et al. 2020) by how the strategy
   holds them (``StrategySpec.model_states``): mixed 16-bit (2 + 2 + 12), fp32 weights with a torch
   optimizer (4 + 4 + 8), ...; ZeRO stage s over dp ranks divides the optimizer (s >= 1), the
   gradients (s >= 2) and the parameters (s = 3); offload moves parts to the host.  Parameters per
   rank follow the layout: blocks / pp and their matrices / tp, the embedding on the first stage
-  and the head on the last (the largest stage is the peak rank).
+  and the head on the last; a pipeline's first and last stages are both planned, the larger is the peak.
 * Activations per transformer layer and micro-batch of b sequences of s tokens (Korthikanti et al.
   2022, "Reducing Activation Recomputation in Large Transformer Models", section 4, counted for
-  bench's model: fused attention (no s x s scores), no dropout): the norm inputs, the projections'
-  inputs (one 16-bit copy per projection under autocast), q / k / v, the attention output and
-  the output projection's input, the MLP's intermediates (GELU: 2 x d_ff; SwiGLU: 4 x d_ff).
-  Tensor parallelism splits all but the norms' inputs and outputs.  ``recompute=full`` keeps one
-  block input per layer plus one layer recomputed in backward; ``selective`` recomputes only the
-  attention core, whose s x s scores the fused kernel never stores: the same prediction as none.
-  Pipelines hold several micro-batches: 1F1B min(m, pp) on the first stage, GPipe all m.
-* Logits: b x s x vocab per micro-batch on the last stage: the 16-bit logits, their fp32 copy
-  (log-softmax output, kept for backward) and its gradient: 10 bytes (12 in fp32) per element.
+  bench's model: fused attention (no s x s scores), no dropout), each saved tensor once: the norm
+  inputs, the projections' inputs (eager autocast: one 16-bit cast per projection; compiled or
+  torch-native TP: one per norm output), q / k / v and the attention output (which o_proj saves as its
+  input), the MLP's intermediates (GELU: 2 x d_ff; SwiGLU: 4 x d_ff, 3 compiled).  Tensor parallelism
+  splits all but the norms' and projections' inputs (those too with sequence parallelism).
+  ``recompute=full`` keeps one block input per layer, and one layer is recomputed in backward;
+  ``selective`` recomputes only the attention core, whose s x s scores the fused kernel never stores: the
+  same prediction as none.  Pipelines: 1F1B min(m, pp) micro-batches on the first stage, one on the last;
+  GPipe all m.
+* Autocast's 16-bit copies of the fp32 matmul weights (2 B per parameter): each Linear saves its copy for
+  backward (with full recompute only the head's).
+* Logits: b x s x vocab per micro-batch on the stage with the head, what the loss holds when its backward
+  runs (``ModelStates.loss_bytes_per_logit``): torch's fp32 cross entropy 12 B (log-softmax output, its
+  gradient, the fp32 logits' gradient), Megatron's in-place vocab-parallel one 6.
+* Strategy buffers by phase (``StrategySpec.buffers`` / ``phase_buffers``): DDP's reducer buckets and the
+  first step's, ZeRO's reduce buckets (whole, per communication dtype, in backward for stages 1-2),
+  ZeRO-3's gathered parameters, ZeRO's step (the flattened gradient partition and its fp32 copy).
 
 Not in the allocated peak, but in what must fit on the device (``needed``): the allocator's
 fragmentation (reserved over allocated: +10%) and the CUDA context, cuBLAS / NCCL workspaces
-(1 GiB).  Predictions are compared with the measured peaks in every completed run's metrics.json
-(``memory.plan`` beside ``memory.max_allocated_mb``) and per strategy by multirun_analysis.
+(1 GiB).  Predictions are compared with the measured peaks of every recorded run by
+``python -m multirun_analysis.prediction results/`` (the error stated above ``TIGHT``).
 """
 from __future__ import annotations
 
@@ -37,6 +49,7 @@ from typing import Any, Optional
 
 from bench.hardware import resolve as resolve_hardware
 from bench.metrics.flops import param_groups
+from bench.parallel.float8 import fsdp_float8_all_gather
 from bench.strategies.registry import ModelStates, get_spec
 from bench.schema import Plan
 
@@ -44,11 +57,11 @@ GIB = 2**30
 MB = 2**20
 FRAGMENTATION = 0.10  # reserved / allocated - 1 allowed for
 CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS workspace, NCCL buffers
-# the plan's error against measured peaks: -8.2% to +9.0% over 12 Llama runs on one H100
-# (results/2026-11-25-h100-llama-plan-profiles); 94 of 118 300m / gpt2 runs within 10%, the rest -33% to +18%
-# (ZeRO-1/2 with autocast or overlap_comm, gpt2's logits; results/2026-11-25-h100-search-1gpu), 106 of 137 on
-# one H200, the same cases outside (results/2026-11-25-h200-search-1gpu).  A plan this
-# close to the limit is called tight
+# the plan's error against measured peaks (python -m multirun_analysis.prediction results/, 2026-11-25): 98.0% of
+# 803 completed GPU runs within 10%, the worst -26.2%; 11 outside 15%: 9 one-rank DDP runs of 2026-11-22/23,
+# measured when DDP still wrapped a single rank (their layout records its buckets; it wraps none today), and 2
+# of 1b on 2 and 4 ranks whose first step's DDP buckets were freed before step 2's peak (+17%, +19%: a race the
+# plan counts, bench/strategies/ddp.py).  A plan this close to the limit is called tight
 TIGHT = 0.10
 # torch's default cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG=:4096:8), from the caching allocator
 CUBLAS_WORKSPACE_BYTES = 8 * 4 * MB
@@ -71,8 +84,9 @@ _PARTS = ("params", "grads", "optimizer")
 
 
 # ------------------------------------------------------------------------------ parameters
-def params_per_rank(plan: Plan, tp_splits_vocab: bool) -> dict[str, float]:
-    """Parameters on the largest pipeline stage of this layout, per tensor-parallel rank."""
+def params_per_rank(plan: Plan, tp_splits_vocab: bool, stage: Optional[str] = None) -> dict[str, float]:
+    """Parameters on a pipeline stage of this layout ("first" or "last"; None: the larger one), per
+    tensor-parallel rank."""
     m, tp, pp = plan.model, plan.tp, plan.pp
     g = param_groups(m)
     d = m["d_model"]
@@ -85,10 +99,11 @@ def params_per_rank(plan: Plan, tp_splits_vocab: bool) -> dict[str, float]:
     head = (0 if g["tied"] and pp == 1 else g["head"]) / vocab_div
     first = emb + blocks + (g["norm"] + head if pp == 1 else 0)
     last = blocks + g["norm"] + head
-    # the head's matmul weight (d x V / tp): a copy of the tied embedding too
-    head_matmul = g["head"] / vocab_div if first < last or pp == 1 else 0.0
-    return {"params": max(first, last), "stage": "first" if first >= last else "last",
-            "blocks": blocks, "embedding_and_head": max(first, last) - blocks, "head": head_matmul}
+    stage = stage or ("first" if first >= last or pp == 1 else "last")
+    own = first if stage == "first" else last
+    # the head's matmul weight (d x V / tp), a copy of the tied embedding too, on the stage that computes the loss
+    head_matmul = g["head"] / vocab_div if pp == 1 or stage == "last" else 0.0
+    return {"params": own, "stage": stage, "blocks": blocks, "embedding_and_head": own - blocks, "head": head_matmul}
 
 
 # ------------------------------------------------------------------------------ model states
@@ -117,7 +132,7 @@ def _act_dtypes(plan: Plan, lay) -> tuple[int, int, int]:
     if lay.sixteen_bit_weights:
         return 2, 2, 0
     # compiled, Inductor casts a norm's output once for all the projections that read it
-    return 2, 4, 0 if plan.cfg.get("compile") else 1
+    return 2, 4, 0 if plan.cfg.get("compile") or lay.shared_input_casts else 1
 
 
 def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
@@ -143,18 +158,21 @@ def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
             "bytes": tokens * (norms + inputs + attn + mlp), "block_input": tokens * d * norm_in}
 
 
-def in_flight_microbatches(plan: Plan) -> int:
-    """Micro-batches whose activations one rank holds at the peak (the first pipeline stage's)."""
+def in_flight_microbatches(plan: Plan, stage: str = "first") -> int:
+    """Micro-batches whose activations a pipeline stage holds at its peak: GPipe all; 1F1B min(m, pp) on the first
+    stage and one on the last (it runs each backward right after its forward); interleaved 1F1B the warm-up
+    chunks of 1/v of the layers plus the running one."""
     if plan.pp == 1:
         return 1
-    m = plan.grad_accum
+    m, pp = plan.grad_accum, plan.pp
     sched = plan.strategy.get("schedule", "auto")
     v = plan.strategy.get("virtual_pipeline", 1)
     if sched == "gpipe":
         return m
-    if v > 1:  # interleaved 1F1B: (pp - 1) * 2 warm-up chunks plus the running one, in chunks of 1/v of the layers
-        return min(m, -(-(2 * (plan.pp - 1) + 1 + (v - 1) * plan.pp) // v))
-    return min(m, plan.pp)
+    warmup = 2 * (pp - 1) if stage == "first" else 0  # rank r warms up 2 (pp - r - 1) + (v - 1) pp chunks
+    if v > 1:
+        return min(m, -(-(warmup + 1 + (v - 1) * pp) // v))
+    return min(m, pp if stage == "first" else 1)
 
 
 def autocast_copy_bytes(plan: Plan, lay, matmul_params: float) -> float:
@@ -165,6 +183,17 @@ def autocast_copy_bytes(plan: Plan, lay, matmul_params: float) -> float:
     return 2 * matmul_params
 
 
+def weight_copy_bytes(plan: Plan, lay, ranks: dict) -> float:
+    """The matmul weights' copies alive when backward starts: autocast's 16-bit ones; under precision=fp8, for the
+    blocks' Linear layers torchao converts (bench/parallel/float8.py) their float8 copies instead, 1 B per
+    parameter, counted for all of the rank's blocks: an upper bound (eager, torchao saves the fp32 / gathered
+    weight and casts again in backward, one layer's copy alive at a time; compiled, Inductor may save them), and
+    none where FSDP2 gathers in float8 (the gathered weight is the copy).  The head stays in bf16."""
+    if plan.cfg["precision"] != "fp8":
+        return autocast_copy_bytes(plan, lay, ranks["blocks"] + ranks["head"])
+    return autocast_copy_bytes(plan, lay, ranks["head"]) + (0.0 if fsdp_float8_all_gather(plan) else ranks["blocks"])
+
+
 def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str, Any]:
     """Saved activations of the in-flight micro-batches, the loss' logits buffers, and what backward's start
     adds to them: autocast's weight copies, or (full recompute) one layer recomputed with its copies."""
@@ -172,13 +201,13 @@ def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str,
     ranks = ranks or params_per_rank(plan, lay.tp_splits_vocab)
     layer = layer_activation_bytes(plan, b, lay)
     layers = m["n_layers"] / plan.pp
-    k = in_flight_microbatches(plan)
+    k = in_flight_microbatches(plan, ranks["stage"])
     mode = plan.cfg["recompute"]
-    copies = autocast_copy_bytes(plan, lay, ranks["blocks"] + ranks["head"])
+    copies = weight_copy_bytes(plan, lay, ranks)
     head_copy = autocast_copy_bytes(plan, lay, ranks["head"])
     if mode == "full":  # block inputs kept; the blocks' copies are not saved (their forward runs again)
         per_mb = layers * layer["block_input"]
-        recomputed = layer["bytes"] + copies * (1 - ranks["head"] / max(1.0, ranks["blocks"] + ranks["head"])) / layers
+        recomputed = layer["bytes"] + (copies - head_copy) / layers  # the blocks' copies, one layer's at a time
         at_loss = head_copy
     else:
         per_mb, recomputed, at_loss = layers * layer["bytes"], 0.0, copies
@@ -257,13 +286,10 @@ def _probe(plan: Plan) -> float:
     return PROBE_BYTES + CUBLAS_WORKSPACE_BYTES if on else 0.0
 
 
-def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
-    """The predicted memory of the largest rank of a plan (module docstring), in MiB, with its parts."""
-    from bench.metrics.flops import flops_per_token, total_params
-
-    spec = get_spec(plan.strategy["name"])
-    lay = spec.model_states(plan.cfg)
-    ranks = params_per_rank(plan, tp_splits_vocab=lay.tp_splits_vocab)
+def rank_peak(plan: Plan, spec, lay: ModelStates, stage: Optional[str] = None) -> dict[str, Any]:
+    """The allocated peak of one rank (a pipeline's first or last stage; None: the one with more parameters) and
+    its parts."""
+    ranks = params_per_rank(plan, lay.tp_splits_vocab, stage)
     psi = ranks["params"]
     device, host = model_state_bytes(plan, psi, lay)
     act = activation_bytes(plan, lay, ranks)
@@ -272,7 +298,20 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
     phase, phase_note = spec.phase_buffers(plan, psi, per_block)
     allocated = device["params"] + device["optimizer"] + transient_bytes(plan, lay, device["grads"], act, phase) \
         + buf + _workspace(plan)
-    allocated = max(allocated, _probe(plan))
+    return {"ranks": ranks, "psi": psi, "device": device, "host": host, "act": act, "buf": buf, "buf_note": buf_note,
+            "phase": phase, "phase_note": phase_note, "allocated": max(allocated, _probe(plan))}
+
+
+def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
+    """The predicted memory of the largest rank of a plan (module docstring), in MiB, with its parts."""
+    from bench.metrics.flops import flops_per_token, total_params
+
+    spec = get_spec(plan.strategy["name"])
+    lay = spec.model_states(plan.cfg)
+    peaks = [rank_peak(plan, spec, lay, stage) for stage in (("first", "last") if plan.pp > 1 else (None,))]
+    r = max(peaks, key=lambda x: x["allocated"])
+    ranks, psi, device, host, act, buf, phase = (r[k] for k in ("ranks", "psi", "device", "host", "act", "buf", "phase"))
+    buf_note, phase_note, allocated = r["buf_note"], r["phase_note"], r["allocated"]
     needed = allocated * (1 + FRAGMENTATION) + CONTEXT_BYTES
     mem_gib, source = device_memory_gib(plan, gpu_memory_gib)
     # the verdict's margin: "does not fit" only when even the plan's error (TIGHT) in the run's favour and no

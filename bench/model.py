@@ -31,8 +31,9 @@ import torch.nn as nn
 import torch.utils.checkpoint
 import torch.nn.functional as F
 
-# precision name -> the dtype of a run's 16-bit compute (or fp32): one table for every strategy
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# precision name -> the dtype of a run's 16-bit compute (or fp32): one table for every strategy; fp8: bf16, the
+# dtype of everything but the float8 matmuls (bench/parallel/float8.py)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 
 ARCHS = ("gpt", "llama")
 

@@ -3,7 +3,8 @@ calibrated on recorded runs (bench/calibrate.py writes bench/calibration.json, r
 
 One optimizer step of the slowest rank, in seconds::
 
-  compute  = F / (peak x e(x))                         matmuls: hardware FLOPs of the rank (recompute included)
+  compute  = F / (peak x e(x))                         matmuls: hardware FLOPs of the rank (recompute included);
+                                                       fp8: the float8 matmuls' share at the fp8 peak (_peak)
                e(x) = e_max x / (x + x_half)           x = tokens per micro-batch x d_model / tp (matmul size)
            + passes x activation bytes / HBM x (fused if compiled)   elementwise work, memory bound
            + 1.75 x model-state bytes / HBM                          the AdamW step (reads p g m v, writes p m v)
@@ -41,7 +42,7 @@ import numpy as np
 
 from bench.hardware import HardwareConfig, match, resolve
 from bench.memory_model import MB, memory_plan
-from bench.metrics.flops import hardware_flops_per_token
+from bench.metrics.flops import float8_matmul_params, flops_per_token, hardware_flops_per_token
 from bench.schema import Plan
 from bench.strategies.registry import get_spec
 from bench.traffic import BYTE_KINDS
@@ -75,7 +76,16 @@ def device_hardware(plan: Plan, hardware: Optional[HardwareConfig] = None) -> Ha
 
 
 def _peak(plan: Plan, hw: HardwareConfig) -> float:
+    """The matmuls' peak FLOP/s at the run's precision.  precision=fp8: the converted matmuls' share of the FLOPs
+    (float8_matmul_params: the blocks' Linear layers, forward and backward) at the fp8 peak, the rest (head,
+    attention scores) at bf16's: the peak that gives their summed time.  The calibrated efficiency e(x) was fitted
+    on bf16 / fp16 / fp32 runs and is applied unchanged (float8 kernels' own efficiency is not calibrated)."""
     prec = plan.cfg["precision"]
+    if prec == "fp8":
+        bf16 = float(hw.peak_tflops["bf16"])
+        fp8 = float(hw.peak_tflops.get("fp8") or bf16)
+        share = 6 * float8_matmul_params(plan.model) / flops_per_token(plan.model)
+        return 1e12 / (share / fp8 + (1 - share) / bf16)
     key = prec if prec != "fp32" else ("tf32" if plan.cfg.get("tf32") else "fp32")
     return float(hw.peak_tflops.get(key) or hw.peak_tflops["fp32"]) * 1e12
 

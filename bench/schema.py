@@ -97,11 +97,15 @@ class ModelConfig:
 @dataclass
 class StrategyConfig:
     """Fields every strategy has. ``micro_batch_size`` is per data-parallel rank; null means one
-    micro-batch per step (no gradient accumulation)."""
+    micro-batch per step (no gradient accumulation); auto, the largest the memory plan fits (bench/config.py)."""
 
     name: str = MISSING
     impl: str = "torch"
-    micro_batch_size: Optional[int] = None
+    micro_batch_size: Any = knob(None, "sequences per micro-batch on one data-parallel rank, the rest of the per-rank "
+                                 "batch by gradient accumulation: null (the whole per-rank batch at once) | an int "
+                                 "dividing it | auto (the largest the memory plan fits on this GPU, hardware preset or "
+                                 "memory_gib; on CPU without memory_gib, the whole per-rank batch)",
+                                 tune=(1, 2, 4, 8), requires={"strategy.microbatches": None})
 
 
 @dataclass
@@ -152,8 +156,15 @@ class BenchConfig:
     strategy: Any = MISSING
     world_size: int = knob(1, "ranks, one per GPU; the global batch is split over the data-parallel ones")
     precision: str = knob("auto", "auto (bf16 on GPU, fp32 on CPU, where bf16 matmuls have no fast kernels) | "
-                          "fp32 | bf16 (autocast over fp32 weights) | fp16 (+ loss scaling, GPU only); "
-                          "recorded as what ran", choices=("auto", "fp32", "bf16", "fp16"))
+                          "fp32 | bf16 (autocast over fp32 weights) | fp16 (+ loss scaling, GPU only) | fp8 (torchao "
+                          "float8 matmuls in the blocks' Linear layers, bf16 elsewhere, fp32 master weights and "
+                          "optimizer states; GPUs of compute capability >= 8.9, torch-native strategies, "
+                          "compile=true); recorded as what ran", choices=("auto", "fp32", "bf16", "fp16", "fp8"))
+    fp8_recipe: str = knob("tensorwise", "precision=fp8: torchao's float8 recipe: tensorwise (one scale per tensor, "
+                           "cuBLAS; the fastest) | rowwise (a scale per row, CUTLASS) | rowwise_with_gw_hp (rowwise, "
+                           "the weight gradient's matmul in bf16: the most accurate)",
+                           choices=("tensorwise", "rowwise", "rowwise_with_gw_hp"), requires={"precision": "fp8"},
+                           added=True)
     steps: int = knob(20, "optimizer steps in all, warm-up included")
     warmup_steps: int = knob(5, "steps not timed")
     zero_stage: Optional[int] = knob(None, "shorthand for strategy.zero_stage (strategy=zero zero_stage=3)",
@@ -218,6 +229,7 @@ class Plan:
     micro_batch_size: int  # sequences per micro-batch on one data-parallel rank
     grad_accum: int  # micro-batches per optimizer step on one data-parallel rank
     tuning: Optional[dict] = None  # tuning=best: what the profile applied and skipped (bench/tuning_profiles.py)
+    micro_batch_auto: Optional[dict] = None  # strategy.micro_batch_size=auto: what it chose and why (bench/config.py)
     memory: Optional[dict] = None  # the memory plan (bench/memory_model.py), made before launch, recorded by rank 0
 
     def to_dict(self) -> dict:

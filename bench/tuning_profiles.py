@@ -11,7 +11,15 @@ fastest and the evidence (a results/ folder).  Applied in order, each entry is:
   when the entry's own condition says the measurement does not hold for this layout (an optional third
   element, ``unless(plan) -> reason or None`` over the validated layout: e.g. a distributed optimizer at
   data-parallel size 1);
+* ``skipped`` when the memory plan predicts an out-of-memory with it and none without it (never worse for
+  memory: the plan's numbers are the reason);
 * ``applied`` otherwise.
+
+Which settings: with ``tuning=best`` the nearest measured workload's (bench/bests.py: a knob search's
+winner on this device type, near enough), else the static profile, and the record says which and how
+near.  Unless the user set the micro-batch (or strategy.microbatches), ``strategy.micro_batch_size=auto``
+comes first (the largest the memory plan fits), so every later setting is checked at the micro-batch it
+leaves; with no device memory to plan against (CPU) it is left out, and the record says so.
 
 None of the profile knobs changes what is trained (tests: tuning=best matches single's losses).
 The record goes into metrics.json (``layout.tuning``) and the log; the run key covers the applied
@@ -21,9 +29,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import MISSING
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional
 
 from bench.schema import BenchConfig, ConfigError, fields_of
+
+MICRO_BATCH = "strategy.micro_batch_size"
 
 
 def _get(c: dict, key: str) -> Any:
@@ -52,50 +62,141 @@ def _default_of(key: str, strategy_schema: type) -> Any:
     return f.default if f.default is not MISSING else MISSING
 
 
-def apply_profile(c: dict, spec, check: Callable[[dict], Any], explicit: Iterable[str] = ()) -> tuple[dict, dict]:
+def apply_profile(c: dict, spec, check: Callable[[dict], Any], explicit: Iterable[str] = (),
+                  device: Optional[str] = None) -> tuple[dict, dict]:
     """(config with the profile applied, record); ``check(config)`` returns its Plan or raises ConfigError
-    when it cannot run."""
+    when it cannot run; ``device``: the GPU's name (nvidia-smi's), None on CPU (no measured bests then)."""
     name = c.get("tuning", "default")
-    profile = spec.profiles.get(name)
+    explicit = set(explicit)
+    out = copy.deepcopy(c)
+    base = _plan_or_none(check, out)
+    profile, source = _choose(out, spec, base, device) if name == "best" else (spec.profiles.get(name), None)
     if profile is None:
         raise ConfigError("tuning", name, f"strategy={spec.name} has no {name!r} profile; valid: "
                           f"default, {', '.join(spec.profiles) or '(none)'}")
-    explicit = set(explicit)
-    record: dict = {"profile": name, "applied": {}, "kept": {}, "skipped": {}}
-    out = copy.deepcopy(c)
-    for keys, (values, evidence, *unless) in profile.items():
-        keys = keys if isinstance(keys, tuple) else (keys,)
-        values = values if len(keys) > 1 else (values,)
-        mine = [k for k in keys if k in explicit or _default_of(k, spec.schema) not in (MISSING, _get(out, k))]
-        if mine:
-            for k in keys:
-                record["kept"][k] = {"value": _get(out, k), "profile": values[keys.index(k)],
-                                     "reason": f"set explicitly ({', '.join(mine)})"}
-            continue
-        trial = copy.deepcopy(out)
+    record: dict = {"profile": name, "source": source, "applied": {}, "kept": {}, "skipped": {}}
+    entries = (_micro_batch_entry(out, base, explicit, record) if name == "best" else []) + list(profile.items())
+    mem = _memory(base)
+    for keys, (values, evidence, *unless) in entries:
+        out, mem = _apply_one(out, mem, keys, values, evidence, unless, spec, check, explicit, record)
+    record["summary"] = _summary(record, spec, bool(entries))
+    return out, record
+
+
+def _plan_or_none(check: Callable[[dict], Any], c: dict) -> Any:
+    try:
+        return check(c)
+    except ConfigError:  # the run cannot validate as set: validate() says why after the profile
+        return None
+
+
+def _choose(c: dict, spec, base: Any, device: Optional[str]) -> tuple[Optional[dict], dict]:
+    """The settings tuning=best applies: the nearest measured workload's when it is near (bench/bests.py),
+    else the static profile; with the record of which and how near."""
+    from bench import bests
+
+    static = spec.profiles.get("best")
+
+    def fallback(why: str) -> tuple[Optional[dict], dict]:
+        return static, {"kind": "static", "reason": f"{why}: the static profile (StrategySpec.profiles['best'])"}
+
+    if device is None:
+        return fallback("no GPU to look up measured bests for (a CPU run)")
+    if base is None:
+        return fallback("this configuration does not validate as set")
+    wl = bests.plan_workload(base, device)
+    found = bests.nearest(spec, c["strategy"], wl)
+    if found is None:
+        return fallback(f"no measured best of this strategy on {device}")
+    e, d = found["entry"], found["distance"]
+    if d > bests.NEAR:
+        return fallback(f"the nearest measured workload ({bests.describe(e)}) is at distance {d:.2f} > "
+                        f"{bests.NEAR:g} (bench/bests.py)")
+    return bests.as_profile(e, spec, d), {
+        "kind": "measured", "distance": d, "near": bests.NEAR, "distance_parts": found["parts"],
+        "workload": e["workload"], "this_workload": wl, "strategy": e["strategy"],
+        "tokens_per_s": e.get("tokens_per_s"),
+        "peak_memory_mb": e.get("peak_memory_mb"), "source": e.get("source"), "command": e.get("command"),
+        "store": found["origin"], "description": bests.describe(e)}
+
+
+def _micro_batch_entry(c: dict, base: Any, explicit: set, record: dict) -> list:
+    """micro_batch_size=auto as the first entry, unless the micro-batch is the user's (set, or set by
+    strategy.microbatches) or there is no device memory to plan against (said in the record)."""
+    from bench.memory_model import device_memory_gib
+
+    s = c["strategy"]
+    if MICRO_BATCH in explicit or s.get("micro_batch_size") is not None or s.get("microbatches") is not None:
+        return []
+    gib, where = device_memory_gib(base) if base is not None else (None, "the configuration does not validate")
+    if gib is None:
+        record["micro_batch_size"] = f"not chosen by the memory plan ({where}): one micro-batch of the per-rank batch"
+        return []
+    return [(MICRO_BATCH, ("auto", f"the largest micro-batch the memory plan fits in {gib:.1f} GiB ({where})"))]
+
+
+def _memory(plan: Any) -> Optional[tuple[dict, Optional[str]]]:
+    """(memory plan, why it does not fit or None) of a plan; None without one."""
+    from bench.memory_model import fits, memory_plan
+
+    if plan is None:
+        return None
+    mem = memory_plan(plan)
+    return mem, fits(mem, plan)
+
+
+def _apply_one(out: dict, mem: Any, keys, values, evidence: str, unless: list, spec, check: Callable[[dict], Any],
+               explicit: set, record: dict) -> tuple[dict, Any]:
+    """Apply one profile entry (keys that work together) to ``out`` or record why not (module docstring)."""
+    keys = keys if isinstance(keys, tuple) else (keys,)
+    values = values if len(keys) > 1 else (values,)
+    mine = [k for k in keys if k in explicit or _default_of(k, spec.schema) not in (MISSING, _get(out, k))]
+    if mine:
+        for k in keys:
+            record["kept"][k] = {"value": _get(out, k), "profile": values[keys.index(k)],
+                                 "reason": f"set explicitly ({', '.join(mine)})"}
+        return out, mem
+    trial = copy.deepcopy(out)
+    for k, v in zip(keys, values):
+        _set(trial, k, v)
+    new = None
+    try:
+        plan = check(trial)
+        why_not = unless[0](plan) if unless else None
+        new = None if why_not else _memory(plan)
+        if not why_not and new and new[1] and mem and mem[1] is None:  # never worse for memory
+            why_not = (f"the memory plan predicts an out-of-memory with it ({new[0]['summary']}), and none "
+                       f"without it ({mem[0]['summary']})")
+    except ConfigError as e:
+        why_not = str(e)
+    if why_not:
         for k, v in zip(keys, values):
-            _set(trial, k, v)
-        try:
-            plan = check(trial)
-            why_not = unless[0](plan) if unless else None
-        except ConfigError as e:
-            why_not = str(e)
-        if why_not:
-            for k, v in zip(keys, values):
-                record["skipped"][k] = {"value": v, "reason": why_not}
-            continue
-        out = trial
-        for k, v in zip(keys, values):
-            record["applied"][k] = {"value": v, "evidence": evidence}
+            record["skipped"][k] = {"value": v, "reason": why_not}
+        return out, mem
+    for k, v in zip(keys, values):
+        record["applied"][k] = {"value": v, "evidence": evidence}
+    return trial, new
+
+
+def _summary(record: dict, spec, anything: bool) -> str:
+    """One line for the log: where the settings came from, then what was applied, kept and skipped."""
     def settings(part: str) -> str:
         return ", ".join(f"{k}={v['value']}" for k, v in record[part].items())
 
-    parts = [f"applied {settings('applied') or 'nothing'}"]
+    src = record.get("source") or {}
+    parts = []
+    if src.get("kind") == "measured":
+        parts.append(f"from the measured best of {src['description']} ({src['tokens_per_s'] or 0:,.0f} tokens/s), "
+                     f"distance {src['distance']:.2f} (near: <= {src['near']:g})")
+    elif src:
+        parts.append(src["reason"])
+    if not anything:
+        return "; ".join(parts + [f"strategy={spec.name}'s defaults are its best measured settings: nothing to apply"])
+    parts.append(f"applied {settings('applied') or 'nothing'}")
     if record["kept"]:
         parts.append(f"kept as set {settings('kept')}")
     if record["skipped"]:
         parts.append("skipped " + "; ".join(f"{k}={v['value']} ({v['reason']})" for k, v in record["skipped"].items()))
-    if not profile:
-        parts = [f"strategy={spec.name}'s defaults are its best measured settings: nothing to apply"]
-    record["summary"] = "; ".join(parts)
-    return out, record
+    if record.get("micro_batch_size"):
+        parts.append(f"micro_batch_size {record['micro_batch_size']}")
+    return "; ".join(parts)

@@ -25,6 +25,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from bench import metrics
 from bench.jsonio import write_json_atomic
+from bench.launch.placement import placement
 from bench.metrics import provenance
 from bench.metrics.nvml import NvmlSampler
 from bench.metrics.profile import profile_steps
@@ -260,6 +261,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         "max_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20 if device.type == "cuda" else None,
         "host_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "cpus": start["cpus"],  # the CPUs this rank's threads may run on (config cpu_affinity)
+        "placement": placement(),  # its node, addresses and the master address (bench/launch/placement.py)
         "profile": profile,
     }
     write_json_atomic(run_dir / f"rank{rank}.json", rec)
@@ -279,6 +281,8 @@ def _write_metrics(plan: Plan, run_dir: Path, device, gathered: list, strategy, 
     layout = strategy.describe()
     if plan.tuning:
         layout["tuning"] = plan.tuning
+    if plan.micro_batch_auto:  # strategy.micro_batch_size=auto: what it chose and why
+        layout["micro_batch_size_auto"] = plan.micro_batch_auto
     m = metrics.assemble(cfg, device.type, gathered, layout, prov, matmul_peak)
     m["memory"]["plan"] = plan.memory  # predicted before launch (bench/job.py), beside the measured peak
     write_json_atomic(run_dir / "metrics.json", m)
@@ -325,7 +329,8 @@ def worker_main(plan_dict: dict, run_dir: str, teardown_deadline: bool = False) 
     except BaseException as exc:
         failed = True
         write_json_atomic(run_path / f"failure_rank{rank}.json", {
-            "rank": rank, "type": type(exc).__name__, "message": str(exc), "oom": is_oom(exc),
+            "rank": rank, "node": placement()["node"], "type": type(exc).__name__, "message": str(exc),
+            "oom": is_oom(exc),
             "traceback": traceback.format_exc(), "time": time.time()})
         log.exception("rank %d failed", rank)
         traceback.clear_frames(exc.__traceback__)  # its frames would keep the model, hence its groups, alive

@@ -16,6 +16,9 @@
   run-to-run noise (one program measured three times on one H200 spread +-2.2%, repeats of one
   host-bound setting 10%: results/2026-11-25-h200-search-1gpu).  With one run the spread is unknown
   and nothing is marked.
+* **Precision** is part of a strategy's identity: an fp8 run (torchao float8 matmuls) is its own row,
+  labelled ``precision=fp8`` (and its recipe), beside the same strategy in bf16, and a workload whose
+  ranking mixes them says so (float8 computes a numerically different thing; compare the losses too).
 * ``memory_budget_gib``: only runs whose measured peak per device (mem_peak_mb: the CUDA allocator's
   peak, or host RSS on CPU) fits are ranked; the others are listed with their peak.
 * The winner's command: the command it ran with (provenance), as the ``python -m bench ...`` that runs
@@ -35,6 +38,7 @@ from bench.schema import BenchConfig, fields_of
 from multirun_analysis.tables import fmt_value, key_columns, plain
 
 WORKLOAD = ("model", "world_size", "tokens_per_step")
+FLOAT8 = "fp8"  # the precision whose runs are named apart and flagged when ranked beside 16-bit ones
 RUN_LENGTH = ("steps", "warmup_steps")  # how long a setting was measured, not what it is
 
 
@@ -106,6 +110,8 @@ def _strategy_name(row: pd.Series, cols: list[str]) -> str:
             parts.append(f"{c}={knob_text(varying[c])}")
     if varying.get("recompute") not in (None, "none"):
         parts.append(f"recompute={varying['recompute']}")
+    if varying.get("precision") == FLOAT8:  # never one name with the same strategy's bf16 runs
+        parts.append(f"precision={FLOAT8} fp8_recipe={varying.get('fp8_recipe') or 'tensorwise'}")
     return " ".join(parts)
 
 
@@ -126,6 +132,7 @@ def default_vs_best(summary: pd.DataFrame) -> pd.DataFrame:
         differ = [f"{c}={fmt_value(best[c])}" for c in tuned if c in g.columns and d is not None
                   and plain(best[c]) != plain(d[c])]
         rows.append({**{c: best.get(c) for c in WORKLOAD}, "strategy_id": _strategy_name(best, ident),
+                     "precision": best.get("precision"),
                      "default_tokens_per_s": d["tokens_per_s"] if d is not None else math.nan,
                      "best_tokens_per_s": best["tokens_per_s"], "best_label": best.get("label"),
                      "best_tokens_per_s_min": best.get("tokens_per_s_min", math.nan),
@@ -195,7 +202,18 @@ def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> 
         for _, r in over.iterrows():
             out.append(f"    - does not fit {memory_budget_gib:g} GiB: {r['strategy_id']} (peak "
                        f"{_mib(r['best_mem_peak_mb'])})")
+        out += _precision_note(g)
     return out
+
+
+def _precision_note(g: pd.DataFrame) -> list[str]:
+    """A workload ranked with fp8 rows beside others: they are the same model and tokens, not the same arithmetic."""
+    prec = g["precision"].map(fmt_value) if "precision" in g.columns else pd.Series(dtype=object)
+    if not ((prec == FLOAT8).any() and (prec != FLOAT8).any()):
+        return []
+    return [f"    - note: the precision={FLOAT8} rows run torchao float8 matmuls: the same model and tokens, a "
+            f"numerically different computation; compare their loss with the {', '.join(sorted(set(prec) - {FLOAT8}))} "
+            "rows' before taking their speed"]
 
 
 def _num(x) -> float:

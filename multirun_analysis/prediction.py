@@ -202,7 +202,22 @@ def lines(acc: dict) -> list[str]:
         f"winner: predicted fastest strategy is the measured fastest or within 5% in {acc['winner_agreement']} "
         "groups (device, model, GPUs, tokens per step)",
         f"not re-planned (no config / GPU, or refused by the current code): {acc['not_replanned']} run(s)",
-    ]
+    ] + _held_out()
+
+
+def _held_out() -> list[str]:
+    """The throughput figures above use the shipped calibration, fitted on the recorded runs (in-sample);
+    its held-out error is what python -m bench.calibrate measured leaving each results folder out."""
+    try:
+        from bench.predict import load_calibration
+
+        e = load_calibration()["error"]
+        return [f"throughput held out ({e['method']}; python -m bench.calibrate results/): median "
+                f"{100 * e['median_abs']:.1f}% over {e['runs']} runs, {100 * e['median_abs_step_ge_100ms']:.1f}% over "
+                f"{e['runs_step_ge_100ms']} runs with steps >= 100 ms, p90 {100 * e['p90_abs']:.1f}%, winner "
+                f"{e['winner_agree']}/{e['winner_groups']} groups"]
+    except (ImportError, KeyError, TypeError):
+        return []
 
 
 def by_strategy(t: pd.DataFrame) -> pd.DataFrame:

@@ -1,28 +1,53 @@
-"""A one-node SLURM cluster on this machine, for tests (tests/test_slurm_real.py) and by hand.
+"""A SLURM cluster on this machine, one node or two, for tests (tests/test_slurm_real.py,
+tests/test_slurm_two_nodes.py) and by hand.
 
-    python tests/slurm_cluster.py up DIR      # start munged, slurmctld, slurmd; prints `export SLURM_CONF=...`
-    python tests/slurm_cluster.py down DIR    # cancel its jobs, stop the daemons, remove DIR
+    python tests/slurm_cluster.py up DIR [--nodes 2]   # start it; prints how clients reach it
+    python tests/slurm_cluster.py down DIR             # cancel its jobs, stop everything, remove DIR
 
 Everything lives in DIR: a private munge key and socket (the system's munged, if any, is not used),
-slurm.conf, the controller's state, slurmd's spool, the daemons' logs and pid files.  The daemons
-listen on free ports, so a system SLURM on this machine is not disturbed.  Clients (sbatch, squeue,
-scancel, sinfo, and submitit through them) find the cluster through ``SLURM_CONF=DIR/slurm.conf``.
+slurm.conf, the controller's state, each slurmd's spool, the daemons' logs and pid files.  Clients
+(sbatch, squeue, scancel, sinfo, and submitit through them) find the cluster through
+``SLURM_CONF=DIR/slurm.conf``.
+
+One node (the default): this host, its daemons on free ports of 127.0.0.1, so a system SLURM on this
+machine is not disturbed.
+
+Two nodes (``nodes=2``; needs root and iproute2's ``ip``): each node is a network namespace
+(:class:`NodeNetwork`): ``bench-<tag>-node1`` and ``-node2`` joined by one veth pair whose two ends are
+both named ``bench0``, with 10.77.0.1/24 and 10.77.0.2/24 - addresses that exist only inside those two
+namespaces (nothing is added to this machine's own network, and no traffic leaves them).  Each
+namespace has its own hosts file (``/etc/netns/<ns>/hosts``, which ``ip netns exec`` mounts over
+/etc/hosts for what runs there): this machine's entries plus ``node1`` and ``node2`` at their
+addresses - so, as on many real clusters, the machine's own hostname still resolves to 127.0.0.1 and
+gloo/NCCL need their socket interface named (``GLOO_SOCKET_IFNAME=bench0``).  slurmctld and node1's
+slurmd run in node1's namespace (a head node that also computes), node2's slurmd in node2's
+(``slurmd -N node1`` / ``-N node2``: the same binary, its node name given); munged runs outside both
+and is shared through its socket file (the namespaces are network-only: one filesystem, one process
+tree).  Clients reach the controller from node1's namespace: :meth:`SlurmCluster.client` prefixes a
+command with ``ip netns exec <node1's namespace>``; a sweep runs there too.  ``down`` stops the
+daemons, SIGKILLs whatever is still in the namespaces, deletes them (and the veth pair with them) and
+their hosts files, then DIR.
 
 What the configuration is for:
 
-* one node (this host: its CPUs and sockets/cores/threads as ``slurmd -C`` sees them, RealMemory
-  a bit below the total), one partition ``debug`` (the default);
-* ``select/cons_tres`` with ``CR_CPU``: jobs share the node by CPUs (memory is not a consumable, so a
+* each node: this host's CPUs and sockets/cores/threads as ``slurmd -C`` sees them (two nodes share
+  this machine's cores), RealMemory a bit below the total; one partition ``debug`` (the default);
+* ``select/cons_tres`` with ``CR_CPU``: jobs share a node by CPUs (memory is not a consumable, so a
   job without ``--mem`` does not take the whole node); ``oversubscribe=N`` lets N jobs share a CPU
   (``OverSubscribe=FORCE:N``: a test runs more idle ranks than this machine has cores);
 * no cgroups (a container has none to give): ``proctrack/linuxproc``, ``task/none``; no GPUs or GRES;
   no accounting (no slurmdbd: ``sacct`` does not work, as on some small clusters);
 * fast ends: ``OverTimeLimit=0`` (a job is ended at its time limit), ``KillWait=5`` (SIGKILL 5 s after
-  SIGTERM), ``MinJobAge`` small (an ended job leaves squeue within seconds), ``InactiveLimit=0``.
+  SIGTERM), ``MinJobAge`` small (an ended job leaves squeue within seconds), ``InactiveLimit=0``;
+  two nodes: ``SlurmdTimeout=`` NODE_TIMEOUT_S (a node that stops answering is DOWN, and its jobs
+  ended NODE_FAIL, within seconds) and ``JobRequeue=0`` (such a job is not requeued: this cluster has
+  no other node to run it on).
 
-As a module: ``cluster, reason = start(dir)``; ``cluster`` is None when SLURM cannot run here (binaries
-missing, a daemon did not start: ``reason`` says why, with the daemon's log tail); else
-``cluster.env`` is the environment for clients and ``cluster.down()`` stops everything.
+As a module: ``cluster, reason = start(dir, nodes=...)``; ``cluster`` is None when SLURM cannot run
+here (binaries missing, not root or no ``ip`` for two nodes, a daemon did not start: ``reason`` says
+why, with the daemon's log tail); else ``cluster.env`` is the environment for clients,
+``cluster.client(cmd)`` the command line that reaches the controller, and ``cluster.down()`` stops
+everything.
 """
 from __future__ import annotations
 
@@ -42,6 +67,10 @@ from typing import Optional
 DAEMONS = ("slurmctld", "slurmd", "munged")
 CLIENTS = ("sbatch", "squeue", "scancel", "sinfo", "scontrol", "srun", "munge", "unmunge")
 MARKER = "cluster.json"  # in DIR: what `down` needs (and proof that DIR is one of ours)
+IFACE = "bench0"  # both ends of the two-node cluster's veth pair, one in each namespace
+SUBNET = "10.77.0"  # node i's address: SUBNET.i (only inside the namespaces)
+NODE_TIMEOUT_S = 10  # two nodes: SlurmdTimeout, how soon a node that stopped answering is DOWN
+READY = ("idle", "mixed", "allocated")
 
 
 class ClusterError(RuntimeError):
@@ -107,85 +136,194 @@ def _alive(pid: Optional[int]) -> bool:
             return False
 
 
-class SlurmCluster:
-    """A one-node SLURM cluster whose files all live in ``root``."""
+def _stop(pid: Optional[int], wait_s: float = 10) -> None:
+    """SIGTERM, then SIGKILL if it is still there after wait_s."""
+    if not _alive(pid):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except OSError:
+        return
+    deadline = time.time() + wait_s
+    while _alive(pid) and time.time() < deadline:
+        time.sleep(0.2)
+    if _alive(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
-    def __init__(self, root: Path | str) -> None:
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run([_which("ip") or "ip", *args], capture_output=True, text=True, timeout=30)
+    if check and p.returncode != 0:
+        raise ClusterError(f"`ip {' '.join(args)}` failed (exit {p.returncode}): {p.stderr.strip()}")
+    return p
+
+
+def namespaces_unavailable() -> Optional[str]:
+    """Why this machine cannot have the two-node cluster's network namespaces, or None."""
+    if os.geteuid() != 0:
+        return "two SLURM nodes need network namespaces: run as root"
+    miss = [b for b in ("ip", "nsenter", "unshare") if _which(b) is None]
+    if miss:
+        return f"two SLURM nodes need network namespaces: {', '.join(miss)} not installed (iproute2, util-linux)"
+    return None
+
+
+class NodeNetwork:
+    """The two-node cluster's network: one namespace per node, joined by a veth pair (both ends named
+    IFACE), node i at SUBNET.i/24 inside its namespace only, and a hosts file per namespace that names
+    the nodes.  ``destroy`` undoes all of it, whatever ``create`` got to."""
+
+    def __init__(self, tag: str, nodes: list[str], hosts_dir: Path) -> None:
+        self.nodes = nodes
+        self.ns = [f"bench-{tag}-{n}" for n in nodes]
+        self.addrs = [f"{SUBNET}.{i + 1}" for i in range(len(nodes))]
+        self.hosts = [hosts_dir / f"{n}.hosts" for n in nodes]
+
+    def prefix(self, node: str) -> list[str]:
+        """What runs a command in ``node``'s namespace: nsenter into its network namespace, then a private
+        mount namespace (unshare) whose /etc/hosts is the node's hosts file.  Not ``ip netns exec``: it
+        also mounts a fresh /sys, without the cgroup mounts slurmd needs."""
+        i = self.nodes.index(node)
+        return [_which("nsenter") or "nsenter", f"--net=/var/run/netns/{self.ns[i]}",
+                _which("unshare") or "unshare", "--mount", "--propagation", "private",
+                "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(self.hosts[i])]
+
+    def create(self) -> None:
+        for ns in self.ns:
+            _ip("netns", "add", ns)
+        _ip("link", "add", IFACE, "netns", self.ns[0], "type", "veth", "peer", "name", IFACE, "netns", self.ns[1])
+        try:
+            own = Path("/etc/hosts").read_text()
+        except OSError:
+            own = "127.0.0.1 localhost\n"
+        names = "".join(f"{a} {n}\n" for a, n in zip(self.addrs, self.nodes))
+        for ns, addr in zip(self.ns, self.addrs):
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", IFACE)
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "link", "set", IFACE, "up")
+        for hosts in self.hosts:
+            hosts.parent.mkdir(parents=True, exist_ok=True)
+            hosts.write_text(own.rstrip("\n") + "\n# tests/slurm_cluster.py: the two nodes\n" + names)
+
+    def pids(self, node: str) -> list[int]:
+        """The processes whose network namespace is ``node``'s."""
+        p = _ip("netns", "pids", self.ns[self.nodes.index(node)], check=False)
+        return [int(x) for x in p.stdout.split() if x.isdigit() and int(x) != os.getpid()]
+
+    def kill(self, node: str, wait_s: float = 10) -> list[int]:
+        """SIGKILL every process in ``node``'s namespace (its slurmd, slurmstepd, tasks: the node dies);
+        returns the pids killed, once they are gone."""
+        killed = []
+        deadline = time.time() + wait_s
+        while time.time() < deadline:
+            left = [p for p in self.pids(node) if _alive(p)]
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        return sorted(set(killed))
+
+    def destroy(self) -> None:
+        existing = set(_ip("netns", "list", check=False).stdout.split())
+        for node, ns in zip(self.nodes, self.ns):
+            if ns in existing:
+                self.kill(node)
+                _ip("netns", "delete", ns, check=False)  # the veth pair goes with its namespaces
+
+    def left(self) -> list[str]:
+        """The namespaces of this network that still exist (none after destroy)."""
+        existing = set(_ip("netns", "list", check=False).stdout.split())
+        return [ns for ns in self.ns if ns in existing]
+
+
+def slurm_conf(c: "SlurmCluster", oversubscribe: int = 0) -> str:
+    """slurm.conf of cluster ``c`` (one node on 127.0.0.1, or two in their namespaces)."""
+    r = c.root
+    hw = " ".join(f"{k}={v}" for k, v in _node_hardware().items())
+    user = getpass.getuser()
+    share = f" OverSubscribe=FORCE:{oversubscribe}" if oversubscribe > 1 else ""
+    if c.net is None:
+        head = [f"SlurmctldHost={c.host}(127.0.0.1)", f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
+                f"SlurmdSpoolDir={r / 'spool'}", f"SlurmdPidFile={r / 'run' / 'slurmd.pid'}",
+                f"SlurmdLogFile={r / 'log' / 'slurmd.log'}", "SlurmdTimeout=60"]
+        nodes = [f"NodeName={c.host} NodeHostname={c.host} NodeAddr=127.0.0.1 {hw} State=UNKNOWN"]
+    else:  # fresh namespaces: SLURM's own ports are free there
+        head = [f"SlurmctldHost={c.host}({c.net.addrs[0]})", "SlurmctldPort=6817", "SlurmdPort=6818",
+                f"SlurmdSpoolDir={r / 'spool' / '%n'}", f"SlurmdPidFile={r / 'run' / 'slurmd-%n.pid'}",
+                f"SlurmdLogFile={r / 'log' / 'slurmd-%n.log'}", f"SlurmdTimeout={NODE_TIMEOUT_S}", "JobRequeue=0"]
+        nodes = [f"NodeName={n} NodeAddr={a} {hw} State=UNKNOWN" for n, a in zip(c.nodes, c.net.addrs)]
+    lines = [
+        f"# written by tests/slurm_cluster.py: a {len(c.nodes)}-node cluster on this host",
+        "ClusterName=benchtest", *head,
+        f"SlurmUser={user}", f"SlurmdUser={user}",
+        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={c.munge_socket}",
+        "MpiDefault=none", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none", "SwitchType=switch/none",
+        "SchedulerType=sched/backfill", "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
+        "ReturnToService=2", "KillWait=5", "OverTimeLimit=0", "InactiveLimit=0", "MinJobAge=5",
+        "MessageTimeout=20", "SlurmctldTimeout=30",
+        f"StateSaveLocation={r / 'state'}", f"SlurmctldPidFile={r / 'run' / 'slurmctld.pid'}",
+        f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}", "SlurmctldDebug=info", "SlurmdDebug=info",
+        *nodes,
+        f"PartitionName=debug Nodes={','.join(c.nodes)} Default=YES MaxTime=INFINITE State=UP{share}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class SlurmCluster:
+    """A SLURM cluster (``nodes`` = 1 or 2) whose files all live in ``root``."""
+
+    def __init__(self, root: Path | str, nodes: int = 1, tag: Optional[str] = None) -> None:
         self.root = Path(root).resolve()
         self.conf = self.root / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket"
         self.host = socket.gethostname().split(".")[0]
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        if nodes not in (1, 2):
+            raise ValueError(f"nodes={nodes}: 1 or 2")
+        self.nodes = [self.host] if nodes == 1 else ["node1", "node2"]
+        self.net = NodeNetwork(tag or secrets.token_hex(3), self.nodes, self.root / "net") if nodes == 2 else None
 
-    # ------------------------------------------------------------------ configuration
+    def client(self, cmd: list[str]) -> list[str]:
+        """``cmd`` (a SLURM client: sbatch, squeue, ... or a sweep) as it reaches the controller: two
+        nodes: in node1's namespace."""
+        return (self.net.prefix(self.nodes[0]) if self.net else []) + cmd
+
+    def _run(self, *cmd: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        return subprocess.run(self.client([_which(cmd[0]) or cmd[0], *cmd[1:]]), capture_output=True, text=True,
+                              env=self.env, timeout=timeout)
+
+    # ------------------------------------------------------------------ daemons
     def write_config(self, oversubscribe: int = 0) -> None:
         r = self.root
-        for d in ("state", "spool", "munge", "log", "run"):
+        for d in ("state", "spool", "munge", "log", "run", *(f"spool/{n}" for n in self.nodes if self.net)):
             (r / d).mkdir(parents=True, exist_ok=True)
         os.chmod(r / "munge", 0o700)
         key = r / "munge" / "munge.key"
         if not key.exists():  # a private key: only this cluster's daemons and clients use this munged
             key.write_bytes(secrets.token_bytes(1024))
         os.chmod(key, 0o600)
-        hw = _node_hardware()
-        user = getpass.getuser()
-        share = f" OverSubscribe=FORCE:{oversubscribe}" if oversubscribe > 1 else ""
-        lines = [
-            "# written by tests/slurm_cluster.py: a one-node cluster on this host",
-            "ClusterName=benchtest",
-            f"SlurmctldHost={self.host}(127.0.0.1)",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
-            f"SlurmUser={user}",
-            f"SlurmdUser={user}",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
-            "MpiDefault=none",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
-            "JobCompType=jobcomp/none",
-            "SwitchType=switch/none",
-            "SchedulerType=sched/backfill",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_CPU",
-            "ReturnToService=2",
-            "KillWait=5",
-            "OverTimeLimit=0",
-            "InactiveLimit=0",
-            "MinJobAge=5",
-            "MessageTimeout=20",
-            "SlurmctldTimeout=30",
-            "SlurmdTimeout=60",
-            f"StateSaveLocation={r / 'state'}",
-            f"SlurmdSpoolDir={r / 'spool'}",
-            f"SlurmctldPidFile={r / 'run' / 'slurmctld.pid'}",
-            f"SlurmdPidFile={r / 'run' / 'slurmd.pid'}",
-            f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}",
-            f"SlurmdLogFile={r / 'log' / 'slurmd.log'}",
-            "SlurmctldDebug=info",
-            "SlurmdDebug=info",
-            f"NodeName={self.host} NodeHostname={self.host} NodeAddr=127.0.0.1 "
-            + " ".join(f"{k}={v}" for k, v in hw.items()) + " State=UNKNOWN",
-            f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP{share}",
-        ]
-        self.conf.write_text("\n".join(lines) + "\n")
+        self.conf.write_text(slurm_conf(self, oversubscribe))
 
-    # ------------------------------------------------------------------ daemons
     def _daemon_env(self) -> dict:
         return {**self.env, "BENCH_SLURM_CLUSTER": str(self.root)}
 
     def _start_munge(self) -> None:
-        m = self.root / "munge"
+        m, log = self.root / "munge", self.root / "log" / "munged.log"
         cmd = [_which("munged"), "--force", f"--socket={self.munge_socket}", f"--key-file={m / 'munge.key'}",
-               f"--pid-file={self.root / 'run' / 'munged.pid'}", f"--log-file={self.root / 'log' / 'munged.log'}",
-               f"--seed-file={m / 'munged.seed'}"]
+               f"--pid-file={self.root / 'run' / 'munged.pid'}", f"--log-file={log}", f"--seed-file={m / 'munged.seed'}"]
         p = subprocess.run(cmd, capture_output=True, text=True, env=self._daemon_env(), timeout=30)
         if p.returncode != 0:
-            raise ClusterError(f"munged did not start (exit {p.returncode}): {p.stderr.strip()}\n"
-                               f"{_tail(self.root / 'log' / 'munged.log')}")
+            raise ClusterError(f"munged did not start (exit {p.returncode}): {p.stderr.strip()}\n{_tail(log)}")
         deadline = time.time() + 10
         while time.time() < deadline:  # a credential that munge encodes and unmunge decodes
             enc = subprocess.run([_which("munge"), "-n", "-S", str(self.munge_socket)], capture_output=True)
@@ -195,82 +333,113 @@ class SlurmCluster:
                 if dec.returncode == 0:
                     return
             time.sleep(0.2)
-        raise ClusterError(f"munged does not answer on {self.munge_socket}\n{_tail(self.root / 'log' / 'munged.log')}")
+        raise ClusterError(f"munged does not answer on {self.munge_socket}\n{_tail(log)}")
 
-    def _start(self, name: str) -> None:
-        p = subprocess.run([_which(name), "-f", str(self.conf)], capture_output=True, text=True,
-                           env=self._daemon_env(), timeout=60)
+    def _log(self, name: str, node: Optional[str] = None) -> Path:
+        return self.root / "log" / (f"{name}-{node}.log" if self.net and node else f"{name}.log")
+
+    def _pidfile(self, name: str, node: Optional[str] = None) -> Path:
+        return self.root / "run" / (f"{name}-{node}.pid" if self.net and node else f"{name}.pid")
+
+    def _start(self, name: str, node: Optional[str] = None) -> None:
+        """Start slurmctld, or the slurmd of ``node`` (two nodes: in its namespace, ``-N node``)."""
+        cmd = [_which(name), "-f", str(self.conf)]
+        if self.net is not None:
+            cmd = self.net.prefix(node or self.nodes[0]) + cmd + (["-N", node] if node else [])
+        p = subprocess.run(cmd, capture_output=True, text=True, env=self._daemon_env(), timeout=60)
         if p.returncode != 0:
             raise ClusterError(f"{name} did not start (exit {p.returncode}): {p.stderr.strip()}\n"
-                               f"{_tail(self.root / 'log' / f'{name}.log')}")
+                               f"{_tail(self._log(name, node))}")
+
+    def node_states(self) -> dict[str, str]:
+        """{node: sinfo's state} ({"?": why} where sinfo fails)."""
+        p = self._run("sinfo", "-h", "-N", "-o", "%N %T")
+        if p.returncode != 0:
+            return {"?": f"(sinfo: {p.stderr.strip()})"}
+        return dict(line.split()[:2] for line in p.stdout.splitlines() if len(line.split()) >= 2)
 
     def node_state(self) -> str:
-        p = subprocess.run([_which("sinfo"), "-h", "-N", "-n", self.host, "-o", "%T"], capture_output=True,
-                           text=True, env=self.env, timeout=30)
-        return p.stdout.strip() if p.returncode == 0 else f"(sinfo: {p.stderr.strip()})"
+        return self.node_states().get(self.nodes[0], "")
+
+    def wait_ready(self, nodes: Optional[list[str]] = None, timeout_s: float = 60) -> None:
+        """Wait until each of ``nodes`` (all) is idle (or running jobs); ClusterError with the logs if not."""
+        want = nodes or self.nodes
+        deadline = time.time() + timeout_s
+        states: dict = {}
+        while time.time() < deadline:
+            states = self.node_states()
+            if all(states.get(n, "").rstrip("*~#") in READY for n in want):
+                return
+            for name, node in [("slurmctld", None)] + [("slurmd", n) for n in want]:
+                pidfile = self._pidfile(name, node)
+                if pidfile.exists() and not _alive(_pid(pidfile)):
+                    raise ClusterError(f"{name} {node or ''} exited\n{_tail(self._log(name, node))}")
+            time.sleep(0.5)
+        reason = self._run("sinfo", "-R").stdout.strip()
+        logs = "\n".join(_tail(self._log("slurmd", n)) for n in want)
+        raise ClusterError(f"nodes {want} not idle after {timeout_s:.0f} s (sinfo: {states}; sinfo -R: {reason})\n"
+                           f"{_tail(self._log('slurmctld'))}\n{logs}")
 
     def up(self, timeout_s: float = 60, oversubscribe: int = 0) -> "SlurmCluster":
-        """Start munged, slurmctld and slurmd and wait until the node is idle; ClusterError if not."""
+        """Start munged, slurmctld and the slurmd(s) and wait until every node is idle; ClusterError if not."""
         miss = missing_binaries()
         if miss:
             raise ClusterError(f"SLURM/munge binaries not found: {', '.join(miss)} (Debian: apt-get install "
                                "slurmctld slurmd slurm-client munge)")
+        if self.net is not None and namespaces_unavailable():
+            raise ClusterError(namespaces_unavailable())
         self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / MARKER).write_text(json.dumps({"conf": str(self.conf), "host": self.host}))
+        (self.root / MARKER).write_text(json.dumps({"conf": str(self.conf), "host": self.host, "nodes": self.nodes,
+                                                    "namespaces": self.net.ns if self.net else []}))
         try:
+            if self.net is not None:
+                self.net.create()
             self.write_config(oversubscribe)
             self._start_munge()
             self._start("slurmctld")
-            self._start("slurmd")
-            deadline = time.time() + timeout_s
-            state = ""
-            while time.time() < deadline:
-                state = self.node_state()
-                if state.rstrip("*") in ("idle", "mixed", "allocated"):
-                    return self
-                for name in ("slurmctld", "slurmd"):
-                    pidfile = self.root / "run" / f"{name}.pid"
-                    if pidfile.exists() and not _alive(_pid(pidfile)):
-                        raise ClusterError(f"{name} exited\n{_tail(self.root / 'log' / f'{name}.log')}")
-                time.sleep(0.5)
-            reason = subprocess.run([_which("sinfo"), "-R"], capture_output=True, text=True, env=self.env).stdout
-            raise ClusterError(f"node {self.host} is not idle after {timeout_s:.0f} s (state {state!r}; sinfo -R: "
-                               f"{reason.strip()})\n{_tail(self.root / 'log' / 'slurmctld.log')}\n"
-                               f"{_tail(self.root / 'log' / 'slurmd.log')}")
+            for node in self.nodes:
+                self._start("slurmd", node if self.net else None)
+            self.wait_ready(timeout_s=timeout_s)
+            return self
         except BaseException:
             self.down(remove=False)
             raise
 
+    def kill_node(self, node: str) -> list[int]:
+        """Two nodes: ``node`` dies - SIGKILL to every process in its namespace (slurmd, slurmstepd, the
+        job's tasks there).  Returns the pids killed."""
+        assert self.net is not None, "kill_node needs two nodes"
+        return self.net.kill(node)
+
+    def restart_node(self, node: str, timeout_s: float = 60) -> None:
+        """Start ``node``'s slurmd again and wait until SLURM has it back (ReturnToService=2)."""
+        self._start("slurmd", node)
+        self.wait_ready([node], timeout_s)
+
     def jobs(self) -> list[str]:
         """Ids of the jobs squeue still shows (any state)."""
-        p = subprocess.run([_which("squeue"), "-h", "-o", "%i %T"], capture_output=True, text=True, env=self.env,
-                           timeout=30)
+        p = self._run("squeue", "-h", "-o", "%i %T")
         return [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
 
     def down(self, remove: bool = True) -> None:
-        """Cancel the jobs, stop the daemons (SIGTERM, then SIGKILL), remove the folder."""
-        run = self.root / "run"
-        if _alive(_pid(run / "slurmctld.pid")) and _which("scancel"):
-            subprocess.run([_which("scancel"), "--full", "-u", getpass.getuser()], env=self.env,
-                           capture_output=True, timeout=30)
+        """Cancel the jobs, stop the daemons (SIGTERM, then SIGKILL), kill what is left of the jobs,
+        delete the namespaces, remove the folder."""
+        if _alive(_pid(self._pidfile("slurmctld"))) and _which("scancel"):
+            self._run("scancel", "--full", "-u", getpass.getuser())
             deadline = time.time() + 15
             while time.time() < deadline and self.jobs():
                 time.sleep(0.5)
-        for name in ("slurmd", "slurmctld", "munged"):  # slurmd first, munged last
-            pid = _pid(run / f"{name}.pid")
-            if not _alive(pid):
-                continue
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.time() + 10
-            while _alive(pid) and time.time() < deadline:
-                time.sleep(0.2)
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        for pid in self._leftovers():  # slurmstepd started by this cluster's slurmd
+        for node in self.nodes:  # the slurmds first, munged last
+            _stop(_pid(self._pidfile("slurmd", node)))
+        for name in ("slurmctld", "munged"):
+            _stop(_pid(self._pidfile(name)))
+        for pid in self._leftovers():  # slurmstepd started by this cluster's slurmd(s)
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        if self.net is not None:
+            self.net.destroy()
         if remove and (self.root / MARKER).exists():
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -288,12 +457,23 @@ class SlurmCluster:
                 continue
         return found
 
+    @classmethod
+    def of(cls, root: Path | str) -> "SlurmCluster":
+        """The cluster ``up`` started in ``root`` (from its marker file), e.g. to take it down."""
+        try:
+            info = json.loads((Path(root) / MARKER).read_text())
+        except (OSError, ValueError):
+            return cls(root)
+        ns = info.get("namespaces") or []
+        tag = ns[0].split("-")[1] if ns else None
+        return cls(root, nodes=len(info.get("nodes") or [1]), tag=tag)
 
-def start(root: Path | str, timeout_s: float = 60,
-          oversubscribe: int = 0) -> tuple[Optional[SlurmCluster], Optional[str]]:
+
+def start(root: Path | str, timeout_s: float = 60, oversubscribe: int = 0,
+          nodes: int = 1) -> tuple[Optional[SlurmCluster], Optional[str]]:
     """(the running cluster, None), or (None, why SLURM cannot run here)."""
     try:
-        return SlurmCluster(root).up(timeout_s, oversubscribe), None
+        return SlurmCluster(root, nodes).up(timeout_s, oversubscribe), None
     except ClusterError as e:
         return None, str(e)
     except (OSError, subprocess.SubprocessError) as e:
@@ -306,17 +486,21 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("action", choices=("up", "down"))
     ap.add_argument("dir", help="the cluster's folder (config, state, logs)")
+    ap.add_argument("--nodes", type=int, default=1, choices=(1, 2), help="2: two nodes in network namespaces")
     ap.add_argument("--oversubscribe", type=int, default=0, help="jobs per CPU (OverSubscribe=FORCE:N)")
     a = ap.parse_args(argv)
     if a.action == "down":
-        SlurmCluster(a.dir).down()
+        SlurmCluster.of(a.dir).down()
         print(f"stopped; removed {a.dir}")
         return 0
-    cluster, reason = start(a.dir, oversubscribe=a.oversubscribe)
+    cluster, reason = start(a.dir, oversubscribe=a.oversubscribe, nodes=a.nodes)
     if cluster is None:
         print(f"SLURM did not start: {reason}", file=sys.stderr)
         return 1
-    print(f"one-node SLURM cluster up ({cluster.host}); for clients:\nexport SLURM_CONF={cluster.conf}")
+    print(f"{len(cluster.nodes)}-node SLURM cluster up ({', '.join(cluster.nodes)}); for clients:\n"
+          f"export SLURM_CONF={cluster.conf}")
+    if cluster.net is not None:
+        print(f"and run them in node1's namespace: {' '.join(cluster.client([]))} <command>")
     return 0
 
 

@@ -41,11 +41,12 @@ def test_every_layout_plans_for_a_preset_without_a_gpu(name):
 
 
 def test_the_fit_verdict_follows_the_presets_memory():
-    big = planned("model=llama3_8b", "strategy=ddp", "world_size=8", "hardware=h200_141gb")[1]
-    small = planned("model=llama3_8b", "strategy=ddp", "world_size=8", "hardware=a100_40gb")[1]
+    # Llama 3.2 3B under DDP: 16 B/param of states and 8 of DDP's buckets, ~76 GiB (8B's 180 fits no GPU)
+    big = planned("model=llama3_3b", "strategy=ddp", "world_size=8", "hardware=h200_141gb")[1]
+    small = planned("model=llama3_3b", "strategy=ddp", "world_size=8", "hardware=a100_40gb")[1]
     assert big["needed_mb"] == small["needed_mb"]
     assert big["fits"] is True and small["fits"] is False
-    override = planned("model=llama3_8b", "strategy=ddp", "world_size=8", "hardware=h200_141gb",
+    override = planned("model=llama3_3b", "strategy=ddp", "world_size=8", "hardware=h200_141gb",
                        "hardware.memory_gib=40")[1]
     assert override["fits"] is False and override["device_memory_gib"] == 40
 

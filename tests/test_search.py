@@ -12,10 +12,10 @@ import pytest
 
 from tests.conftest import REPO, run_bench
 
-# compile=false on the command line: a knob the command line sets is not searched (nor compile_mode,
-# whose candidates need compile=true), so the search is default vs strategy.bucket_cap_mb=100
-SEARCH = ("+experiment=tune", "strategy=ddp", "world_size=2", "compile=false", "device=cpu", "precision=fp32",
-          "hydra.sweeper.rungs=[[1,2],[1,3]]")
+# compile=false and the micro-batch on the command line: a knob the command line sets is not searched (nor
+# compile_mode, whose candidates need compile=true), so the search is default vs strategy.bucket_cap_mb=100
+SEARCH = ("+experiment=tune", "strategy=ddp", "world_size=2", "compile=false", "strategy.micro_batch_size=null",
+          "device=cpu", "precision=fp32", "hydra.sweeper.rungs=[[1,2],[1,3]]")
 
 
 def _tune(sweep) -> dict:
@@ -34,7 +34,8 @@ def _stamps(sweep) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
     sweep = tmp_path_factory.mktemp("search") / "sweep"
-    p = run_bench(*SEARCH, run_dir=sweep, multirun=True, timeout=600)
+    p = run_bench(*SEARCH, run_dir=sweep, multirun=True, timeout=600,
+                  env={"BENCH_BESTS": str(sweep.parent / "bests.json")})
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     return sweep, p.stdout + p.stderr
 
@@ -65,6 +66,21 @@ def test_search_halves_the_candidates_and_names_a_winner(searched):
     for word in ("+experiment=tune", "warmup_steps", "steps=", "resume", "hydra."):
         assert word not in base["command"], base["command"]
     assert sorted(_statuses(sweep).values()) == ["completed"] * 4, _statuses(sweep)
+
+
+def test_the_winner_goes_into_the_store_of_measured_bests(searched):
+    """The search's winner becomes an entry of the user's store (BENCH_BESTS): strategy, the knob values where
+    it differs from the base, tokens/s, peak memory and the workload (on CPU the device is "cpu")."""
+    sweep, out = searched
+    base = _tune(sweep)["bases"][0]
+    entries = json.loads((sweep.parent / "bests.json").read_text())["entries"]
+    assert len(entries) == 1 and "1 winner(s) recorded in the store of measured bests" in out
+    e, w = entries[0], base["winner"]
+    assert e["strategy"]["name"] == "ddp" and e["tokens_per_s"] == w["tokens_per_s"] and e["peak_memory_mb"] > 0
+    assert e["settings"] == ({} if w["name"] == "default" else {"strategy.bucket_cap_mb": 100.0})
+    assert e["workload"] == {"device": "cpu", "model": "tiny", "arch": "gpt", "parameters": e["workload"]["parameters"],
+                             "world_size": 2, "tokens_per_microbatch": 4 * 128, "precision": "fp32"}
+    assert e["source"] == str(sweep / "tune.json") and e["command"] == base["command"]
 
 
 def test_analysis_of_a_search_shows_default_beside_best(searched, tmp_path):

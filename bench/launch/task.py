@@ -11,6 +11,7 @@ from typing import Callable, Optional
 
 from bench.jsonio import read_json_dict
 from bench.launch.outcome import Outcome, from_failures, timeout_error
+from bench.launch.placement import node_note, read_placements, write_placement
 from bench.runs import read_failures
 from bench.schema import Plan
 
@@ -232,6 +233,7 @@ def launch_task_rank(plan: Plan, run_dir: Path, rank: int, record: Callable[[Out
                 recorded.append(record(_task_outcome(why, exc, read_failures(run_dir), rank, plan.cfg, run_dir)))
             return recorded[0]
 
+    write_placement(run_dir, rank)  # where this rank runs: a failure can name the node of ranks that left nothing
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)  # worker_main reconfigures logging for its rank files
     exc: Optional[BaseException] = None
@@ -272,6 +274,16 @@ def _task_outcome(why: str, exc: Optional[BaseException], failures: list[dict], 
         o = _slurm_end(os.environ.get("SLURM_JOB_ID"))
         return Outcome(o.status, o.error, failures)
     if failures:
-        return from_failures(failures)
+        return _with_nodes(from_failures(failures), run_dir)
     return Outcome("failed", {"rank": rank, "type": type(exc).__name__ if exc else "Unknown", "message": str(exc),
                               "traceback": None}, failures)
+
+
+def _with_nodes(o: Outcome, run_dir: Optional[Path]) -> Outcome:
+    """On several nodes, a root cause that is a lost connection names the node it points to (and whether
+    that node's ranks left any record), or says how to fix a peer reached at a loopback address."""
+    note = node_note(o.failures, read_placements(run_dir)) if run_dir is not None and o.error else None
+    if note:
+        o.error = {**o.error, "message": f"{o.error.get('message')} [{note}]"}
+        log.error("%s", note)
+    return o

@@ -9,6 +9,7 @@ import math
 from typing import Any, Optional
 
 from bench.metrics import flops as _flops
+from bench.launch.placement import summary as placement_summary
 from bench.metrics.timing import step_time_stats
 
 SCHEMA_VERSION = 1
@@ -46,6 +47,7 @@ def skeleton(cfg: dict, status: str, error: Optional[dict] = None) -> dict:
         "flops": {"formula": _flops.FORMULA, "N": None, "N_counts": _flops.N_COUNTS, "L": None, "d": None,
                   "seq": None, "flops_per_token": None, "total_params": None,
                   "achieved_tflops_per_device": None, "peak_tflops": None, "peak_source": None, "mfu": None,
+                  "peak_tflops_fp8": None,  # precision=fp8: the device's float8 peak (MFU is against bf16's)
                   "matmul_peak_tflops_measured": None, "mfu_vs_measured_peak": None,
                   "hfu_formula": _flops.HFU_FORMULA, "recompute": cfg.get("recompute", "none"),
                   "hardware_flops_per_token": None, "hfu": None, "hfu_vs_measured_peak": None},
@@ -55,6 +57,7 @@ def skeleton(cfg: dict, status: str, error: Optional[dict] = None) -> dict:
         "energy": {"joules": None, "joules_per_token": None},
         "profile": None,  # metrics.profile_steps > 0: per rank, bench/metrics/profile.py
         "ranks": None,
+        "placement": None,  # {"nodes": {node: [ranks]}, "master_addr", "master_port"} (bench/launch/placement.py)
         "config": cfg,
         "provenance": None,
     }
@@ -103,6 +106,7 @@ def assemble(cfg: dict, device_type: str, ranks: list[dict], describe: dict, pro
     profiles = [r.get("profile") for r in ranks]
     out["profile"] = profiles if any(profiles) else None
     out["ranks"] = [{k: v for k, v in r.items() if k not in ("losses", "profile")} for r in ranks]
+    out["placement"] = placement_summary([r.get("placement") for r in ranks])
     out["provenance"] = provenance
     return out
 
@@ -154,13 +158,14 @@ def _flops_fields(cfg: dict, tps: float, dev_name: Optional[str], matmul_peak: O
     fpt = _flops.flops_per_token(model)
     achieved = fpt * tps / ws / 1e12
     peak, source = (cfg["metrics"]["peak_tflops"], "config metrics.peak_tflops") \
-        if cfg["metrics"].get("peak_tflops") else _flops.peak_tflops(dev_name, cfg["precision"], cfg["tf32"])
+        if cfg["metrics"].get("peak_tflops") else _flops.mfu_peak_tflops(dev_name, cfg["precision"], cfg["tf32"])
+    fp8_peak = _flops.peak_tflops(dev_name, "fp8", False)[0] if cfg["precision"] == "fp8" else None
     hw_fpt = _flops.hardware_flops_per_token(model, cfg.get("recompute", "none"))
     hw = hw_fpt * tps / ws / 1e12
     return dict(
         N=_flops.matmul_params(model), L=model["n_layers"], d=model["d_model"], seq=model["seq_len"],
         flops_per_token=fpt, total_params=_flops.total_params(model),
-        achieved_tflops_per_device=achieved, peak_tflops=peak, peak_source=source,
+        achieved_tflops_per_device=achieved, peak_tflops=peak, peak_source=source, peak_tflops_fp8=fp8_peak,
         mfu=achieved / peak if peak else None, matmul_peak_tflops_measured=matmul_peak,
         mfu_vs_measured_peak=achieved / matmul_peak if matmul_peak else None,
         hardware_flops_per_token=hw_fpt,

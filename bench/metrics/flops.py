@@ -13,7 +13,9 @@ total parameters = the model's unique parameters: N + token embedding (+ learned
 embedding for gpt) - the output projection when tied.
 MFU = achieved model TFLOP/s per device / dense peak TFLOP/s of the device at the
 run's precision (table below, datasheet numbers without sparsity; overridable with
-metrics.peak_tflops).  HFU (hardware FLOPs utilization) counts what the device executes,
+metrics.peak_tflops); precision=fp8 against the bf16 peak (MFU_PRECISION): only the blocks'
+matmuls run in float8, and against bf16's peak an fp8 run's MFU is comparable with a bf16 run's
+(its gain shows as a higher MFU); the fp8 peak is recorded beside it (flops.peak_tflops_fp8).  HFU (hardware FLOPs utilization) counts what the device executes,
 including the forward that activation recomputation runs again (HFU_FORMULA); MFU does not,
 so recomputation lowers MFU and leaves HFU near the same.
 """
@@ -66,6 +68,27 @@ def hardware_flops_per_token(model: dict, recompute: str) -> int:
     L, attn_fwd = model["n_layers"], 4 * model["n_layers"] * model["d_model"] * model["seq_len"]
     extra = {"none": 0, "selective": attn_fwd, "full": 2 * L * param_groups(model)["block"] + attn_fwd}[recompute]
     return flops_per_token(model) + extra
+
+
+def float8_matmul_params(model: dict) -> int:
+    """The blocks' Linear weights (attention q/k/v/o, the MLP): what precision=fp8 converts to float8 matmuls
+    (bench/parallel/float8.py; the head stays bf16; layers it leaves in bf16 for their shapes are not subtracted)."""
+    d, ff = model["d_model"], model["d_ff"]
+    kv = (model.get("n_kv_heads") or model["n_heads"]) * (d // model["n_heads"])
+    mlp = 3 * d * ff if model.get("arch", "gpt") == "llama" else 2 * d * ff
+    return model["n_layers"] * (2 * d * d + 2 * d * kv + mlp)
+
+
+# the peak MFU divides by, per run precision: an fp8 run against bf16's (module docstring)
+MFU_PRECISION = {"fp8": "bf16"}
+
+
+def mfu_peak_tflops(device_name: Optional[str], precision: str, tf32: bool) -> tuple[Optional[float], str]:
+    """MFU's denominator: ``peak_tflops`` at MFU_PRECISION's precision (fp8 runs: the bf16 peak)."""
+    key = MFU_PRECISION.get(precision, precision)
+    peak, source = peak_tflops(device_name, key, tf32)
+    return peak, source + (f" (a {precision} run: MFU against the {key} peak, comparable with {key} runs)"
+                           if key != precision else "")
 
 
 def peak_tflops(device_name: Optional[str], precision: str, tf32: bool) -> tuple[Optional[float], str]:

@@ -4,6 +4,7 @@ The torch-native strategies (single, ddp, fsdp, and tp / pp with ``strategy.impl
 bench's model once and apply, in torchtitan's order, only the steps their layout needs:
 
     mesh.build_mesh   one DeviceMesh (pp, dp, tp) in Megatron's rank order (bench/layout.py)
+    float8.apply_float8  precision=fp8: torchao Float8Linear for the blocks' Linear layers (before TP)
     tp.apply_tp       DTensor Colwise / Rowwise plan on every block
     pp.split_stages   this rank's pipeline stages (chunks of the same model class)
     ac.apply_ac       activation recomputation per block

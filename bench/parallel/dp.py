@@ -15,11 +15,13 @@ DDP: one replica per data-parallel rank, gradients all-reduced in buckets overla
 from __future__ import annotations
 
 import contextlib
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 
 from bench.model import DTYPES
+from bench.parallel.float8 import precompute_scales, precomputes_scales
 
 
 def apply_fsdp(model: nn.Module, dp_mesh, precision: str, knobs: dict, offload: bool, device_type: str) -> dict:
@@ -50,7 +52,8 @@ def apply_fsdp(model: nn.Module, dp_mesh, precision: str, knobs: dict, offload: 
         for i, head in enumerate(heads):
             head.set_modules_to_forward_prefetch(heads[i + 1:i + 1 + n])
             head.set_modules_to_backward_prefetch(heads[max(0, i - n):i][::-1])
-    rdt = "fp32" if knobs["reduce_dtype"] == "fp32" else precision
+    pdt = "bf16" if precision == "fp8" else precision  # fp8: the float8 matmuls are torchao's, the rest bf16
+    rdt = "fp32" if knobs["reduce_dtype"] == "fp32" else pdt
     return {
         "dp_reduction": "FSDP2 (torch.distributed.fsdp.fully_shard): parameters, gradients and optimizer states "
                         "sharded over dp",
@@ -61,8 +64,10 @@ def apply_fsdp(model: nn.Module, dp_mesh, precision: str, knobs: dict, offload: 
         "prefetch": n or "implicit (FSDP2 default)",
         "cpu_offload": offload,
         "precision": "fp32" if precision == "fp32" else
-                     f"FSDP MixedPrecisionPolicy(param_dtype={precision}, reduce_dtype={rdt}) over fp32 sharded "
-                     "master weights (not autocast)" + (" + ShardedGradScaler" if precision == "fp16" else ""),
+                     f"FSDP MixedPrecisionPolicy(param_dtype={pdt}, reduce_dtype={rdt}) over fp32 sharded "
+                     "master weights (not autocast)" + (" + ShardedGradScaler" if precision == "fp16" else "")
+                     + ("; torchao float8 matmuls in the converted Linear layers (see float8)" if precision == "fp8"
+                        else ""),
     }
 
 
@@ -118,6 +123,10 @@ class DataParallel:
 
     def whole_model_note(self) -> str:
         return ""
+
+    def after_step(self, chunks: list, plan) -> Optional[Callable[[], None]]:
+        """What runs after each optimizer step, or None."""
+        return None
 
 
 class TorchDDP(DataParallel):
@@ -177,3 +186,9 @@ class FSDP2(DataParallel):
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         return ShardedGradScaler(device=device.type)
+
+    def after_step(self, chunks: list, plan) -> Optional[Callable[[], None]]:
+        """precision=fp8 with float8 all-gather: every float8 weight's scale for the next all-gather, computed
+        in one all-reduce after the step (torchao's precompute_float8_dynamic_scale_for_fsdp), not one per
+        weight at each gather."""
+        return (lambda: precompute_scales(chunks)) if precomputes_scales(plan) else None

@@ -1,9 +1,10 @@
 """``parallelize``: the torch-native steps applied in torchtitan's order over one model and one mesh.
 
-TP -> pipeline split -> activation recomputation -> compile (per block) -> the data-parallel
-policy's wrap (bench/parallel/dp.py) -> compile of the whole model, where one graph can hold it
-(no FSDP2 units, no DTensors, no stages: DDP's optimizer splits the graph at its buckets).  Each
-step adds what it did to ``info`` (metrics.json's layout).  float8 would be one more step, after TP.
+float8 (precision=fp8: torchao, bench/parallel/float8.py) -> TP -> pipeline split -> activation
+recomputation -> compile (per block) -> the data-parallel policy's wrap (bench/parallel/dp.py) -> compile
+of the whole model, where one graph can hold it (no FSDP2 units, no DTensors, no stages: DDP's optimizer
+splits the graph at its buckets).  float8 comes first, as in torchtitan: TP then shards the Float8Linear
+layers with torchao's float8 styles.  Each step adds what it did to ``info`` (metrics.json's layout).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch.nn as nn
 from bench.parallel.ac import apply_ac
 from bench.parallel.compile import apply_compile, compile_kwargs
 from bench.parallel.dp import DataParallel
+from bench.parallel.float8 import apply_float8, converts, float8_tp
 from bench.parallel.pp import split_stages
 from bench.parallel.tp import apply_tp
 
@@ -40,9 +42,12 @@ def parallelize(model: nn.Module, plan, mesh, policy: DataParallel, pp_rank: int
                 phase: Callable[[str], contextlib.AbstractContextManager]) -> Parallelized:
     """Apply the steps the layout needs (module docstring); ``phase`` names the timed parts of setup."""
     cfg, info = plan.cfg, {}
+    if converts(cfg):
+        with phase("float8 conversion"):
+            info.update(apply_float8(model, plan))
     if plan.tp > 1:
         with phase("parallelize_module (TP)"):
-            info.update(apply_tp(model, mesh["tp"]))
+            info.update(apply_tp(model, mesh["tp"], float8=float8_tp(plan)))
     stage_ids, chunks = split_stages(model, pp_rank, plan.pp, plan.strategy.get("virtual_pipeline", 1))
     for chunk in chunks:
         info.update(apply_ac(chunk, cfg["recompute"]))

@@ -68,28 +68,30 @@ def model_states(cfg: dict) -> ModelStates:
     return dataclasses.replace(lay, grads_live=views, note=lay.note + ("; DDP: gradients are bucket views" if views else ""))
 
 
-def bucket_bytes(plan: Plan, psi: float, rebuilds: bool = True) -> tuple[float, str]:
-    """torch DDP's reducer over psi fp32 gradients (dp > 1): its flat bucket tensors (4 B/param: the gradients
-    themselves with gradient_as_bucket_view, counted as model states then), and, where DDP rebuilds its buckets
-    in gradient-ready order at step 2 (not with find_unused_parameters), the first step's buckets (4 B/param):
-    NCCL's work objects still hold them until its watchdog drops the completed all-reduces, so both sets can be
-    alive at step 2's peak (seen on the largest rank of 41 of 45 runs of 2-4 ranks: its peak 8 B/param over
-    single's; the other ranks' 4: results/2026-11-23-h200x2-cpu-affinity, results/2026-11-22-h200x4-paper-sweeps)."""
+def bucket_bytes(plan: Plan, psi: float, views: bool, rebuilds: bool) -> tuple[float, str]:
+    """torch DDP's reducer over psi fp32 gradients (dp > 1): its flat bucket tensors (4 B/param; with
+    gradient_as_bucket_view they are the gradients, counted as model states), and, where DDP rebuilds its buckets
+    in gradient-ready order at step 2's forward (not with find_unused_parameters), the first step's buckets
+    (4 B/param): they are freed only once the process group lets go of step 1's completed all-reduce works,
+    asynchronously, so both sets can be alive at step 2's peak.  A 2 x H200 probe (300m bf16, batch 8): DDP's
+    step peaks 14035 MiB = one rank's 12814 + 4 B/param, step 2 15255 (+8 B/param) on 3 of 4 ranks, never with a
+    2 s pause after step 1; recorded runs: the largest rank 8 B/param over single's in 35 of 37 runs of 2-4 ranks
+    (the other two, 1b, 4: results/2026-11-22-h200x4-paper-sweeps, results/2026-11-23-h200x2-cpu-affinity)."""
     if plan.dp_size == 1:
         return 0.0, ""
-    own = 0.0 if plan.strategy.get("gradient_as_bucket_view", True) else 4 * psi
+    own = 0.0 if views else 4 * psi
     old = 4 * psi if rebuilds else 0.0
     return own + old, "DDP gradient buckets" + (" + the first step's buckets until rebuilt" if rebuilds else "")
 
 
 def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
-    return bucket_bytes(plan, psi)
+    return bucket_bytes(plan, psi, views=plan.strategy["gradient_as_bucket_view"], rebuilds=True)
 
 
 SPEC = register(StrategySpec(
     name="ddp", schema=DDPConfig, summary="torch DistributedDataParallel: replicas, bucketed all-reduce",
     implementation=lambda plan: torch_native(TorchDDP()), rules=rules, traffic=traffic,
-    model_states=model_states, buffers=buffers,
+    model_states=model_states, buffers=buffers, float8=True,
     profiles={"best": {
         # one rank is single's step: single's compiled CUDA-graph profile holds; on several ranks it does not
         "compile": (True, "1 x H100, 1 rank: gpt2 94.6k -> 156.4k tokens/s, 300m 153.1k -> 195.0k "

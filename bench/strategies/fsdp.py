@@ -10,6 +10,7 @@ from bench.layout_rules import check_torch_native
 from bench.schema import LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConfig, alias_default, knob
 from bench.strategies.registry import ModelStates, StrategySpec, register
 from bench.parallel.dp import FSDP2
+from bench.parallel.float8 import fsdp_float8_all_gather
 from bench.strategies.torch_native import torch_native
 from bench.traffic import (all_gather, compute_bytes, merge, param_tensors, pp_p2p, torch_native_hooks,
                            tp_activation)
@@ -37,6 +38,28 @@ class FSDPConfig(StrategyConfig):
     microbatches: Any = knob(alias_default("microbatches", None), LAYOUT_DOCS["microbatches"], added=True)
     virtual_pipeline: int = knob(1, LAYOUT_DOCS["virtual_pipeline"], added=True)
     schedule: str = knob("auto", LAYOUT_DOCS["schedule"], choices=SCHEDULES, added=True)
+    fp8_all_gather: bool = knob(True, "precision=fp8 with fp8_recipe=tensorwise: all-gather the converted weights in "
+                                "float8 (torchao's enable_fsdp_float8_all_gather: half the bytes of bf16); false: "
+                                "gather bf16", added=True)
+    fp8_precompute_scale: bool = knob(True, "with fp8_all_gather: every float8 weight's scale in one all-reduce after "
+                                      "the optimizer step (torchao's precompute_float8_dynamic_scale_for_fsdp), not "
+                                      "one per weight at each gather", added=True)
+
+
+def _float8_rules(plan: Plan) -> None:
+    """The float8 knobs act only under precision=fp8 with tensorwise scaling (torchao's float8 all-gather takes
+    one scale per tensor), the scales only with the float8 all-gather: turned off elsewhere they would change
+    nothing, so that is refused."""
+    s, cfg = plan.strategy, plan.cfg
+    tensorwise = cfg["precision"] == "fp8" and cfg.get("fp8_recipe", "tensorwise") == "tensorwise"
+    for key in ("fp8_all_gather", "fp8_precompute_scale"):
+        if not tensorwise and not s[key]:
+            raise ConfigError(f"strategy.{key}", False, f"takes effect only with precision=fp8 fp8_recipe=tensorwise "
+                              f"(precision={cfg['precision']}, fp8_recipe={cfg.get('fp8_recipe')}); leave "
+                              f"strategy.{key}=true (the default) or use precision=fp8 fp8_recipe=tensorwise")
+    if tensorwise and not s["fp8_all_gather"] and not s["fp8_precompute_scale"]:
+        raise ConfigError("strategy.fp8_precompute_scale", False, "takes effect only with strategy.fp8_all_gather="
+                          "true (the scales are those of the float8 all-gather); leave it true or gather in float8")
 
 
 def rules(plan: Plan) -> None:
@@ -58,6 +81,7 @@ def rules(plan: Plan) -> None:
                           f"{n} blocks" + (", nothing to prefetch" if units == 1 else ""))
     if s["cpu_offload"] and (plan.tp > 1 or plan.pp > 1):
         raise ConfigError("strategy.cpu_offload", True, "is implemented for FSDP2 alone (strategy.tp=1, pp=1)")
+    _float8_rules(plan)
 
 
 def model_states(cfg: dict) -> ModelStates:
@@ -75,8 +99,11 @@ def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
     if not s["reshard_after_forward"]:
         return 0.0, ""  # the gathered parameters are model states (ModelStates.unsharded_params_live)
     unit = per_block * s["blocks_per_unit"]
-    cb = 4 if plan.cfg["precision"] == "fp32" else 2
-    return (2 + s["prefetch"]) * unit * cb + unit * 4, \
+    # precision=fp8 with the float8 all-gather: the gathered weights are float8, 1 B each (norms counted too)
+    cb = 4 if plan.cfg["precision"] == "fp32" else (1 if fsdp_float8_all_gather(plan) else 2)
+    # as many units as the stage has (one unit of every block has no next unit to gather)
+    units = -(-plan.model["n_layers"] // (plan.pp * s["virtual_pipeline"] * s["blocks_per_unit"]))
+    return min(2 + s["prefetch"], units) * unit * cb + unit * 4, \
         "FSDP2: gathered units (current + next + prefetch) and one unit's unsharded gradients"
 
 
@@ -91,7 +118,8 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
                                                                    s["blocks_per_unit"])) + 1  # + the root
     gathers = m * (2 if s["reshard_after_forward"] else 1)
     grad_bytes = 4 if s["reduce_dtype"] == "fp32" or plan.cfg["precision"] == "fp32" else 2
-    own = {"param_gather": gathers * all_gather(params * compute_bytes(plan), dp),
+    gather_bytes = 1 if fsdp_float8_all_gather(plan) else compute_bytes(plan)  # fp8: float8 (the root's too)
+    own = {"param_gather": gathers * all_gather(params * gather_bytes, dp),
            "grad_reduce": all_gather(params * grad_bytes, dp), "collectives": units * (gathers + 1),
            "hooks": 4 * units * m + param_tensors(plan) * (gathers + 2)}
     if s["cpu_offload"]:  # fp32 shards in (per gather) and gradients out, the AdamW step on the host
@@ -106,7 +134,7 @@ def label(name: str, v: dict) -> list[str]:
 SPEC = register(StrategySpec(
     name="fsdp", schema=FSDPConfig, summary="PyTorch FSDP2 (fully_shard), alone or over torch TP / PP",
     implementation=lambda plan: torch_native(FSDP2()), rules=rules, model_states=model_states, buffers=buffers, label=label,
-    traffic=traffic, profiles={"best": {
+    traffic=traffic, float8=True, profiles={"best": {
         "strategy.blocks_per_unit": (8, "2 x H200, 300m, global batch 16, compiled: units of 8 beat 4 and 24 twice "
                                         "within one call, 76.2% / 67.1% of 2 x single without / with resharding "
                                         "(results/2026-11-23-h200x2-zero-grad-norm-fsdp)"),

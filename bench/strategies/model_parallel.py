@@ -97,6 +97,10 @@ def _implementation_rules(plan: Plan) -> None:
     if impl == "megatron":
         fix = ("use strategy=ddp (or strategy=tp/pp with strategy.impl=torch)" if name == "megatron"
                else "use strategy.impl=torch (torch-native TP/PP, runs on CPU)")
+        if c["precision"] == "fp8":
+            raise ConfigError("strategy.impl", impl, "megatron-core's float8 needs Transformer Engine, which bench "
+                              "does not run; precision=fp8 (torchao) runs with strategy.impl=torch, or strategy=fsdp "
+                              f"strategy.tp={tp} precision=fp8")
         if plan.device != "cuda":
             raise ConfigError("strategy.impl", impl, f"megatron-core needs CUDA GPUs, and this run has none "
                               f"(device={plan.device}); {fix}")
@@ -163,8 +167,9 @@ def model_states(cfg: dict) -> ModelStates:
     """Megatron (Float16Module + DDP with grad_reduce_in_fp32): 16-bit params, fp32 main grads, fp32 main params
     + Adam m, v (18 B/param; 6 + 12/dp with the distributed optimizer); torch-native: replicated fp32."""
     s, prec = cfg["strategy"], cfg["precision"]
-    if s["impl"] != "megatron":
-        return ModelStates("fp32", note=f"torch tp={s['tp']} pp={s['pp']}: fp32 weights, torch AdamW")
+    if s["impl"] != "megatron":  # torch TP casts the attention's and MLP's inputs once (bench/parallel/tp.py)
+        return ModelStates("fp32", shared_input_casts=s["tp"] > 1,
+                           note=f"torch tp={s['tp']} pp={s['pp']}: fp32 weights, torch AdamW")
     scheme = "fp32" if prec == "fp32" else ("megatron_mixed" if s["grad_reduce_in_fp32"] else "mixed")
     return ModelStates(scheme, stage=1 if s["use_distributed_optimizer"] else 0, sixteen_bit_weights=True,
                        tp_splits_vocab=True,  # Float16Module; VocabParallelEmbedding and the parallel output layer
@@ -175,6 +180,17 @@ def model_states(cfg: dict) -> ModelStates:
                        loss_bytes_per_logit=6,
                        note=f"megatron tp={s['tp']} pp={s['pp']}"
                             + (" distributed optimizer" if s["use_distributed_optimizer"] else ""))
+
+
+def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
+    """torch-native replicas (dp > 1) reduce through torch DDP at its defaults (bench/parallel/dp.py): buckets
+    beside the gradients (no gradient_as_bucket_view), rebuilt at step 2 except under a pipeline
+    (find_unused_parameters).  Megatron's gradient buffers are its model states."""
+    if plan.strategy["impl"] == "megatron":
+        return 0.0, ""
+    from bench.strategies.ddp import bucket_bytes
+
+    return bucket_bytes(plan, psi, views=False, rebuilds=plan.pp == 1)
 
 
 def process_env(plan: Plan) -> dict:
@@ -221,11 +237,12 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     return merge(own, tp_activation(plan), pp_p2p(plan))
 
 
-def family_spec(name: str, schema: type, summary: str, profiles: dict) -> StrategySpec:
-    """Register one strategy of the family (its own module calls this: tp.py, pp.py, megatron/)."""
+def family_spec(name: str, schema: type, summary: str, profiles: dict, float8: bool = False) -> StrategySpec:
+    """Register one strategy of the family (its own module calls this: tp.py, pp.py, megatron/); ``float8``:
+    precision=fp8 runs with strategy.impl=torch (torchao's float8 before TP / the pipeline split)."""
     return register(StrategySpec(
-        name=name, schema=schema, summary=summary, implementation=implementation, rules=rules,
-        model_states=model_states, process_env=process_env, profiles=profiles, label=label, traffic=traffic,
+        name=name, schema=schema, summary=summary, implementation=implementation, rules=rules, float8=float8,
+        model_states=model_states, buffers=buffers, process_env=process_env, profiles=profiles, label=label, traffic=traffic,
         preload=lambda s: MEGATRON_MODULES if s["impl"] == "megatron" else ()))
 
 

@@ -18,4 +18,5 @@ class PPConfig(ModelParallelConfig):
 
 
 SPEC = family_spec("pp", PPConfig, "pipeline parallelism (strategy.pp, default 2): megatron-core or "
-                   "torch.distributed.pipelining", {"best": {"strategy.cuda_graph": (True, CUDA_GRAPHS_EVIDENCE)}})
+                   "torch.distributed.pipelining", {"best": {"strategy.cuda_graph": (True, CUDA_GRAPHS_EVIDENCE)}},
+                   float8=True)

@@ -35,7 +35,9 @@ class ModelStates:
     4 B each); ``late_grad_hooks``: the gradient hooks, and the backward buffers they allocate, run after the
     whole backward graph (one compiled graph for the model): beside all gradients, not beside the activations;
     ``sequence_parallel``: the norms' and the projections' inputs are split over tp too (Megatron's sequence
-    parallelism: each rank keeps its slice of the sequence and gathers the rest again in backward)."""
+    parallelism: each rank keeps its slice of the sequence and gathers the rest again in backward);
+    ``shared_input_casts``: under autocast the attention's and the MLP's inputs are cast to 16 bit once for all
+    their projections (torch-native TP's pre-hook), not once per projection."""
 
     scheme: str
     stage: int = 0
@@ -50,6 +52,7 @@ class ModelStates:
     loss_bytes_per_logit: int = 12
     late_grad_hooks: bool = False
     sequence_parallel: bool = False
+    shared_input_casts: bool = False
     note: str = ""
 
 
@@ -114,6 +117,8 @@ class StrategySpec:
     preload: Callable[[dict], tuple[str, ...]] = lambda strategy_cfg: ()  # fork-server imports (no CUDA calls)
     process_env: Callable[[Plan], dict[str, str]] = lambda plan: {}  # environment needed before CUDA starts
     devices: tuple[str, ...] = ("cpu", "cuda")
+    # precision=fp8 runs: torchao's float8 training composes with its implementation (bench/parallel/float8.py)
+    float8: bool = False
 
 
 REGISTRY: dict[str, StrategySpec] = {}  # filled by each strategy module's register(); read via bench.strategies.registry

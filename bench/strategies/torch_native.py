@@ -21,7 +21,9 @@ from bench.strategies.base import DistContext, Precision, StepResult, Strategy
 from bench.schema import Plan
 
 PRECISION_TEXT = {"fp32": "fp32", "bf16": "autocast bf16 over fp32 weights",
-                  "fp16": "autocast fp16 over fp32 weights + GradScaler"}
+                  "fp16": "autocast fp16 over fp32 weights + GradScaler",
+                  "fp8": "torchao float8 matmuls in the converted Linear layers (layout's float8), autocast bf16 "
+                         "elsewhere, over fp32 weights"}
 
 
 def torch_native(policy: DataParallel):
@@ -51,6 +53,7 @@ class TorchParallel(Strategy):
         par = parallelize(model, p, self.mesh, self.policy, self.coord.pp, dev, self.setup_phase)
         self.info, self.stage_ids, self.model = par.info, par.stage_ids, par.model
         self.params = [q for chunk in par.chunks for q in chunk.parameters()]  # after FSDP2 made them shards
+        self.after_step = self.policy.after_step(par.chunks, p)  # e.g. FSDP2's float8 scales (fp8)
         self.precision = Precision(cfg["precision"], dev, autocast=self.policy.autocast,
                                    scaler=self.policy.scaler(p, dev))
         self.schedule = None
@@ -102,6 +105,8 @@ class TorchParallel(Strategy):
             opt = opt.optimizer
         clip = self.plan.cfg["optim"]["grad_clip"]
         skipped = self.precision.step(opt, self._clip if clip > 0 else None)
+        if self.after_step is not None:
+            self.after_step()
         return StepResult(loss=loss if self.layout.counts_tokens(self.coord) else None, skipped=skipped)
 
     def _clip(self) -> None:

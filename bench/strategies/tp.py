@@ -15,4 +15,4 @@ class TPConfig(ModelParallelConfig):
 
 
 SPEC = family_spec("tp", TPConfig, "tensor parallelism (strategy.tp, default 2): megatron-core or torch DTensor",
-                   {"best": {"strategy.cuda_graph": (True, CUDA_GRAPHS_EVIDENCE)}})
+                   {"best": {"strategy.cuda_graph": (True, CUDA_GRAPHS_EVIDENCE)}}, float8=True)

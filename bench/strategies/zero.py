@@ -214,18 +214,21 @@ def model_states(cfg: dict) -> ModelStates:
                        note=f"DeepSpeed ZeRO-{s['zero_stage']}" + (" torch_autocast" if autocast else ""))
 
 
-def _reduce_buckets(plan: Plan) -> tuple[float, int]:
-    """(elements, bytes per element) of ZeRO's reduce buckets: one per communication dtype (under torch_autocast
-    Linear gradients are reduced in 16 bit, the rest in fp32: two), reduce_bucket_size elements each."""
-    autocast = runs_torch_autocast(plan.cfg)
-    # without contiguous_gradients there are no buckets: gradients stay in param.grad until reduced
-    n = float(plan.strategy["reduce_bucket_size"]) if plan.strategy["contiguous_gradients"] else 0.0
-    if plan.strategy["zero_stage"] == 3:  # stage3.py: each bucket in its communication dtype
-        return (2 * n, 3) if autocast else (n, 4 if plan.cfg["precision"] == "fp32" else 2)
-    # stage_1_and_2.py setup_buckets: each in the parameters' dtype (fp32 under torch_autocast), two with
-    # overlap_comm (double buffering)
-    k = (2 if autocast else 1) * (2 if plan.strategy["overlap_comm"] else 1)
-    return k * n, 4 if plan.cfg["precision"] == "fp32" or autocast else 2
+def _reduce_buckets(plan: Plan) -> tuple[float, float]:
+    """(bytes held from initialize, bytes held in backward) of the reduce buckets, reduce_bucket_size elements
+    each.  Stages 1-2 (stage_1_and_2.py setup_buckets, at a backward's first gradient hook, released at its end):
+    one per communication dtype (under torch_autocast Linear gradients are reduced in 16 bit, the rest in fp32:
+    two), in the parameters' dtype, twice with overlap_comm.  Stage 3 (stage3.py, at initialize): one per
+    communication dtype, in that dtype.  DeepCompile drops those (init_z3) for its own, per gradient dtype and
+    double-buffered, allocated at the first gradient and released at the end of backward (deepcompile.h
+    DoubleBufferedReduceBucket).  Without contiguous_gradients: none (gradients stay in param.grad)."""
+    s, autocast = plan.strategy, runs_torch_autocast(plan.cfg)
+    n = float(s["reduce_bucket_size"]) if s["contiguous_gradients"] else 0.0
+    if s["deepcompile"]:
+        return 0.0, 2 * n * _param_bytes(plan)
+    if s["zero_stage"] == 3:
+        return n * ((2 + 4) if autocast else _param_bytes(plan)), 0.0
+    return 0.0, (2 if autocast else 1) * (2 if s["overlap_comm"] else 1) * n * _param_bytes(plan)
 
 
 def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, float], str]:
@@ -234,12 +237,11 @@ def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, f
     from the forward to the backward.  The step: the gradient partition flattened (16-bit, or fp32 under
     torch_autocast) and cast to fp32 for the optimizer (stage_1_and_2.py step; stage3.py
     _prepare_fp32_grad_for_sub_group, one sub-group of at most sub_group_size parameters at a time); with
-    optimizer offload the host holds those."""
+    optimizer offload the host holds those.  Under DeepCompile its own buckets, in backward (_reduce_buckets)."""
     s, stage = plan.strategy, plan.strategy["zero_stage"]
     out = {}
-    if stage in (1, 2):
-        n, b = _reduce_buckets(plan)
-        out["backward"] = n * b
+    if stage:
+        out["backward"] = _reduce_buckets(plan)[1]
     if stage == 3:
         out["pass"] = _gathered_params(plan, psi, per_block) * _param_bytes(plan)
     if stage and s["offload_optimizer"] == "none":
@@ -268,22 +270,22 @@ def _gathered_params(plan: Plan, psi: float, per_block: float) -> float:
     __params_to_release).  Counted here over the rest of the forward (the blocks after it and the head): the runs
     held every block of 300m, 500m and 1b (36 blocks of 28M) at dp 2-4 (results/2026-11-23-h200x2-ddp-ceiling-
     graph-exit), where the trace's forward and backward together would have released 1b's first half."""
-    if plan.dp_size == 1 and plan.strategy["offload_param"] == "none":
+    s = plan.strategy
+    if plan.dp_size == 1 and s["offload_param"] == "none" and not s["deepcompile"]:  # DeepCompile copies
         return 0.0
     g, L = param_groups(plan.model), plan.model["n_layers"]
     reuse = float(_zero_option(plan, "stage3_max_reuse_distance", 1e9))
     head = g["head"] + g["norm"]
     blocks = min(L, max(0, math.ceil((reuse - head) / per_block)))
     kept = blocks * per_block + head + (g["embedding"] if L * per_block + head < reuse else 0)
-    return min(psi, max(kept, float(plan.strategy["prefetch_bucket_size"]) + per_block))
+    return min(psi, max(kept, float(s["prefetch_bucket_size"]) + per_block))
 
 
 def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
     """ZeRO-3's reduce buckets, allocated at initialize."""
     if plan.strategy["zero_stage"] != 3:
         return 0.0, ""
-    elements, b = _reduce_buckets(plan)
-    return elements * b, "ZeRO-3 reduce buckets (reduce_bucket_size elements per communication dtype)"
+    return _reduce_buckets(plan)[0], "ZeRO-3 reduce buckets (reduce_bucket_size elements per communication dtype)"
 
 
 # ZeRO-3's host operations (bench/traffic.py "hooks") per micro-batch: each hooked module's fetch and release in

@@ -15,7 +15,7 @@ from bench.config import validate
 from bench.memory_model import fits, memory_plan
 from bench.metrics import identity
 from bench.runs import override_key, run_key
-from bench.schema import ConfigError
+from bench.schema import ConfigError, Plan
 from bench.sweep.cost import CostModel, fmt_s, history_records
 
 log = logging.getLogger("bench.sweep")
@@ -35,6 +35,7 @@ class Job:
     estimate_s: Optional[float] = None
     memory: Optional[dict] = None  # the memory plan (bench/memory_model.py)
     prediction: Optional[dict] = None  # dry runs: the throughput prediction (bench/predict.py)
+    plan: Optional[Plan] = None  # the validated plan (the knob search predicts its trials from it)
 
     def record(self) -> dict:
         return {"num": self.num, "dir": self.dir, "key": self.key, "action": self.action, "reason": self.reason,
@@ -80,7 +81,7 @@ def compose(job: Job, load: Callable[[list[str]], DictConfig], gpus: Callable[[d
         job.error = {"rank": None, "type": "ConfigError", "message": str(e), "traceback": None,
                      "key": e.key, "value": e.value}
         return
-    job.cfg = plan.cfg  # the settings that will run (tuning=best applied)
+    job.cfg, job.plan = plan.cfg, plan  # the settings that will run (tuning=best applied)
     job.key, job.ident = run_key(job.cfg), identity(job.cfg)
     job.memory = memory_plan(plan, gpu_memory_gib=gpu_memory_gib(job.cfg))
     if job.cfg.get("dry_run"):  # the answer before any GPU is spent: <sweep>/plans.json

@@ -10,6 +10,9 @@ command line expands to (a *base*: one strategy, model, world size, ...):
   candidate values each knob declares in its schema (``knob(..., tune=(...))``; a knob the command
   line sets is not searched).  Candidates that
   compose to the same run key are one; those that cannot run are recorded ``invalid`` with the reason;
+* where there is a GPU to predict for (bench/predict.py), rung 0 runs the default first and the others in
+  order of predicted tokens/s, and does not run those predicted below ``DROP_BELOW`` (70%) of the best
+  predicted (tune.json names them, with the prediction);
 * rung 0 runs every candidate for ``rungs[0]`` = (warm-up, timed) steps; each later rung runs the best
   ``keep`` fraction of the previous one's (by tokens per median step) for its own, longer, steps; the
   last rung runs each survivor ``repeats`` times (seed, seed + 1, ...: repeats of one setting, as the
@@ -23,7 +26,8 @@ command line expands to (a *base*: one strategy, model, world size, ...):
 
 It writes ``<sweep dir>/tune.json``: per base, every trial (rung, settings, status, its measurement per
 rung) and the winner (:func:`winner`) as the ``python -m bench ...`` command line that runs it once;
-multirun_analysis reports default vs best.
+multirun_analysis reports default vs best.  The winners also go into the user's store of measured bests
+(bench/bests.py), where ``tuning=best`` finds them for the nearest workload on the same device type.
 Why not Hydra's Optuna sweeper: its trials would bypass bench's plan (run keys, resume, recorded
 invalid and skipped runs), and a grid this small is searched exhaustively at rung 0 anyway.
 """
@@ -45,6 +49,10 @@ from bench.sweep.jobs import Job
 from bench.sweep.sweeper import BenchSweeper
 
 RESULT = "tune.json"
+# rung 0 does not measure a candidate predicted below this fraction of the best predicted one: the prediction's
+# measured error (bench/calibration.json) is 10% at the median, 37% at the 90th percentile, so only candidates it
+# ranks far behind are dropped
+DROP_BELOW = 0.7
 log = logging.getLogger("bench.sweep")
 
 
@@ -184,6 +192,8 @@ class KnobSearchSweeper(BenchSweeper):
                     st["seen"].add(j.key)
                     t.update(rung=rung, key=j.key, jobs=runs)
                     jobs.extend(runs)
+                if rung == 0:
+                    jobs[:] = by_prediction(st)
             # round-robin over the bases (every default, then every best, then the variants): a budget
             # that runs out cuts every strategy's search short, not the last strategies' whole search
             jobs = [j for group in itertools.zip_longest(*per_base) for j in group if j is not None]
@@ -192,11 +202,13 @@ class KnobSearchSweeper(BenchSweeper):
             log_rung(rung, len(jobs) // n, self.rungs[rung], n)
             self.execute(jobs)
             if self.dry:
+                self._write(state)  # the candidates, their predictions and what was dropped
                 return []
             for st in state:
                 self._score(st, rung)
             self._write(state)
         self._write(state)
+        record_bests(self.sweep_dir)
         return []
 
     def _score(self, st: dict, rung: int) -> None:
@@ -227,12 +239,17 @@ class KnobSearchSweeper(BenchSweeper):
             t["promoted"] = True
 
     def _write(self, state: list[dict]) -> None:
+        from bench.bests import user_store
+
         out = {"budget_min": self.budget_min, "spent_min": round(self.spent_min(), 2), "rungs": self.rungs,
-               "keep": self.keep, "repeats": self.repeats, "time": time.time(), "bases": []}
+               "keep": self.keep, "repeats": self.repeats, "time": time.time(), "drop_below": DROP_BELOW,
+               "dropped_by_prediction": sum(st.get("dropped", 0) for st in state), "store": str(user_store()),
+               "bases": []}
         for st in state:
             trials = [{k: v for k, v in t.items() if k not in ("jobs", "promoted")} for t in st["trials"]]
             top, at = winner(trials)
-            entry = {"base": st["base"], "trials": trials, "winner": None, "command": None}
+            entry = {"base": st["base"], "trials": trials, "winner": None, "command": None,
+                     "dropped_by_prediction": st.get("dropped", 0)}
             if top:
                 knobs = [o for o in top["overrides"] if o not in st["base"]]
                 m = top["measured"][str(at)]
@@ -242,6 +259,54 @@ class KnobSearchSweeper(BenchSweeper):
                 entry["command"] = rerun_command(st["base"] + knobs)
             out["bases"].append(entry)
         write_json_atomic(Path(self.sweep_dir) / RESULT, out)
+
+
+def by_prediction(st: dict) -> list[Job]:
+    """Rung 0's runs of a base, the default first (the reference every gain is measured against), the others
+    by predicted tokens/s (bench/predict.py), without those predicted below DROP_BELOW of the best predicted
+    (never measured: tune.json names them and why).  As they are where nothing can be predicted (a CPU run)."""
+    from bench.predict import predicted
+
+    trials = [t for t in st["trials"] if t["rung"] == 0]
+    for t in trials:
+        j = t["jobs"][0]
+        pred = predicted(j.plan) if j.plan is not None and j.action in ("run", "skip") else None
+        t["predicted_tokens_per_s"] = pred["tokens_per_s"] if pred else None
+    known = [t for t in trials if t["predicted_tokens_per_s"]]
+    st["dropped"] = 0
+    if not known:
+        return [j for t in trials for j in t["jobs"]]
+    top = max(known, key=lambda t: t["predicted_tokens_per_s"])
+    best = top["predicted_tokens_per_s"]
+    for t in known:
+        p = t["predicted_tokens_per_s"]
+        if t["name"] != "default" and t["jobs"][0].action == "run" and p < DROP_BELOW * best:
+            t.update(rung=-1, status="dropped", dropped=f"predicted {p:,.0f} tokens/s, {p / best:.0%} of the best "
+                     f"predicted ({top['name']}: {best:,.0f}), below {DROP_BELOW:.0%}: not measured")
+            del t["jobs"]
+            st["dropped"] += 1
+    keep = sorted((t for t in trials if t["rung"] == 0),
+                  key=lambda t: (t["name"] != "default", -(t["predicted_tokens_per_s"] or 0.0)))
+    log.info("[tune] %s: %d candidate(s) in order of predicted tokens/s (best predicted: %s, %s), %d dropped as "
+             "predicted below %.0f%% of it", " ".join(o for o in st["base"] if not o.startswith("+experiment")),
+             len(keep), top["name"], f"{best:,.0f}", st["dropped"], 100 * DROP_BELOW)
+    return [j for t in keep for j in t["jobs"]]
+
+
+def record_bests(sweep_dir: Path) -> None:
+    """Every base's winner into the user's store of measured bests (bench/bests.py), where tuning=best finds
+    it; a store that cannot be written costs a warning, not the search."""
+    from bench import bests
+
+    tune = read_json_dict(Path(sweep_dir) / RESULT) or {}
+    try:
+        entries = bests.from_tune(tune, lambda sub, d, key: read_json_dict(Path(sweep_dir) / d / "metrics.json"),
+                                  str(Path(sweep_dir) / RESULT))
+        if entries:
+            log.info("[tune] %d winner(s) recorded in the store of measured bests %s (tuning=best finds them)",
+                     len(entries), bests.record(entries))
+    except OSError as e:
+        log.warning("[tune] the winners could not be recorded in the store of measured bests: %s", e)
 
 
 def _score_at(t: dict, rung: int) -> float:

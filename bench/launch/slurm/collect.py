@@ -3,7 +3,10 @@ every few seconds (a job in a final state, or no longer listed).  submitit asks 
 SLURM's accounting database: without one, a job that ended without submitit's result file (time limit,
 scancel, node failure, bench's own watchdog, which ends the processes with os._exit) was never seen to
 end and the sweep waited forever; with one, only after submitit's polling delay (up to 10 minutes).
-A run its job left without a final status gets one from SLURM's last state."""
+A run its job left without a final status gets one from SLURM's last state.  A job SLURM will never
+start as the cluster is configured (pending with a reason in NEVER_STARTS: more nodes, CPUs or time than
+its partition has; sbatch accepts such a job unless the cluster sets EnforcePartLimits) is cancelled and
+its run recorded ``failed`` with SLURM's reason, instead of the sweep waiting for it forever."""
 from __future__ import annotations
 
 import os
@@ -21,6 +24,28 @@ from bench.launch.slurm.record import job_dir, log, mark_failed
 # lists (MinJobAge after its end), is over
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
           "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+
+# squeue reasons (%r) of a PENDING job that SLURM will not start while the cluster's configuration stays as it
+# is: the job itself asks for more than its partition, account or QOS can give.  Not the passing ones
+# (Resources, Priority, ReqNodeNotAvail, PartitionNodeLimit, which also means "its nodes are DOWN now", ...).
+NEVER_STARTS = {
+    "PartitionConfig": "the partition cannot hold it: more nodes, or CPUs per node, than it has",
+    "PartitionTimeLimit": "its time limit exceeds the partition's",
+    "BadConstraints": "its constraints cannot be satisfied",
+    "InvalidAccount": "invalid account", "InvalidQOS": "invalid QOS",
+    "DependencyNeverSatisfied": "a dependency that can never be satisfied",
+    "QOSMaxNodePerJobLimit": "more nodes than its QOS allows a job",
+    "QOSMaxCpuPerJobLimit": "more CPUs than its QOS allows a job",
+    "QOSMaxGRESPerJob": "more GRES (GPUs) than its QOS allows a job",
+    "QOSMaxWallDurationPerJobLimit": "a longer time limit than its QOS allows",
+    "AssocMaxNodesPerJobLimit": "more nodes than its association allows a job",
+    "AssocMaxCpuPerJobLimit": "more CPUs than its association allows a job",
+    "AssocMaxWallDurationPerJobLimit": "a longer time limit than its association allows",
+}
+
+
+def never_starts(queued: Optional[tuple[str, str]]) -> bool:
+    return bool(queued) and queued[0] == "PENDING" and queued[1] in NEVER_STARTS
 
 
 class NoResult(Exception):
@@ -91,13 +116,7 @@ class JobCollector:
             for item in pending:
                 num, overrides, sc, job = item
                 jid = str(job.job_id)
-                if states is not None:  # the scheduler's word: gone from the queue, or in a final state
-                    done = jid not in states or states[jid][0] not in ACTIVE
-                elif queue_ok:  # it answered at the last poll: wait for the next one
-                    done = False
-                else:  # no scheduler to ask (local tasks, or squeue failed): submitit's result file or sacct
-                    done = job.done()
-                if not done:
+                if not self._over(job, states, queue_ok):
                     still.append(item)
                     continue
                 out[num] = self._finish(num, overrides, sc, job, seen.get(jid))
@@ -110,6 +129,22 @@ class JobCollector:
                 time.sleep(1.0)
         return [out[num] for num, *_ in submitted]
 
+    def _over(self, job, states: Optional[dict[str, tuple[str, str]]], queue_ok: bool) -> bool:
+        """Whether ``job`` is over: the scheduler's word (gone from the queue, in a final state, or pending
+        for a reason it will never start for: then cancelled here) or, without one, submitit's."""
+        jid = str(job.job_id)
+        if states is None:  # it answered at the last poll: wait for the next one; else (local tasks, or
+            return False if queue_ok else job.done()  # squeue failed) submitit's result file or sacct
+        if never_starts(states.get(jid)):
+            log.error("[%s] job %s is pending for a reason SLURM will not get past (%s): cancelling it",
+                      self._EXECUTOR, jid, states[jid][1])
+            try:
+                job.cancel(check=False)
+            except Exception as e:
+                log.warning("[%s] scancel %s failed: %s", self._EXECUTOR, jid, e)
+            return True
+        return jid not in states or states[jid][0] not in ACTIVE
+
     def _finish(self, num: int, overrides: list, sc: DictConfig, job,
                 queued: Optional[tuple[str, str]] = None) -> JobReturn:
         """The JobReturn of a job that is over; its run gets a final status if it recorded none."""
@@ -120,7 +155,7 @@ class JobCollector:
         r = read_result(d) if d.is_dir() else None
         status = r.status if r else None
         ret, error = None, None
-        if status not in FINAL:  # ask submitit why (a task raised, or the job died)
+        if status not in FINAL and not never_starts(queued):  # ask submitit why (a task raised, or the job died)
             ret, error = self._task_result(num, job)
             r = read_result(d) if d.is_dir() else None
             status = r.status if r else None
@@ -164,7 +199,10 @@ class JobCollector:
         state, reason = queued or (None, None)
         msg = f"submitit job {job.job_id} ended without a final status"
         status = "failed"
-        if state:
+        if never_starts(queued):
+            msg = (f"SLURM cannot start job {job.job_id}: it was pending with reason {reason} ({NEVER_STARTS[reason]}), "
+                   "so bench cancelled it; fewer ranks per job, or a partition that holds it (hydra.launcher.*)")
+        elif state:
             msg = f"SLURM job {job.job_id} ended {state} (reason {reason}) without a final status from the run"
             if state == "TIMEOUT" or reason == "TimeLimit":
                 status, msg = "timeout", msg + ": it reached its time limit (hydra.launcher.timeout_min)"

@@ -1,0 +1,274 @@
+"""precision=fp8 (torchao float8 training): the conversion on CPU (which Linear layers become Float8Linear,
+which stay bf16 and why), its composition with TP and FSDP2 on gloo ranks, the refusals before launch, the
+memory plan and prediction under fp8, MFU's peak, the analysis' naming; on a GPU, fp8's loss beside bf16's."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torchao")
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from bench.config import ConfigError, register_configs, validate  # noqa: E402
+from tests.conftest import REPO, loss_curve, metrics_of, spawn_ranks  # noqa: E402
+
+register_configs()
+H100 = ("dry_run=true", "hardware=h100_sxm_80gb")
+FP8 = ("precision=fp8", "compile=true")
+
+
+def cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def plan_of(*overrides: str):
+    return validate(cfg(*overrides), gpus=0)
+
+
+def converted(*overrides: str):
+    """bench's model of a planned fp8 run (on an H100 preset), converted on the CPU: (model, info)."""
+    from bench.model import build_model
+    from bench.parallel.float8 import apply_float8
+
+    plan = plan_of(*H100, *FP8, *overrides)
+    model = build_model(plan.model, 0, "cpu")
+    return model, apply_float8(model, plan)["float8"], plan
+
+
+def kinds(model) -> dict[str, str]:
+    import torch.nn as nn
+
+    return {n: type(m).__name__ for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+
+# ------------------------------------------------------------------------------ the conversion
+@pytest.mark.parametrize("model,per_block", [("llama_tiny", 7), ("tiny", 6)])
+def test_every_block_linear_converts_and_the_head_stays_bf16(model, per_block):
+    m, info, plan = converted(f"model={model}")
+    k = kinds(m)
+    assert k.pop("head") == "Linear"
+    assert set(k.values()) == {"Float8Linear"} and len(k) == per_block * plan.model["n_layers"]
+    assert info["converted_count"] == len(k) and sorted(info["converted"]) == sorted(k)
+    assert list(info["left_in_bf16"]) == ["head"] and "LM head" in info["left_in_bf16"]["head"]
+    assert info["recipe"] == "tensorwise" and info["library"].startswith("torchao 0.18")
+    assert not info["fsdp_float8_all_gather"]  # single: nothing gathered
+
+
+def test_shapes_not_multiples_of_16_stay_bf16():
+    """d_model 64 (multiples of 16) converts the attention; d_ff 200 leaves the whole MLP in bf16."""
+    m, info, _ = converted("model=llama_tiny", "model.d_model=64", "model.n_heads=4", "model.n_kv_heads=2",
+                           "model.d_ff=200")
+    k = kinds(m)
+    assert {n for n, t in k.items() if t == "Float8Linear"} == {f"blocks.{i}.attn.{p}_proj" for i in range(4)
+                                                                for p in "qkvo"}
+    left = info["left_in_bf16"]
+    assert set(left) == {"head"} | {f"blocks.{i}.mlp.{p}_proj" for i in range(4) for p in ("gate", "up", "down")}
+    assert "64 x 200 not multiples of 16" in left["blocks.0.mlp.gate_proj"]
+
+
+def test_recipes_and_fsdp_float8_all_gather():
+    from torchao.float8 import ScalingGranularity
+
+    m, info, _ = converted("model=tiny", "model.d_model=64", "fp8_recipe=rowwise")
+    q = m.blocks["0"].attn.q_proj
+    assert info["recipe"] == "rowwise" and q.config.cast_config_input.scaling_granularity == ScalingGranularity.AXISWISE
+    m, info, _ = converted("model=tiny", "model.d_model=64", "strategy=fsdp", "world_size=2")
+    assert info["fsdp_float8_all_gather"] and info["precompute_scale"]
+    assert type(m.blocks["0"].attn.q_proj.weight).__name__ == "WeightWithDynamicFloat8CastTensor"
+    m, info, _ = converted("model=tiny", "model.d_model=64", "strategy=fsdp", "world_size=2", "fp8_recipe=rowwise")
+    assert not info["fsdp_float8_all_gather"] and not info["precompute_scale"]  # rowwise: gathered in bf16
+
+
+def test_converted_model_trains_on_cpu():
+    """torchao's float8 matmuls also run (emulated) on the CPU: a step of the converted model moves its fp32
+    weights, and the head's weight too."""
+    import torch
+
+    from bench.model import lm_loss
+
+    m, _, plan = converted("model=llama_tiny", "model.d_model=64", "model.n_heads=4", "model.n_kv_heads=2",
+                           "model.d_ff=176")
+    before = m.blocks["0"].mlp.up_proj.weight.detach().clone()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    x = torch.randint(0, plan.model["vocab_size"], (2, 33), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = lm_loss(m(x[:, :-1]), x[:, 1:])
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss) and m.blocks["0"].mlp.up_proj.weight.dtype == torch.float32
+    assert not torch.equal(before, m.blocks["0"].mlp.up_proj.weight)
+
+
+# ------------------------------------------------------------------------------ TP and FSDP2 over float8 (gloo)
+TINY_LLAMA = dict(d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=192, vocab_size=512, seq_len=32,
+                  global_batch=2, arch="llama")
+
+
+def _fp8_loss(model, step: int = 0):
+    import torch
+
+    from bench.model import lm_loss
+
+    x = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(step))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return lm_loss(model(x[:, :-1]), x[:, 1:])
+
+
+def _tp_fsdp_worker(rank: int, world: int) -> None:
+    """float8 -> TP with torchao's float8 styles matches the unsharded float8 model; float8 -> FSDP2 with the
+    float8 all-gather and the scales precomputed after each step trains."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from bench.model import build_model
+    from bench.parallel.dp import apply_fsdp
+    from bench.parallel.float8 import apply_float8, precompute_scales
+    from bench.parallel.tp import apply_tp
+
+    plan = SimpleNamespace(cfg={"precision": "fp8", "fp8_recipe": "tensorwise"}, tp=2,
+                           strategy={"fp8_all_gather": True, "fp8_precompute_scale": True})
+    whole, tp = build_model(TINY_LLAMA, 0, "cpu"), build_model(TINY_LLAMA, 0, "cpu")
+    apply_float8(whole, plan)
+    apply_float8(tp, plan)
+    info = apply_tp(tp, init_device_mesh("cpu", (world,), mesh_dim_names=("tp",)), float8=True)
+    assert "float8" in info["tp_plan"]
+    assert abs(_fp8_loss(tp).item() - _fp8_loss(whole).item()) < 1e-2
+    _fp8_loss(tp).backward()
+    fsdp = build_model(TINY_LLAMA, 0, "cpu")
+    assert apply_float8(fsdp, plan)["float8"]["fsdp_float8_all_gather"]
+    apply_fsdp(fsdp, init_device_mesh("cpu", (world,), mesh_dim_names=("dp",)), "fp8",
+               dict(reduce_dtype="fp32", blocks_per_unit=1, reshard_after_forward=True, prefetch=0), False, "cpu")
+    opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-3)
+    for step in range(2):
+        loss = _fp8_loss(fsdp, step)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        precompute_scales([fsdp])
+        assert torch.isfinite(loss)
+
+
+def test_float8_under_tp_and_fsdp2_on_gloo():
+    spawn_ranks(_tp_fsdp_worker, 2)
+
+
+# ------------------------------------------------------------------------------ refusals
+@pytest.mark.parametrize("overrides,key,words", [
+    (("precision=fp8", "compile=true"), "precision", "on the CPU"),  # no GPU, no preset
+    (("precision=fp8", "compile=true", "device=cpu"), "precision", "on the CPU"),
+    (("precision=fp8", "compile=true", "dry_run=true", "hardware=a100_80gb"), "precision", "hardware=a100_80gb has 8.0"),
+    ((*H100, *FP8, "strategy=zero", "world_size=2"), "strategy", "strategy=fsdp precision=fp8 runs"),
+    ((*H100, *FP8, "strategy=megatron", "world_size=2"), "strategy", "strategy=fsdp precision=fp8 runs"),
+    ((*H100, *FP8, "strategy=tp", "world_size=2"), "strategy.impl", "strategy.impl=torch"),  # megatron-core TP
+    ((*H100, "precision=fp8"), "compile", "add compile=true"),
+    (("fp8_recipe=rowwise",), "fp8_recipe", "only with precision=fp8"),
+    (("strategy=fsdp", "strategy.fp8_all_gather=false"), "strategy.fp8_all_gather", "only with precision=fp8"),
+    ((*H100, *FP8, "strategy=fsdp", "fp8_recipe=rowwise", "strategy.fp8_precompute_scale=false"),
+     "strategy.fp8_precompute_scale", "fp8_recipe=tensorwise"),
+    ((*H100, *FP8, "strategy=fsdp", "strategy.fp8_all_gather=false", "strategy.fp8_precompute_scale=false"),
+     "strategy.fp8_precompute_scale", "only with strategy.fp8_all_gather=true"),
+])
+def test_refusals_name_the_key_and_what_runs(overrides, key, words):
+    with pytest.raises(ConfigError) as e:
+        plan_of(*overrides)
+    assert e.value.key == key and words in str(e.value), str(e.value)
+
+
+def test_the_strategies_that_run_fp8_say_so_on_their_spec():
+    from bench.strategies.registry import specs
+
+    assert {n for n, s in specs().items() if s.float8} == {"single", "ddp", "fsdp", "tp", "pp"}
+    for extra in (("strategy=fsdp", "world_size=4", "strategy.tp=2"), ("strategy=tp", "strategy.impl=torch",
+                                                                         "world_size=2")):
+        assert plan_of(*H100, *FP8, *extra).cfg["precision"] == "fp8"  # FSDP2 x TP, torch TP: planned
+
+
+# ------------------------------------------------------------------------------ plan, prediction, MFU
+def _planned(*overrides: str) -> tuple[dict, dict]:
+    from bench.memory_model import memory_plan
+    from bench.predict import predict
+
+    plan = plan_of(*H100, "model=llama3_1b", "compile=true", *overrides)
+    return memory_plan(plan), predict(plan)
+
+
+def test_fsdp_plan_under_fp8_gathers_one_byte_and_predicts_faster():
+    bf16, p_bf16 = _planned("precision=bf16", "strategy=fsdp", "world_size=2")
+    fp8, p_fp8 = _planned("precision=fp8", "strategy=fsdp", "world_size=2")
+    assert fp8["fits"] and fp8["model_states"] == bf16["model_states"]  # fp32 masters and AdamW states
+    assert fp8["buffers_mb"] < bf16["buffers_mb"]  # the float8 all-gather: 1 B per gathered element, not 2
+    assert fp8["predicted_peak_allocated_mb"] <= bf16["predicted_peak_allocated_mb"]
+    assert p_fp8["tokens_per_s"] > p_bf16["tokens_per_s"]  # the blocks' matmuls at the fp8 peak
+    gathered, _ = _planned("precision=fp8", "strategy=fsdp", "world_size=2", "strategy.fp8_all_gather=false")
+    assert gathered["buffers_mb"] == bf16["buffers_mb"]  # bf16 all-gather, and the float8 copies counted
+    assert gathered["activations"]["weight_copies"] > 0 == fp8["activations"]["weight_copies"]
+
+
+def test_single_plan_counts_float8_weight_copies_not_bf16_ones():
+    from bench.metrics.flops import float8_matmul_params
+
+    bf16, _ = _planned("precision=bf16")
+    fp8, _ = _planned("precision=fp8")
+    copies = fp8["activations"]["weight_copies"]
+    assert copies < bf16["activations"]["weight_copies"]
+    assert copies >= float8_matmul_params(plan_of(*H100, *FP8, "model=llama3_1b").model)  # 1 B per converted
+    assert fp8["predicted_peak_allocated_mb"] < bf16["predicted_peak_allocated_mb"]
+
+
+def test_mfu_is_against_the_bf16_peak_and_records_the_fp8_one():
+    from bench.metrics import _flops_fields
+    from bench.metrics.flops import mfu_peak_tflops
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    peak, source = mfu_peak_tflops(h100, "fp8", False)
+    assert peak == 989.4 and "against the bf16 peak" in source
+    c = plan_of(*H100, *FP8, "model=llama3_1b").cfg
+    f = _flops_fields(c, 10_000.0, h100, None)
+    assert f["peak_tflops"] == 989.4 and f["peak_tflops_fp8"] == 1978.9
+    assert f["mfu"] == pytest.approx(f["achieved_tflops_per_device"] / 989.4)
+
+
+# ------------------------------------------------------------------------------ the analysis
+def test_answer_names_fp8_apart_from_bf16_and_flags_the_mixed_ranking():
+    import pandas as pd
+
+    from multirun_analysis.answer import default_vs_best, ranked
+
+    rows = [dict(model="llama3_1b", strategy="fsdp", world_size=2, precision=p, fp8_recipe=r, compile=True,
+                 global_batch=8, seq_len=2048, steps=20, warmup_steps=8, label=f"fsdp {p} {r}", tokens_per_s=t,
+                 n_runs=1, mem_peak_mb=1000.0, command=None)
+            for p, r, t in (("bf16", "tensorwise", 100.0), ("fp8", "tensorwise", 130.0), ("fp8", "rowwise", 120.0))]
+    s = pd.DataFrame(rows)
+    s.attrs["key_columns"] = ["model", "strategy", "world_size", "precision", "fp8_recipe", "compile",
+                              "global_batch", "seq_len", "steps", "warmup_steps"]
+    t = default_vs_best(s)
+    assert sorted(t["strategy_id"]) == ["fsdp", "fsdp precision=fp8 fp8_recipe=rowwise",
+                                        "fsdp precision=fp8 fp8_recipe=tensorwise"]
+    text = "\n".join(ranked(s))
+    assert "use **fsdp precision=fp8 fp8_recipe=tensorwise**" in text
+    assert "precision=fp8 rows run torchao float8 matmuls" in text and "bf16 rows' before" in text
+
+
+# ------------------------------------------------------------------------------ GPU
+GPU_LLAMA = ("device=cuda", "model=llama3_1b", "model.global_batch=4", "model.seq_len=1024", "steps=100",
+             "warmup_steps=5", "compile=true", "metrics.measure_matmul_peak=false", "run_timeout_s=1200")
+
+
+@pytest.mark.gpu
+def test_fp8_tensorwise_loss_tracks_bf16_for_100_steps(bench_run):
+    """Llama 3.2 1B on one GPU, the same seed and data: every step's fp8 loss within 1% of bf16's."""
+    p1, d1 = bench_run(*GPU_LLAMA, "precision=bf16", timeout=1500)
+    assert p1.returncode == 0, p1.stderr[-3000:]
+    p2, d2 = bench_run(*GPU_LLAMA, "precision=fp8", "fp8_recipe=tensorwise", timeout=1500)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    bf16, fp8 = loss_curve(d1), loss_curve(d2)
+    assert len(bf16) == len(fp8) == 100
+    worst = max(abs(a - b) / abs(a) for a, b in zip(bf16, fp8))
+    assert worst <= 0.01, (worst, bf16[:5], fp8[:5])
+    m = metrics_of(d2)
+    f8 = m["layout"]["float8"]
+    assert f8["converted_count"] == 7 * 16 and list(f8["left_in_bf16"]) == ["head"]
+    assert m["flops"]["peak_tflops_fp8"] and m["flops"]["peak_tflops"] < m["flops"]["peak_tflops_fp8"]
