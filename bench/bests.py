@@ -28,6 +28,7 @@ sequences of another workload's batch): tuning=best uses micro_batch_size=auto.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fcntl
 import json
 import math
@@ -76,7 +77,10 @@ def settings_keys(spec) -> set[str]:
 
 
 def _default(f) -> Any:
+    """A schema field's default as a composed config holds it (a nested dataclass as a dict)."""
     d = f.default if f.default_factory is MISSING else f.default_factory()
+    if dataclasses.is_dataclass(d):
+        return dataclasses.asdict(d)
     return None if d is MISSING or (isinstance(d, str) and d.startswith("${")) else d
 
 
@@ -85,6 +89,13 @@ def identity(spec, strategy: dict) -> dict:
     defaults for keys a recorded config lacks and without keys the schema no longer has."""
     tuned = settings_keys(spec) | {MICRO_BATCH}
     return {n: strategy.get(n, _default(f)) for n, f in fields_of(spec.schema).items() if f"strategy.{n}" not in tuned}
+
+
+def stored_identity(spec, strategy: dict) -> dict:
+    """The identity as an entry stores it: the name and what differs from the schema's defaults (a key the
+    schema gains later leaves the stored entries as they are)."""
+    fields = fields_of(spec.schema)
+    return {"name": spec.name, **{k: v for k, v in identity(spec, strategy).items() if v != _default(fields[k])}}
 
 
 def _get(cfg: dict, dotted: str) -> Any:
@@ -169,9 +180,14 @@ def as_profile(e: dict, spec, d: float) -> dict:
 
 # ------------------------------------------------------------------------------ entries from searches
 def entry(spec, base: dict, won: dict, tokens_per_s: float, fixed_micro_batch: bool, **extra) -> dict:
-    """A store entry from the metrics.json of a search's base (its default trial) and of its winner."""
+    """A store entry from the metrics.json of a search's base (its default trial) and of its winner (the
+    settings: where the winner differs from the base; the schema's defaults where the base did not run)."""
     cfg, bcfg = won["config"], base["config"]
     keys = sorted(settings_keys(spec))
+    if base is won:
+        bcfg = {"strategy": {n: _default(f) for n, f in fields_of(spec.schema).items()},
+                **{n: _default(f) for n, f in fields_of(BenchConfig).items() if n != "strategy"}, **{
+                    k: v for k, v in cfg.items() if k in ("model", "world_size", "precision")}}
     settings = {k: _get(cfg, k) for k in keys if _get(cfg, k) != _get(bcfg, k)}
     lay = ((base.get("memory") or {}).get("plan") or {}).get("layout") or {}
     devices = [d for d in ((won.get("provenance") or {}).get("devices") or []) if d]
@@ -180,7 +196,7 @@ def entry(spec, base: dict, won: dict, tokens_per_s: float, fixed_micro_batch: b
                   lay.get("micro_batch_size") or bcfg["model"]["global_batch"], fixed_micro_batch)
     peak = mem.get("max_allocated_mb") if mem.get("max_allocated_mb") is not None else mem.get("host_peak_rss_mb")
     won_lay = ((mem.get("plan") or {}).get("layout")) or {}
-    return {"strategy": {"name": spec.name, **identity(spec, bcfg["strategy"])}, "settings": settings,
+    return {"strategy": stored_identity(spec, bcfg["strategy"]), "settings": settings,
             "micro_batch_size": won_lay.get("micro_batch_size"), "tokens_per_s": tokens_per_s,
             "peak_memory_mb": peak, "peak_memory_source": "max_allocated" if mem.get("max_allocated_mb") is not None
             else "host_rss", "workload": wl, "date": (won.get("provenance") or {}).get("date_utc"), **extra}
@@ -213,7 +229,7 @@ def _winner(trials: list[dict], recorded: Optional[dict]) -> Optional[tuple[dict
 
 def from_tune(tune: dict, find: Callable[[str, str, Optional[str]], Optional[dict]], source: str) -> list[dict]:
     """Entries of every base of a tune.json with a winner; ``find(sub, dir, run key)`` gives a run's metrics."""
-    from bench.runs import override_key
+    from bench.runs import override_key, rerun_command
     from bench.strategies.registry import get_spec
 
     out = []
@@ -224,11 +240,13 @@ def from_tune(tune: dict, find: Callable[[str, str, Optional[str]], Optional[dic
             won = find(sub, w[1], w[0].get("key")) if w else None
             if won is None or won.get("status") != "completed" or not w[2]:
                 continue
-            base = (find(sub, default["dir"], default.get("key")) if default and default.get("dir") else None) or won
+            base = find(sub, default["dir"], default.get("key")) if default and default.get("dir") else None
+            base = base if base and base.get("status") == "completed" else won
             fixed = any(override_key(o) in (MICRO_BATCH, "strategy.microbatches", "microbatches") for o in b["base"])
             spec = get_spec(won["config"]["strategy"]["name"])
+            command = rerun_command(b["base"] + [o for o in w[0]["overrides"] if o not in b["base"]])
             out.append(entry(spec, base, won, w[2], fixed, source=f"{source}{'#' + sub if sub else ''}",
-                             command=b.get("command"), measured={"rung": w[3], "dir": w[1]}))
+                             command=command, measured={"rung": w[3], "dir": w[1]}))
     return out
 
 

@@ -40,7 +40,7 @@ def store(tmp_path, monkeypatch):
     path = tmp_path / "bests.json"
     monkeypatch.setenv("BENCH_BESTS", str(path))
     p = plan(*FSDP_300M, *ON_GPU)
-    e = {"strategy": {"name": "fsdp", **bests.identity(get_spec("fsdp"), p.strategy)},
+    e = {"strategy": bests.stored_identity(get_spec("fsdp"), p.strategy),
          "settings": {"strategy.blocks_per_unit": 4, "compile": True}, "tokens_per_s": 199_500.0,
          "peak_memory_mb": 18_000.0, "workload": bests.plan_workload(p, GPU), "source": "results/test#tune"}
     bests.record([e])
