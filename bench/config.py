@@ -377,6 +377,9 @@ def _float8_alternative(c: dict, able: list[str]) -> str:
 
     for name in able:
         spec = get_spec(name)
-        if spec.model_states({**c, "strategy": dataclasses.asdict(spec.schema())}).stage >= 1:
-            return name
+        try:
+            if spec.model_states({**c, "strategy": dataclasses.asdict(spec.schema())}).stage >= 1:
+                return name
+        except (KeyError, TypeError, ValueError):  # a strategy whose states need more than its defaults say
+            continue
     return able[0]
