@@ -12,21 +12,21 @@ slurm.conf, the controller's state, each slurmd's spool, the daemons' logs and p
 One node (the default): this host, its daemons on free ports of 127.0.0.1, so a system SLURM on this
 machine is not disturbed.
 
-Two nodes (``nodes=2``; needs root and iproute2's ``ip``): each node is a network namespace
-(:class:`NodeNetwork`): ``bench-<tag>-node1`` and ``-node2`` joined by one veth pair whose two ends are
-both named ``bench0``, with 10.77.0.1/24 and 10.77.0.2/24 - addresses that exist only inside those two
-namespaces (nothing is added to this machine's own network, and no traffic leaves them).  Each
-namespace has its own hosts file (``/etc/netns/<ns>/hosts``, which ``ip netns exec`` mounts over
-/etc/hosts for what runs there): this machine's entries plus ``node1`` and ``node2`` at their
-addresses - so, as on many real clusters, the machine's own hostname still resolves to 127.0.0.1 and
-gloo/NCCL need their socket interface named (``GLOO_SOCKET_IFNAME=bench0``).  slurmctld and node1's
-slurmd run in node1's namespace (a head node that also computes), node2's slurmd in node2's
-(``slurmd -N node1`` / ``-N node2``: the same binary, its node name given); munged runs outside both
-and is shared through its socket file (the namespaces are network-only: one filesystem, one process
-tree).  Clients reach the controller from node1's namespace: :meth:`SlurmCluster.client` prefixes a
-command with ``ip netns exec <node1's namespace>``; a sweep runs there too.  ``down`` stops the
-daemons, SIGKILLs whatever is still in the namespaces, deletes them (and the veth pair with them) and
-their hosts files, then DIR.
+Two nodes (``nodes=2``; needs root, iproute2's ``ip`` and util-linux's ``nsenter`` / ``unshare``): each
+node is a network namespace (:class:`NodeNetwork`), ``bench-<tag>-node1`` and ``-node2``, joined by one
+veth pair whose two ends are both named ``bench0``, with 10.77.0.1/24 and 10.77.0.2/24 - addresses that
+exist only inside those two namespaces (nothing is added to this machine's own network, and no traffic
+leaves them).  What runs on a node runs in its namespace and in a private mount namespace whose
+/etc/hosts is DIR/net/<node>.hosts: this machine's entries plus ``node1`` and ``node2`` at their
+addresses - so, as on many real clusters, the machine's own hostname still resolves to 127.0.0.1, and
+gloo needs its socket interface named (``GLOO_SOCKET_IFNAME=bench0``).  slurmctld and node1's slurmd run
+on node1 (a head node that also computes), node2's slurmd on node2 (``slurmd -N node1`` / ``-N node2``:
+one binary, its node name given; SlurmctldHost is this machine's hostname at node1's address, since
+slurmctld checks its own name); munged runs outside both and is shared through its socket file (the
+namespaces are network-only: one filesystem, one process tree).  Clients reach the controller from
+node1: :meth:`SlurmCluster.client` prefixes a command with what enters node1 (a sweep runs there too).
+``down`` stops the daemons, SIGKILLs whatever is left in the namespaces or carries the cluster's mark,
+deletes the namespaces (the veth pair goes with them), then DIR.
 
 What the configuration is for:
 
@@ -40,11 +40,11 @@ What the configuration is for:
 * fast ends: ``OverTimeLimit=0`` (a job is ended at its time limit), ``KillWait=5`` (SIGKILL 5 s after
   SIGTERM), ``MinJobAge`` small (an ended job leaves squeue within seconds), ``InactiveLimit=0``;
   two nodes: ``SlurmdTimeout=`` NODE_TIMEOUT_S (a node that stops answering is DOWN, and its jobs
-  ended NODE_FAIL, within seconds) and ``JobRequeue=0`` (such a job is not requeued: this cluster has
-  no other node to run it on).
+  ended NODE_FAIL, about half a minute later rather than SLURM's default five minutes) and
+  ``JobRequeue=0`` (such a job is not requeued: this cluster has no other node to run it on).
 
 As a module: ``cluster, reason = start(dir, nodes=...)``; ``cluster`` is None when SLURM cannot run
-here (binaries missing, not root or no ``ip`` for two nodes, a daemon did not start: ``reason`` says
+here (binaries missing; for two nodes not root, no ``ip``, or no namespace; a daemon did not start: ``reason`` says
 why, with the daemon's log tail); else ``cluster.env`` is the environment for clients,
 ``cluster.client(cmd)`` the command line that reaches the controller, and ``cluster.down()`` stops
 everything.
@@ -411,6 +411,20 @@ class SlurmCluster:
         assert self.net is not None, "kill_node needs two nodes"
         return self.net.kill(node)
 
+    def daemon_pid(self, name: str, node: Optional[str] = None) -> Optional[int]:
+        """The pid of slurmctld, munged, or ``node``'s slurmd, while it runs."""
+        pid = _pid(self._pidfile(name, node))
+        return pid if _alive(pid) else None
+
+    def kill_slurmd(self, node: str) -> int:
+        """SIGKILL ``node``'s slurmd alone (its jobs' slurmstepd and tasks go on); returns its pid."""
+        pid = _pid(self._pidfile("slurmd", node))
+        assert _alive(pid), f"slurmd of {node} is not running"
+        os.kill(pid, signal.SIGKILL)
+        while _alive(pid):
+            time.sleep(0.05)
+        return pid
+
     def restart_node(self, node: str, timeout_s: float = 60) -> None:
         """Start ``node``'s slurmd again and wait until SLURM has it back (ReturnToService=2)."""
         self._start("slurmd", node)
@@ -433,7 +447,7 @@ class SlurmCluster:
             _stop(_pid(self._pidfile("slurmd", node)))
         for name in ("slurmctld", "munged"):
             _stop(_pid(self._pidfile(name)))
-        for pid in self._leftovers():  # slurmstepd started by this cluster's slurmd(s)
+        for pid in self.leftovers():  # slurmstepd started by this cluster's slurmd(s)
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
@@ -443,7 +457,8 @@ class SlurmCluster:
         if remove and (self.root / MARKER).exists():
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def _leftovers(self) -> list[int]:
+    def leftovers(self) -> list[int]:
+        """The processes this cluster started (its daemons, their slurmstepd): they carry its mark."""
         mark = f"BENCH_SLURM_CLUSTER={self.root}".encode()
         found = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -506,3 +521,59 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+# ------------------------------------------------------------------------------ what the SLURM tests share
+def read_json(path) -> dict:
+    """A JSON file the sweep writes, or {} while it is not (yet) there or half written."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def stop_all(procs) -> None:
+    """Kill the sweep processes a test started that are still running (its fixture's teardown)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def wait_sweep(p, log, timeout: float) -> str:
+    """The sweep process's end (the test fails with its log's tail past ``timeout``); its log."""
+    import pytest
+
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        pytest.fail(f"sweep did not end within {timeout:.0f} s:\n{Path(log).read_text()[-4000:]}")
+    return Path(log).read_text()
+
+
+def wait_job_running(run, log, job_state, ready, timeout: float, what: str) -> str:
+    """Wait until SLURM runs the job of the run folder ``run`` (job #run.name of the sweep writing ``log``,
+    followed by ``job_state(jid)``: squeue's "state|reason", None once unlisted) and ``ready(jid)`` holds;
+    its job id.  A job SLURM ends first fails the test at once with its state; ``timeout`` only bounds a job
+    that never starts."""
+    import re
+
+    import pytest
+
+    deadline, jid, state = time.time() + timeout, None, None
+    while time.time() < deadline:
+        if jid is None:
+            m = re.search(rf"\[slurm\] #{int(Path(run).name)} submitted as (\d+)", Path(log).read_text())
+            jid = m.group(1) if m else None
+        if jid:
+            state = job_state(jid)
+            if state and state.startswith("RUNNING|") and ready(jid):
+                return jid
+            if state is None or state.split("|")[0] not in ("PENDING", "CONFIGURING", "RUNNING"):
+                pytest.fail(f"SLURM job {jid} of {run} ended ({state or 'no longer listed'}) before it was seen "
+                            f"{what}:\n{Path(log).read_text()[-4000:]}")
+        time.sleep(0.5)
+    pytest.fail(f"SLURM job {jid} of {run} was not {what} within {timeout:.0f} s (SLURM: {state}):\n"
+                f"{Path(log).read_text()[-4000:]}")

@@ -39,6 +39,53 @@ def test_two_submitit_tasks_run_one_gloo_ddp_job(tmp_path):
     assert "global_rank=0(2)" in logs[0].read_text() and "global_rank=1(2)" in logs[1].read_text()
     assert (run / "rank0.json").exists() and (run / "rank1.json").exists()
     assert st["overhead_s"] > 0 and st["wall_s"] >= st["overhead_s"]
+    # where each rank ran (one machine: its hostname) and the master address, as every rank resolved it
+    assert list(m["placement"]["nodes"].values()) == [[0, 1]] and m["placement"]["master_addr"]
+    assert all(r["placement"]["master_ip"] and r["placement"]["local_rank"] == r["rank"] for r in m["ranks"])
+    assert sorted(p.name for p in run.glob("node_rank*.json")) == ["node_rank0.json", "node_rank1.json"]
+
+
+def test_a_failure_on_several_nodes_names_the_node():
+    """The root cause's lost connection names the node it pointed to, and whether that node's ranks left
+    any record; a peer at a loopback address says how to fix it; one node, or a root cause that is not a
+    lost connection, adds nothing (tests/test_slurm_two_nodes.py runs it on two real SLURM nodes)."""
+    from bench.launch.placement import node_note
+
+    at = {0: "10.0.0.1", 1: "10.0.0.1", 2: "10.0.0.2", 3: "10.0.0.2"}
+    nodes = {r: {"node": f"n{1 + r // 2}", "addresses": [a, "172.17.0.1"]} for r, a in at.items()}  # docker0: on both
+    reset = "[pair.cc:537] Read error [10.0.0.2]:43727: Connection reset by peer"
+    assert node_note([{"rank": 0, "message": reset}, {"rank": 1, "message": "closed by peer [10.0.0.1]:1"}], nodes) == (
+        "lost node n2 (ranks 2-3): the connection to it (10.0.0.2) failed; its ranks left no failure record: they "
+        "were killed, or the node died")
+    assert node_note([{"rank": 0, "message": reset}, {"rank": 3, "message": reset}], nodes) == (
+        "lost node n2 (ranks 2-3): the connection to it (10.0.0.2) failed")
+    loop = node_note([{"rank": 2, "message": "SO_ERROR: Connection refused, remote=[127.0.0.1]:31138"}], nodes)
+    assert "loopback" in loop and "GLOO_SOCKET_IFNAME" in loop
+    assert node_note([{"rank": 1, "message": "injected fault"}, {"rank": 0, "message": reset}], nodes) is None
+    assert node_note([{"rank": 0, "message": "[172.17.0.1]:5 reset"}], nodes) is None  # an address of both
+    assert node_note([{"rank": 0, "message": reset}], {r: {**p, "node": "n1"} for r, p in nodes.items()}) is None
+
+
+def test_a_job_slurm_will_never_start_is_over():
+    """Pending for a reason SLURM will not get past as the cluster is configured (PartitionConfig: more
+    nodes than the partition has): over, cancelled, recorded failed; a passing reason is not."""
+    from bench.launch.slurm.collect import JobCollector, never_starts
+
+    assert never_starts(("PENDING", "PartitionConfig")) and never_starts(("PENDING", "BadConstraints"))
+    for passing in (("PENDING", "Resources"), ("PENDING", "ReqNodeNotAvail, UnavailableNodes:n2"),
+                    ("PENDING", "PartitionNodeLimit"), ("RUNNING", "None"), None):
+        assert not never_starts(passing)
+
+    class Job:
+        job_id, cancelled = "42", False
+
+        def cancel(self, check: bool = True) -> None:
+            self.cancelled = True
+
+    job, c = Job(), JobCollector()
+    c._EXECUTOR = "slurm"
+    assert not c._over(job, {"42": ("PENDING", "Resources")}, True) and not job.cancelled
+    assert c._over(job, {"42": ("PENDING", "PartitionConfig")}, True) and job.cancelled
 
 
 def test_time_limit_warning_that_could_come_at_the_start_is_refused():

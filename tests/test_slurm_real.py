@@ -27,8 +27,6 @@ takes about 2.5 to 3 minutes.
 """
 from __future__ import annotations
 
-import json
-import re
 import shutil
 import signal
 import subprocess
@@ -40,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, fault_env, processes_left
-from tests.slurm_cluster import start
+from tests.slurm_cluster import read_json as _json, start, stop_all, wait_job_running, wait_sweep as _wait
 
 pytestmark = pytest.mark.slow
 
@@ -78,36 +76,7 @@ def sweep():
                                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)))
         return procs[-1]
     yield _start
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-
-
-def _json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _wait(p: subprocess.Popen, log: Path, timeout: float) -> str:
-    try:
-        p.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
-        pytest.fail(f"sweep did not end within {timeout:.0f} s:\n{log.read_text()[-4000:]}")
-    return log.read_text()
-
-
-def _job_id(log: Path, num: int) -> str | None:
-    """The SLURM job id the sweep's launcher logged for its job #num ("[slurm] #1 submitted as 42: ...")."""
-    try:
-        m = re.search(rf"\[slurm\] #{num} submitted as (\d+)", log.read_text())
-    except OSError:
-        return None
-    return m.group(1) if m else None
+    stop_all(procs)
 
 
 def _job_state(env: dict, jid: str) -> str | None:
@@ -119,26 +88,12 @@ def _job_state(env: dict, jid: str) -> str | None:
 
 
 def _when_running(env: dict, run: Path, log: Path, ranks: int, timeout: float = 300) -> str:
-    """Wait until SLURM runs the job of the run folder ``run`` (job #run.name of the sweep that writes
-    ``log``) and each of its ``ranks`` has started (its rank log: its signal handlers are in place),
-    and return its job id.  The job is followed in squeue: one that SLURM has ended first fails the test
-    at once, with its state; ``timeout`` is only a bound for a job that never starts."""
-    deadline = time.time() + timeout
-    jid, state = None, None
-    while time.time() < deadline:
-        jid = jid or _job_id(log, int(run.name))
-        if jid:
-            state = _job_state(env, jid)
-            started = all((run / f"rank{r}.log").exists() for r in range(ranks))
-            if state and state.startswith("RUNNING|") and started and \
-                    _json(run / "status.json").get("submitit_job_id") == jid:
-                return jid
-            if state is None or state.split("|")[0] not in ("PENDING", "CONFIGURING", "RUNNING"):
-                pytest.fail(f"SLURM job {jid} of {run} ended ({state or 'no longer listed'}) before its "
-                            f"{ranks} rank(s) were seen running:\n{log.read_text()[-4000:]}")
-        time.sleep(0.5)
-    pytest.fail(f"SLURM job {jid} of {run} was not running within {timeout:.0f} s (SLURM: {state}):\n"
-                f"{log.read_text()[-4000:]}")
+    """The job id of the run folder ``run`` once SLURM runs it and each of its ``ranks`` has started (its
+    rank log: its signal handlers are in place) and status.json names the job."""
+    def ready(jid: str) -> bool:
+        return all((run / f"rank{r}.log").exists() for r in range(ranks)) and \
+            _json(run / "status.json").get("submitit_job_id") == jid
+    return wait_job_running(run, log, lambda jid: _job_state(env, jid), ready, timeout, f"running its {ranks} rank(s)")
 
 
 def test_real_slurm_sweep(slurm, sweep, tmp_path):

@@ -15,9 +15,11 @@ to 127.0.0.1 in the namespaces too: without it gloo advertises 127.0.0.1 to the 
   ``single``'s per-step losses within 1e-5; ranks 0-1 ran on node1, 2-3 on node2, and every rank
   resolved the master address (node1) to node1's veth address;
 * a job SLURM cannot place (world_size=8: 4 nodes of 2): recorded ``failed`` with SLURM's reason;
-* node2 dies mid-run (SIGKILL to everything in its namespace: slurmd, slurmstepd, its ranks): the run
-  is ``failed`` naming node2, well within run_timeout_s, the sweep ends when SLURM has the job ended
-  (NODE_FAIL), and no process of the job is left on either node; node2 is then started again;
+* faults across nodes, mid-run: node2 dies (SIGKILL to everything in its namespace: slurmd, slurmstepd,
+  its ranks), or only node2's slurmd is killed: the run is ``failed`` naming node2, well within
+  run_timeout_s (the lost connections in seconds; SLURM's NODE_FAIL within ~30 s), the sweep ends once
+  SLURM has ended the job, and no process of the job is left on either node; node2 is then started
+  again;
 * without GLOO_SOCKET_IFNAME the run fails at once, and its error says how to fix it;
 * the cluster itself: taken down with a job running on both nodes, nothing is left (namespaces,
   daemons, the job's processes, its folder).
@@ -26,8 +28,6 @@ Waits are on SLURM's job and node states (squeue, sinfo) and on the ranks' own l
 """
 from __future__ import annotations
 
-import json
-import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +38,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CPU_FAST, REPO, fault_env, processes_left
-from tests.slurm_cluster import IFACE, SUBNET, SlurmCluster, namespaces_unavailable, start
+from tests.slurm_cluster import (IFACE, SUBNET, SlurmCluster, namespaces_unavailable, read_json as _json, start,
+                                 stop_all, wait_job_running, wait_sweep as _wait)
 
 pytestmark = pytest.mark.slow
 
@@ -48,13 +49,13 @@ GLOO_IF = f'hydra.launcher.setup=["export GLOO_SOCKET_IFNAME={IFACE}"]'
 LAUNCH = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=2", "hydra.launcher.timeout_min=10"]
 
 
-def _cluster(nodes: int = 2, oversubscribe: int = 4):
+def _cluster(oversubscribe: int = 4):
     """A started two-node cluster, or pytest.skip with the reason."""
     why = namespaces_unavailable()
     if why:
         pytest.skip(why)
     root = tempfile.mkdtemp(prefix="bench-2n-")  # short: the munge socket path must fit a unix socket
-    cluster, reason = start(root, nodes=nodes, oversubscribe=oversubscribe)
+    cluster, reason = start(root, nodes=2, oversubscribe=oversubscribe)
     if cluster is None:
         shutil.rmtree(root, ignore_errors=True)
         pytest.skip(f"two-node SLURM not available: {reason}")
@@ -64,7 +65,7 @@ def _cluster(nodes: int = 2, oversubscribe: int = 4):
 def _assert_gone(cluster: SlurmCluster) -> None:
     """Nothing of the cluster is left: namespaces (and their veth pair), daemons, folder."""
     assert not cluster.net.left(), f"namespaces left: {cluster.net.left()}"
-    assert not cluster._leftovers(), f"cluster processes left: {cluster._leftovers()}"
+    assert not cluster.leftovers(), f"cluster processes left: {cluster.leftovers()}"
     assert not cluster.root.exists(), f"{cluster.root} left"
 
 
@@ -92,27 +93,7 @@ def sweep(two_nodes):
                                           env={**two_nodes.env, "PYTHONUNBUFFERED": "1", **env}))
         return procs[-1]
     yield _start
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-
-
-def _json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _wait(p: subprocess.Popen, log: Path, timeout: float) -> str:
-    try:
-        p.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
-        pytest.fail(f"sweep did not end within {timeout:.0f} s:\n{log.read_text()[-4000:]}")
-    return log.read_text()
+    stop_all(procs)
 
 
 def _squeue(cluster: SlurmCluster, jid: str) -> str | None:
@@ -124,26 +105,12 @@ def _squeue(cluster: SlurmCluster, jid: str) -> str | None:
 
 
 def _when_training(cluster: SlurmCluster, run: Path, log: Path, ranks: int, timeout: float = 240) -> str:
-    """Wait until SLURM runs the job of ``run`` and each of its ranks has set up (its log says
-    "setup done": the process group is up, the steps start); its job id.  A job SLURM ended first
-    fails the test at once, with its state."""
-    deadline = time.time() + timeout
-    jid, state = None, None
-    while time.time() < deadline:
-        m = re.search(rf"\[slurm\] #{int(run.name)} submitted as (\d+)", log.read_text())
-        jid = m.group(1) if m else None
-        if jid:
-            state = _squeue(cluster, jid)
-            logs = [run / f"rank{r}.log" for r in range(ranks)]
-            if state and state.startswith("RUNNING|") and \
-                    all(p.exists() and "setup done" in p.read_text(errors="replace") for p in logs):
-                return jid
-            if state is None or state.split("|")[0] not in ("PENDING", "CONFIGURING", "RUNNING"):
-                pytest.fail(f"SLURM job {jid} of {run} ended ({state or 'no longer listed'}) before its "
-                            f"{ranks} ranks were seen training:\n{log.read_text()[-4000:]}")
-        time.sleep(0.5)
-    pytest.fail(f"SLURM job {jid} of {run} was not training within {timeout:.0f} s (SLURM: {state}):\n"
-                f"{log.read_text()[-4000:]}")
+    """The job id of ``run`` once SLURM runs it and each of its ranks has set up (its log says "setup done":
+    the process group is up, the steps start)."""
+    def ready(jid: str) -> bool:
+        logs = [run / f"rank{r}.log" for r in range(ranks)]
+        return all(p.exists() and "setup done" in p.read_text(errors="replace") for p in logs)
+    return wait_job_running(run, log, lambda jid: _squeue(cluster, jid), ready, timeout, f"training on {ranks} ranks")
 
 
 def _no_jobs_left(cluster: SlurmCluster, tag: dict) -> None:
@@ -153,6 +120,39 @@ def _no_jobs_left(cluster: SlurmCluster, tag: dict) -> None:
     assert not cluster.jobs(), subprocess.run(cluster.client(["squeue"]), env=cluster.env, capture_output=True,
                                               text=True).stdout
     assert not processes_left(tag, wait_s=10)
+
+
+def _nodes_emptied(cluster: SlurmCluster, timeout: float = 90) -> float:
+    """Wait until no process is left on either node but the cluster's daemons (slurmctld, slurmd): after
+    its tasks, a slurmstepd whose slurmd or srun is gone retries its last messages to them
+    (MessageTimeout) before it exits.  Returns when; fails the test with what is left."""
+    deadline = time.time() + timeout
+    while True:
+        daemons = {cluster.daemon_pid("slurmctld")} | {cluster.daemon_pid("slurmd", n) for n in cluster.nodes}
+        left = [pid for n in cluster.nodes for pid in cluster.net.pids(n)
+                if pid not in daemons and _ppid(pid) != cluster.daemon_pid("slurmctld")]  # its slurmscriptd
+        if not left:
+            return time.time()
+        if time.time() > deadline:
+            pytest.fail(f"processes left on the nodes {timeout:.0f} s after the job ended: {_cmdlines(left)}")
+        time.sleep(0.5)
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cmdlines(pids: list[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            out.append(f"{pid} " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
+        except OSError:
+            out.append(f"{pid} (gone)")
+    return out
 
 
 def _assert_spans_both_nodes(d: Path, m: dict, st: dict) -> None:
@@ -232,35 +232,53 @@ def test_slurm_two_nodes_gloo_without_interface_says_how_to_fix(two_nodes, sweep
     _no_jobs_left(two_nodes, tag)
 
 
-def test_slurm_two_nodes_node_dies_mid_run(two_nodes, sweep, tmp_path):
+@pytest.mark.parametrize("fault", ["node_dies", "slurmd_killed"])
+def test_slurm_two_nodes_fault_mid_run(fault, two_nodes, sweep, tmp_path):
+    """node_dies: SIGKILL to everything in node2's namespace (slurmd, slurmstepd, ranks 2-3): node1's ranks
+    lose their connections at once, and the run names node2.  slurmd_killed: node2's slurmd alone; the
+    run goes on until SLURM finds node2 not responding (SlurmdTimeout), ends the job (NODE_FAIL) and
+    SIGTERMs node1's ranks: rank 0 asks SLURM why, and the run names node2.  Either way the sweep ends
+    once SLURM has ended the job, and no process of it is left on either node."""
     tag = fault_env()
-    d = tmp_path / "lost"
-    timeout_s = 180
-    p = sweep(d, tag, GLOO_IF, "strategy=ddp", "world_size=4", "steps=1000000", f"run_timeout_s={timeout_s}")
+    d = tmp_path / fault
+    timeout_s = 300
+    p = sweep(d, tag, GLOO_IF, "strategy=ddp", "world_size=4", "steps=600", f"run_timeout_s={timeout_s}")
     log = d.with_suffix(".log")
     jid = _when_training(two_nodes, d / "0", log, ranks=4)
     t_kill = time.time()
-    killed = two_nodes.kill_node("node2")  # its slurmd, slurmstepd and ranks 2-3
-    assert killed and not two_nodes.net.pids("node2")
-    out = _wait(p, log, timeout_s)
+    if fault == "node_dies":
+        assert two_nodes.kill_node("node2") and not two_nodes.net.pids("node2")
+    else:
+        two_nodes.kill_slurmd("node2")
+    out = _wait(p, log, timeout_s + 60)
     t_sweep = time.time() - t_kill
 
     assert p.returncode == 1, out[-4000:]
     st, m = _json(d / "0" / "status.json"), _json(d / "0" / "metrics.json")
     assert st["status"] == m["status"] == "failed", st
     assert st["time"] - t_kill < timeout_s, (st["time"] - t_kill, st)
-    assert "lost node node2 (ranks 2-3)" in st["reason"] and NODE2 in st["reason"], st["reason"]
-    assert "left no failure record" in st["reason"], st["reason"]
     assert m["placement"]["nodes"] == {"node1": [0, 1], "node2": [2, 3]}, m["placement"]
-    assert {f["node"] for f in m["failures"]} == {"node1"}, m["failures"]
-    # SLURM's side: node2 stopped answering, so it is DOWN and the job was ended NODE_FAIL
+    if fault == "node_dies":
+        assert "lost node node2 (ranks 2-3)" in st["reason"] and NODE2 in st["reason"], st["reason"]
+        assert "left no failure record" in st["reason"], st["reason"]
+        assert {f["node"] for f in m["failures"]} == {"node1"}, m["failures"]
+    else:
+        assert m["error"]["type"] == "NodeFail", m["error"]
+        assert "because a node failed: node2 down" in st["reason"] and "Not responding" in st["reason"], st["reason"]
+    # SLURM's side: node2 stopped answering, so it is DOWN and the job was ended on its account
     assert two_nodes.node_states()["node2"].startswith("down"), two_nodes.node_states()
-    assert re.search(rf"JobId={jid} on failed node node2", (two_nodes.root / "log" / "slurmctld.log").read_text())
+    assert f"Killing JobId={jid} on failed node node2" in (two_nodes.root / "log" / "slurmctld.log").read_text()
     _no_jobs_left(two_nodes, tag)
-    assert not two_nodes.net.pids("node2")
+    t_empty = _nodes_emptied(two_nodes) - t_kill
     two_nodes.restart_node("node2")  # back to idle (ReturnToService=2) for what comes next
-    print(f"node2 killed: run failed after {st['time'] - t_kill:.1f} s, sweep over after {t_sweep:.0f} s: "
-          f"{st['reason'][-300:]}")
+    print(f"{fault}: run failed {st['time'] - t_kill:.1f} s after, sweep over {t_sweep:.0f} s after, nodes empty "
+          f"{t_empty:.0f} s after: {st['reason'][-260:]}")
+
+
+def _tasks_on(cluster: SlurmCluster, tag: dict, node: str) -> list[int]:
+    """The job's processes (they carry ``tag``) running on ``node``."""
+    job = {int(line.split()[0]) for line in processes_left(tag, wait_s=0)}
+    return [pid for pid in cluster.net.pids(node) if pid in job]
 
 
 def test_slurm_two_nodes_cluster_teardown_leaves_nothing(tmp_path):
@@ -268,15 +286,16 @@ def test_slurm_two_nodes_cluster_teardown_leaves_nothing(tmp_path):
     cluster = _cluster(oversubscribe=0)
     tag = fault_env()
     try:
-        p = subprocess.run(cluster.client(["sbatch", "-N", "2", "--ntasks-per-node=1", "--wrap", "srun sleep 300"]),
-                           env={**cluster.env, **tag}, capture_output=True, text=True, timeout=30)
+        p = subprocess.run(cluster.client(["sbatch", "-N", "2", "--ntasks-per-node=1", "-o", str(tmp_path / "job.out"),
+                                           "--wrap", "srun sleep 300"]),
+                           cwd=tmp_path, env={**cluster.env, **tag}, capture_output=True, text=True, timeout=30)
         assert p.returncode == 0, p.stderr
         jid = p.stdout.split()[-1]
         deadline = time.time() + 60
-        while time.time() < deadline and not (processes_left(tag, wait_s=0) and _squeue(cluster, jid) == "RUNNING|None"
-                                               and len(cluster.net.pids("node2")) > 1):
+        while time.time() < deadline and not _tasks_on(cluster, tag, "node2"):
             time.sleep(0.5)
-        assert _squeue(cluster, jid) == "RUNNING|None" and cluster.net.pids("node2")
+        assert _squeue(cluster, jid) == "RUNNING|None" and _tasks_on(cluster, tag, "node1"), _squeue(cluster, jid)
+        assert _tasks_on(cluster, tag, "node2")
     finally:
         cluster.down()
     _assert_gone(cluster)

@@ -129,14 +129,15 @@ def _address_nodes(placements: dict[int, dict]) -> dict[str, str]:
 
 def node_note(failures: list[dict], placements: dict[int, dict]) -> Optional[str]:
     """What the failure of a run on several nodes says about them, or None (one node, or a root cause
-    that is not a lost connection): the node(s) the failing connections pointed to, whether their ranks
-    left no failure record (killed, or the node died); or, for a peer at a loopback address, the fix."""
+    that is not a lost connection): the node(s) the root cause's connection pointed to, and whether
+    their ranks left no failure record (killed, or the node died); or, for a peer at a loopback
+    address, the fix."""
     by_node: dict[str, list[int]] = {}
     for r, p in placements.items():
         by_node.setdefault(str(p.get("node")), []).append(r)
     if len(by_node) < 2 or not failures or not _PEER.search(str(failures[0].get("message") or "")):
         return None
-    peers = [a for f in failures for a in _PEER.findall(str(f.get("message") or ""))]
+    peers = _PEER.findall(str(failures[0].get("message") or ""))  # the root cause's, not its collateral's
     if any(a.startswith("127.") or a == "::1" for a in peers):
         return ("a rank reached a peer at a loopback address: on several nodes a rank whose hostname resolves to "
                 "127.x binds gloo there and advertises it to the other nodes; name the network interface "

@@ -132,27 +132,49 @@ class _TaskSignals:
         self.fd = None
 
 
-def _slurm_end(jid: Optional[str]) -> Outcome:
-    """Why SLURM sent this task SIGTERM: its time limit (squeue's reason ``TimeLimit`` while the job
-    completes) -> ``timeout``; else scancel, preemption or a node shutdown -> ``failed``."""
+def _ask_slurm(*cmd: str) -> Optional[list[str]]:
+    """The output lines of a SLURM client (squeue, sinfo) run from a task SLURM is ending, or None.
+    SLURM signals every process of the job step again while it ends it: the client, a child of this
+    rank, ignores SIGTERM (else it dies without an answer, rc -15), and is asked again if it died."""
     import shutil
     import subprocess
 
+    if not shutil.which(cmd[0]):
+        return None
+    for _ in range(5):
+        try:
+            p = subprocess.run(["sh", "-c", 'trap "" TERM; exec "$@"', "sh", *cmd], capture_output=True, text=True,
+                               timeout=3)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        out = p.stdout.strip().splitlines()
+        if p.returncode == 0 and out:
+            return out
+        time.sleep(0.1)
+    return None
+
+
+_NODE_DOWN = ("down", "fail", "failing", "drain", "draining", "drained")  # sinfo %T, its flags (*~#!%$@^-) cut
+
+
+def _failed_nodes() -> Optional[str]:
+    """This job's nodes that SLURM has DOWN or failing, with its reason ("node2 down* (Not responding)")."""
+    nodes = os.environ.get("SLURM_JOB_NODELIST")
+    rows = [line.split("|") for line in (_ask_slurm("sinfo", "-h", "-N", "-n", nodes, "-o", "%N|%T|%E") or [])] \
+        if nodes else []
+    bad = [f"{n} {st} ({why})" for n, st, why in (r for r in rows if len(r) == 3)
+           if st.rstrip("*~#!%$@^-").lower() in _NODE_DOWN]
+    return ", ".join(dict.fromkeys(bad)) or None
+
+
+def _slurm_end(jid: Optional[str]) -> Outcome:
+    """Why SLURM sent this task SIGTERM: its time limit (squeue's reason ``TimeLimit`` while the job
+    completes) -> ``timeout``; else scancel, preemption, a node shutdown or a failed node -> ``failed``
+    (a failed node - reason NodeDown / NodeFail - named, as sinfo has it)."""
     state = reason = used = limit = None
-    if jid and shutil.which("squeue"):
-        # SLURM signals every process of the job step again while it ends it: squeue, a child of this
-        # rank, ignores SIGTERM (else it dies without an answer, rc -15), and is asked again if it died
-        cmd = ["sh", "-c", 'trap "" TERM; exec squeue -h -t all -j "$0" -o "%T|%r|%M|%l"', jid]
-        for _ in range(5):
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=3)
-            except (OSError, subprocess.SubprocessError):
-                continue
-            out = p.stdout.strip().splitlines()
-            if p.returncode == 0 and out:
-                state, reason, used, limit = (out[0].split("|") + [None] * 4)[:4]
-                break
-            time.sleep(0.1)
+    out = _ask_slurm("squeue", "-h", "-t", "all", "-j", jid, "-o", "%T|%r|%M|%l") if jid else None
+    if out:
+        state, reason, used, limit = (out[0].split("|") + [None] * 4)[:4]
     job = f"SLURM job {jid}" if jid else "the submitit job"
     if reason == "TimeLimit":
         return Outcome("timeout", {"rank": None, "type": "SlurmTimeLimit", "traceback": None,
@@ -162,6 +184,12 @@ def _slurm_end(jid: Optional[str]) -> Outcome:
         why = " (the time limit, scancel, preemption or node shutdown: squeue did not say which)" if jid else ""
         return Outcome("failed", {"rank": None, "type": "SlurmEnded" if jid else "Terminated", "traceback": None,
                                   "message": f"{job} was ended by SIGTERM{why}"})
+    if state == "NODE_FAIL" or reason in ("NodeDown", "NodeFail"):
+        nodes = _failed_nodes()
+        return Outcome("failed", {"rank": None, "type": "NodeFail", "traceback": None,
+                                  "message": f"{job} was ended by SLURM because a node failed: "
+                                             f"{nodes or 'sinfo did not say which'} (SLURM: state {state}, reason "
+                                             f"{reason}, ran {used} of {limit})"})
     return Outcome("failed", {"rank": None, "type": "Cancelled", "traceback": None,
                               "message": f"{job} was ended by SIGTERM before its time limit (scancel, preemption or "
                                          f"node shutdown; SLURM: state {state}, reason {reason}, ran {used} of "

@@ -31,7 +31,10 @@ executor parameters before submitting it:
   waited forever; with one, only after submitit's polling delay (up to 10 minutes);
 * a job that ended without a final status (killed before rank 0 could record one) is marked by the
   launcher (the controller) from SLURM's last state: ``timeout`` when SLURM says TIMEOUT / TimeLimit,
-  ``oom`` for OUT_OF_MEMORY, else ``failed``, with SLURM's state and reason and submitit's error.
+  ``oom`` for OUT_OF_MEMORY, else ``failed``, with SLURM's state and reason and submitit's error;
+* a job SLURM accepted but will never start as the cluster is configured (pending with reason
+  PartitionConfig - more nodes than the partition has -, BadConstraints, ...: ``collect.NEVER_STARTS``)
+  is cancelled and its run recorded ``failed`` with SLURM's reason, not waited for forever.
 
 Modules: ``resources`` (each job's size and time limit), ``submit`` (one executor and submission
 per job), ``collect`` (when a job is over, and its run's status), ``interrupt`` (Ctrl-C), ``record``
@@ -50,7 +53,11 @@ appears in the shared run folder), so one failing rank cannot leave the others w
 collective; rank 0 records the root cause first.  The same watchdog acts on SLURM's SIGTERM (seen
 through a wakeup pipe, so also while the main thread is blocked in a collective): rank 0 asks squeue
 why - reason ``TimeLimit``: status ``timeout``; else (scancel, preemption) ``failed``, reason
-"cancelled" - records it within KillWait, and every rank exits.  submitit's own handlers would ignore
+"cancelled"; a node SLURM found failed (reason NodeDown): ``failed``, naming the node - records it
+within KillWait, and every rank exits.  Each rank writes where it runs at its start
+(``node_rank{r}.json``, bench/launch/placement.py): on several nodes, a root cause that is a lost
+connection names the node it pointed to, and whether that node's ranks left any record.  submitit's
+own handlers would ignore
 SIGTERM (nothing recorded before SLURM's SIGKILL) and, on the time-limit warning (USR2,
 signal_delay_s before the limit, up to a minute early), requeue the job or raise "timed-out too many
 times" inside the run: bench only logs the warning (a benchmark run is not resumable).  A requeued
