@@ -86,9 +86,10 @@ def replan(record: dict):
 
 
 def device_name(record: dict) -> Optional[str]:
+    """The GPU a recorded run ran on, as nvidia-smi names it (provenance, else rank 0's record)."""
     devices = (record.get("provenance") or {}).get("devices") or []
     if devices:
-        return devices[0]
+        return devices[0].get("name") if isinstance(devices[0], dict) else devices[0]
     ranks = record.get("ranks") or [{}]
     return ranks[0].get("device_name")
 

@@ -51,9 +51,9 @@ def recorded(paths: Iterable) -> list[tuple[str, str, dict]]:
 
 
 def _device(m: dict) -> Optional[str]:
-    devs = (m.get("provenance") or {}).get("devices") or []
-    d = devs[0] if devs else None
-    return d.get("name") if isinstance(d, dict) else d
+    from bench.calibrate import device_name
+
+    return device_name(m)
 
 
 def _oom(m: dict) -> bool:
@@ -61,49 +61,14 @@ def _oom(m: dict) -> bool:
     return m.get("status") == "oom" or "out of memory" in text
 
 
-def _schema_defaults(cfg: dict) -> dict:
-    """Every key's schema default (the top level, its sections, the recorded strategy's schema)."""
-    from omegaconf import OmegaConf
-
-    from bench.schema import BenchConfig
-    from bench.strategies.registry import get_spec
-
-    top = OmegaConf.to_container(OmegaConf.structured(BenchConfig), resolve=False)
-    top = {k: v for k, v in top.items() if v != "???"}
-    top["strategy"] = OmegaConf.to_container(OmegaConf.structured(get_spec(cfg["strategy"]["name"]).schema),
-                                             resolve=False)
-    return top
-
-
-def _merged(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merged(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
-    return out
-
-
-def _unaliased(v, cfg: dict):
-    """A shorthand's interpolation recorded unresolved (``${bench_alias:microbatches,4p}``): its value."""
-    if isinstance(v, str) and v.startswith("${bench_alias:"):
-        key, default = v[len("${bench_alias:"):-1].split(",", 1)
-        v = cfg.get(key) if cfg.get(key) is not None else default
-        return None if v in ("null", None) else v
-    return v
-
-
 def replan(m: dict):
-    """(plan, memory plan) of a recorded run's configuration under the current code (ConfigError if it no
-    longer validates)."""
-    from bench.config import validate
+    """(plan, memory plan) of a recorded run's configuration under the current code (bench/calibrate.py's
+    re-planning, which the throughput calibration uses too; ConfigError if it no longer validates)."""
+    from bench.calibrate import replan as recorded_plan
     from bench.hardware import match
     from bench.memory_model import memory_plan
-    from bench.runs import with_added_defaults
 
-    recorded_cfg = with_added_defaults({k: v for k, v in m["config"].items() if k != "_command"})
-    cfg = _merged(_schema_defaults(recorded_cfg), recorded_cfg)  # keys newer than the record, at their defaults
-    cfg["strategy"] = {k: _unaliased(v, cfg) for k, v in cfg["strategy"].items()}
-    cfg.update(device="cuda", tuning="default", hardware={"name": "auto"}, dry_run=False)  # the profile is applied
-    plan = validate(cfg, gpus=cfg["world_size"])
+    plan = recorded_plan(m)
     preset = match(_device(m))
     return plan, memory_plan(plan, gpu_memory_gib=preset.memory_gib if preset else None)
 
