@@ -298,6 +298,12 @@ class SlurmCluster:
         nodes: in node1's namespace."""
         return (self.net.prefix(self.nodes[0]) if self.net else []) + cmd
 
+    def job_state(self, jid: str) -> Optional[str]:
+        """SLURM's "state|reason" of a job (squeue -t all), or None once squeue no longer lists it."""
+        p = self._run("squeue", "-h", "-t", "all", "-j", jid, "-o", "%T|%r")
+        out = p.stdout.strip()
+        return out.splitlines()[0] if p.returncode == 0 and out else None
+
     def _run(self, *cmd: str, timeout: float = 30) -> subprocess.CompletedProcess:
         return subprocess.run(self.client([_which(cmd[0]) or cmd[0], *cmd[1:]]), capture_output=True, text=True,
                               env=self.env, timeout=timeout)

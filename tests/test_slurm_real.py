@@ -79,21 +79,13 @@ def sweep():
     stop_all(procs)
 
 
-def _job_state(env: dict, jid: str) -> str | None:
-    """SLURM's state of the job (squeue -t all), or None once squeue no longer lists it."""
-    p = subprocess.run(["squeue", "-h", "-t", "all", "-j", jid, "-o", "%T|%r"], env=env, capture_output=True,
-                       text=True, timeout=30)
-    out = p.stdout.strip()
-    return out.splitlines()[0] if p.returncode == 0 and out else None
-
-
-def _when_running(env: dict, run: Path, log: Path, ranks: int, timeout: float = 300) -> str:
+def _when_running(slurm, run: Path, log: Path, ranks: int, timeout: float = 300) -> str:
     """The job id of the run folder ``run`` once SLURM runs it and each of its ``ranks`` has started (its
     rank log: its signal handlers are in place) and status.json names the job."""
     def ready(jid: str) -> bool:
         return all((run / f"rank{r}.log").exists() for r in range(ranks)) and \
             _json(run / "status.json").get("submitit_job_id") == jid
-    return wait_job_running(run, log, lambda jid: _job_state(env, jid), ready, timeout, f"running its {ranks} rank(s)")
+    return wait_job_running(run, log, slurm.job_state, ready, timeout, f"running its {ranks} rank(s)")
 
 
 def test_real_slurm_sweep(slurm, sweep, tmp_path):
@@ -107,9 +99,9 @@ def test_real_slurm_sweep(slurm, sweep, tmp_path):
     pc = sweep(stop, env, "strategy=single", "fault.kind=hang", "fault.step=1", "seed=7")
 
     # once SLURM runs them and every rank has started: scancel B's two-task run, Ctrl-C to C
-    cancelled = _when_running(slurm.env, bad / "1", bad.with_suffix(".log"), ranks=2)
+    cancelled = _when_running(slurm, bad / "1", bad.with_suffix(".log"), ranks=2)
     subprocess.run(["scancel", cancelled], env=slurm.env, check=True, timeout=30)
-    interrupted = _when_running(slurm.env, stop / "0", stop.with_suffix(".log"), ranks=1)
+    interrupted = _when_running(slurm, stop / "0", stop.with_suffix(".log"), ranks=1)
     pc.send_signal(signal.SIGINT)
 
     refused = tmp_path / "refused"

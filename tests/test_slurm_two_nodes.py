@@ -96,21 +96,13 @@ def sweep(two_nodes):
     stop_all(procs)
 
 
-def _squeue(cluster: SlurmCluster, jid: str) -> str | None:
-    """SLURM's state|reason of the job, or None once squeue no longer lists it."""
-    p = subprocess.run(cluster.client(["squeue", "-h", "-t", "all", "-j", jid, "-o", "%T|%r"]), env=cluster.env,
-                       capture_output=True, text=True, timeout=30)
-    out = p.stdout.strip()
-    return out.splitlines()[0] if p.returncode == 0 and out else None
-
-
 def _when_training(cluster: SlurmCluster, run: Path, log: Path, ranks: int, timeout: float = 240) -> str:
     """The job id of ``run`` once SLURM runs it and each of its ranks has set up (its log says "setup done":
     the process group is up, the steps start)."""
     def ready(jid: str) -> bool:
         logs = [run / f"rank{r}.log" for r in range(ranks)]
         return all(p.exists() and "setup done" in p.read_text(errors="replace") for p in logs)
-    return wait_job_running(run, log, lambda jid: _squeue(cluster, jid), ready, timeout, f"training on {ranks} ranks")
+    return wait_job_running(run, log, cluster.job_state, ready, timeout, f"training on {ranks} ranks")
 
 
 def _no_jobs_left(cluster: SlurmCluster, tag: dict) -> None:
@@ -294,7 +286,7 @@ def test_slurm_two_nodes_cluster_teardown_leaves_nothing(tmp_path):
         deadline = time.time() + 60
         while time.time() < deadline and not _tasks_on(cluster, tag, "node2"):
             time.sleep(0.5)
-        assert _squeue(cluster, jid) == "RUNNING|None" and _tasks_on(cluster, tag, "node1"), _squeue(cluster, jid)
+        assert cluster.job_state(jid) == "RUNNING|None" and _tasks_on(cluster, tag, "node1"), cluster.job_state(jid)
         assert _tasks_on(cluster, tag, "node2")
     finally:
         cluster.down()
