@@ -211,22 +211,29 @@ def predict_runs(runs: list[dict], fitted: dict) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------ the error
-def winner_agreement(runs: list[dict], predicted: np.ndarray, within: float = 0.05) -> tuple[int, int]:
-    """(groups where the predicted fastest strategy is the measured fastest or within 5%, groups)."""
+def agreement(items, within: float = 0.05) -> tuple[int, int]:
+    """(groups where the predicted fastest strategy is the measured fastest or within ``within`` of it, groups
+    of two or more strategies), from (group key, strategy, measured tokens/s, predicted tokens/s) items; a group
+    is one workload: (model, GPU count, tokens per step, device).  Each strategy counts at its fastest run."""
     groups: dict[tuple, dict[str, list[float]]] = {}
-    for r, p in zip(runs, predicted):
-        pl = r["plan"]
-        key = (pl.model["name"], pl.world_size, r["tokens"], r["device"])
-        best = groups.setdefault(key, {}).setdefault(pl.strategy["name"], [np.inf, np.inf])
-        best[0], best[1] = min(best[0], r["step"]), min(best[1], p)
+    for key, strategy, measured, predicted in items:
+        best = groups.setdefault(key, {}).setdefault(strategy, [0.0, 0.0])
+        best[0], best[1] = max(best[0], measured), max(best[1], predicted)
     agree = total = 0
     for by_strategy in groups.values():
         if len(by_strategy) < 2:
             continue
         total += 1
-        pick = min(by_strategy, key=lambda s: by_strategy[s][1])
-        agree += by_strategy[pick][0] <= (1 + within) * min(v[0] for v in by_strategy.values())
-    return agree, total
+        pick = max(by_strategy, key=lambda s: by_strategy[s][1])
+        agree += (1 + within) * by_strategy[pick][0] >= max(v[0] for v in by_strategy.values())
+    return int(agree), total
+
+
+def winner_agreement(runs: list[dict], predicted: np.ndarray, within: float = 0.05) -> tuple[int, int]:
+    """``agreement`` over calibration runs and their predicted step times."""
+    return agreement((((r["plan"].model["name"], r["plan"].world_size, r["tokens"], r["device"]),
+                       r["plan"].strategy["name"], r["tokens"] / r["step"], r["tokens"] / p)
+                      for r, p in zip(runs, predicted)), within)
 
 
 def error_statement(runs: list[dict], predicted: np.ndarray) -> dict:

@@ -28,7 +28,8 @@ import pandas as pd
 
 COLUMNS = ["run", "model", "strategy", "world_size", "precision", "status", "measured_tokens_per_s",
            "predicted_tokens_per_s", "measured_peak_gib", "predicted_peak_gib", "predicted_fits"]
-EXTRA = ["predicted_tight", "peak_error_pct", "tokens_error_pct", "step_time_s", "device", "folder", "note"]
+EXTRA = ["predicted_tight", "peak_error_pct", "tokens_error_pct", "step_time_s", "tokens_per_step", "device", "folder",
+         "note"]
 GIB = 2**30
 
 
@@ -101,6 +102,7 @@ def row(folder: str, name: str, m: dict) -> dict:
         plan, mem = replan(m)
     except Exception as e:  # noqa: BLE001  (a config the current code refuses: said, not fatal)
         return {**out, "note": f"not re-plannable: {type(e).__name__}: {str(e)[:120]}"}
+    out["tokens_per_step"] = plan.model["global_batch"] * plan.model["seq_len"]
     out.update(predicted_peak_gib=mem["predicted_peak_allocated_mb"] / 1024, predicted_fits=mem["fits"],
                predicted_tight=mem["tight"], predicted_tokens_per_s=_predicted_tokens(plan, out["device"]))
     if out["measured_peak_gib"] and out["status"] == "completed":
@@ -116,18 +118,12 @@ def prediction_table(paths: Iterable) -> pd.DataFrame:
 
 
 def _winners(t: pd.DataFrame) -> tuple[int, int]:
-    """(groups where the predicted fastest strategy is the measured fastest or within 5%, groups)."""
-    ok = t[t["tokens_error_pct"].notna()].copy()
-    ok["tokens_per_step"] = ok["measured_tokens_per_s"] * ok["step_time_s"]
-    agree = groups = 0
-    for _, g in ok.groupby(["device", "model", "world_size", ok["tokens_per_step"].round(-2)]):
-        best = g.groupby("strategy")[["measured_tokens_per_s", "predicted_tokens_per_s"]].max()
-        if len(best) < 2:
-            continue
-        groups += 1
-        picked = best["predicted_tokens_per_s"].idxmax()
-        agree += best.loc[picked, "measured_tokens_per_s"] >= 0.95 * best["measured_tokens_per_s"].max()
-    return int(agree), groups
+    """The calibration's winner agreement (bench/calibrate.py ``agreement``) over the table's runs."""
+    from bench.calibrate import agreement
+
+    ok = t[t["tokens_error_pct"].notna()]
+    return agreement((((r.model, r.world_size, r.tokens_per_step, r.device), r.strategy, r.measured_tokens_per_s,
+                       r.predicted_tokens_per_s) for r in ok.itertuples()))
 
 
 def accuracy(t: pd.DataFrame) -> dict:
