@@ -105,3 +105,16 @@ def test_invalid_run_is_one_clear_line_and_exit_2(tmp_path):
     m = json.loads((tmp_path / "r" / "metrics.json").read_text())
     assert m["status"] == "invalid" and m["throughput"]["tokens_per_s"] is None
     assert not list((tmp_path / "r").glob("rank*.json"))  # nothing was spawned
+
+
+PRESETS = sorted(str(p.relative_to(REPO / "conf" / "experiment").with_suffix(""))
+                 for p in (REPO / "conf" / "experiment").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("choice", ["default", "best"])
+def test_a_preset_never_overrides_the_command_lines_tuning(preset, choice):
+    """A preset that set ``tuning: best`` as a value beat ``tuning=default`` on the command line (a group choice,
+    merged before the preset's values): the run said best and ran best. Presets choose it in their defaults list."""
+    composed = cfg(f"+experiment={preset}", f"tuning={choice}")
+    assert composed.tuning == choice, f"+experiment={preset} overrides tuning={choice}: choose it as '- override /tuning: X'"
