@@ -8,6 +8,9 @@ One optimizer step of the slowest rank, in seconds::
                e(x) = e_max x / (x + x_half)           x = tokens per micro-batch x d_model / tp (matmul size)
            + passes x activation bytes / HBM x (fused if compiled)   elementwise work, memory bound
            + 1.75 x model-state bytes / HBM                          the AdamW step (reads p g m v, writes p m v)
+           + fp8_cast x float8 cast bytes / HBM                      fp8: casting each converted Linear's input and
+                                                                     output gradient (3 bytes an element: read bf16,
+                                                                     write float8; amax and transposes in fp8_cast)
   comm     = (grad_exposed x grad_reduce + param_exposed x param_gather + tail + activation + p2p)
                / (link x link_eff) + 20 us x collectives + offload / PCIe
              bytes per kind from the strategy (StrategySpec.traffic, bench/traffic.py); the link is the
@@ -42,7 +45,8 @@ import numpy as np
 
 from bench.hardware import HardwareConfig, match, resolve
 from bench.memory_model import MB, memory_plan
-from bench.metrics.flops import float8_matmul_params, flops_per_token, hardware_flops_per_token
+from bench.metrics.flops import (float8_cast_elements_per_token, float8_matmul_params, flops_per_token,
+                                hardware_flops_per_token)
 from bench.schema import Plan
 from bench.strategies.registry import get_spec
 from bench.traffic import BYTE_KINDS
@@ -57,7 +61,7 @@ DEFAULTS = {
     "e_max": 0.6, "x_half": 2e6, "passes": 4.0, "fused": 0.5, "link_eff": 0.7, "grad_exposed": 0.3,
     "param_exposed": 0.3, "per_layer": 3e-4, "per_microbatch": 1e-3, "per_step": 3e-3,
     "compiled_host": 0.5, "graph_host": 0.05, "per_hook": 2e-5, "overlap": 0.05, "overlap_sync": 0.3,
-    "per_sync": 1e-4, "per_adam_param": 2e-9,
+    "per_sync": 1e-4, "per_adam_param": 2e-9, "fp8_cast": 4.0,
 }
 BOUNDED = ("e_max", "fused", "link_eff", "grad_exposed", "param_exposed", "compiled_host", "graph_host", "overlap",
            "overlap_sync")  # fractions in (0, 1)
@@ -119,7 +123,20 @@ def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict) -> dict[str, float]
         "elementwise_s": activations / hbm,
         "optimizer_s": OPTIMIZER_PASSES * sum(mem["model_states"]["device_mb"].values()) * MB / hbm,
         "bubble": (plan.pp - 1) / (plan.strategy.get("virtual_pipeline", 1) * ga) if plan.pp > 1 else 0.0,
+        "fp8_cast_s": _float8_cast_bytes(plan, act["layers_on_rank"]) / hbm,
     }
+
+
+def _float8_cast_bytes(plan: Plan, layers_on_rank: float) -> float:
+    """precision=fp8: bytes of the rank's float8 casts in a step (3 an element; the forward's twice under full
+    recompute), split over tp like the matmuls; 0 for other precisions."""
+    if plan.cfg["precision"] != "fp8":
+        return 0.0
+    m = plan.model
+    tokens = plan.micro_batch_size * m["seq_len"] * plan.grad_accum
+    per_layer = float8_cast_elements_per_token(m) / m["n_layers"]
+    passes = 2.0 if plan.cfg["recompute"] == "full" else 1.0
+    return 3.0 * tokens * per_layer * layers_on_rank * passes / plan.tp
 
 
 def _host_terms(plan: Plan, traffic: dict) -> dict[str, float]:
@@ -140,7 +157,8 @@ def combine(t: dict, k: dict) -> dict:
     """The step and its parts from ``terms`` and the constants; works on floats or numpy arrays alike."""
     eff = k["e_max"] * t["matmul_size"] / (t["matmul_size"] + k["x_half"])
     fused = np.where(t["compiled"] > 0, k["fused"], 1.0)
-    compute = t["flops"] / (t["peak"] * eff) + k["passes"] * t["elementwise_s"] * fused + t["optimizer_s"]
+    compute = (t["flops"] / (t["peak"] * eff) + k["passes"] * t["elementwise_s"] * fused + t["optimizer_s"]
+               + k["fp8_cast"] * t.get("fp8_cast_s", 0.0))
     wire = (k["grad_exposed"] * t["grad_reduce_s"] + k["param_exposed"] * t["param_gather_s"] + t["tail_s"]
             + t["activation_s"] + t["p2p_s"]) / k["link_eff"]
     comm = wire + COLLECTIVE_LATENCY_S * t["collectives"] + t["offload_s"]
