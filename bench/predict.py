@@ -16,8 +16,13 @@ One optimizer step of the slowest rank, in seconds::
              bytes per kind from the strategy (StrategySpec.traffic, bench/traffic.py); the link is the
              node's GPU-to-GPU bandwidth (between nodes when the run spans several)
   bubble   = (compute + comm) x (pp - 1) / (virtual x micro-batches)
-  host     = host factor x (launch x (per_layer x layer_host x layers x micro-batches
+  host     = host factor x (1 + lockstep x [ranks > 1 and host hooks])
+             x (launch x (per_layer x layer_host x layers x micro-batches
              + per_microbatch x micro-batches) + per_step + per_hook x hooks)
+             lockstep: ranks whose host work (hooks) meets at every per-layer collective wait for the slowest
+             one each time, so a host-bound step is the slowest rank's, not the average's (measured: one
+             host-bound FSDP2 rank sets the pace while the other's NCCL kernels wait,
+             results/2026-11-23-h200x2-cpu-affinity)
              launch: 1 eager, compiled_host with compile, graph_host with CUDA graphs; layer_host (eager
              only): the strategy's cost of a layer's ops against plain tensors' (DTensor dispatch)
   step     = max(G, H) + overlap x min(G, H) + per_sync x syncs + per_adam_param x host Adam parameters
@@ -61,7 +66,7 @@ DEFAULTS = {
     "e_max": 0.6, "x_half": 2e6, "passes": 4.0, "fused": 0.5, "link_eff": 0.7, "grad_exposed": 0.3,
     "param_exposed": 0.3, "per_layer": 3e-4, "per_microbatch": 1e-3, "per_step": 3e-3,
     "compiled_host": 0.5, "graph_host": 0.05, "per_hook": 2e-5, "overlap": 0.05, "overlap_sync": 0.3,
-    "per_sync": 1e-4, "per_adam_param": 2e-9, "fp8_cast": 4.0,
+    "per_sync": 1e-4, "per_adam_param": 2e-9, "fp8_cast": 4.0, "lockstep": 0.2,
 }
 BOUNDED = ("e_max", "fused", "link_eff", "grad_exposed", "param_exposed", "compiled_host", "graph_host", "overlap",
            "overlap_sync")  # fractions in (0, 1)
@@ -150,7 +155,8 @@ def _host_terms(plan: Plan, traffic: dict) -> dict[str, float]:
     return {"compiled": float(compiled), "graphed": float(graphed), "microbatches": float(plan.grad_accum),
             "layer_passes": plan.model["n_layers"] / plan.pp * plan.grad_accum,
             "layer_host": traffic.get("layer_host", 1.0), "hooks": traffic.get("hooks", 0.0), "syncs": syncs,
-            "host_waits": float(sync_timing or syncs > 0), "host_adam": traffic.get("host_adam", 0.0)}
+            "host_waits": float(sync_timing or syncs > 0), "host_adam": traffic.get("host_adam", 0.0),
+            "host_lockstep": float(plan.world_size > 1 and traffic.get("hooks", 0.0) > 0)}
 
 
 def combine(t: dict, k: dict) -> dict:
@@ -166,7 +172,7 @@ def combine(t: dict, k: dict) -> dict:
     device = compute + comm + bubble
     launch = np.where(t["graphed"] > 0, k["graph_host"], np.where(t["compiled"] > 0, k["compiled_host"], 1.0))
     layers = k["per_layer"] * t["layer_passes"] * np.where(t["compiled"] > 0, 1.0, t["layer_host"])
-    host = t.get("host_factor", 1.0) * (launch * (layers + k["per_microbatch"] * t["microbatches"]) + k["per_step"]
+    host = t.get("host_factor", 1.0) * (1 + k["lockstep"] * t.get("host_lockstep", 0.0)) * (launch * (layers + k["per_microbatch"] * t["microbatches"]) + k["per_step"]
                                         + k["per_hook"] * t["hooks"])
     overlap = np.where(t["host_waits"] > 0, k["overlap_sync"], k["overlap"])
     step = (np.maximum(device, host) + overlap * np.minimum(device, host) + k["per_sync"] * t["syncs"]

@@ -117,3 +117,15 @@ def test_fp8_pays_for_its_casts_per_token_and_twice_under_full_recompute():
     assert full["fp8_cast_s"] == pytest.approx(2 * fp8["fp8_cast_s"])
     assert half["fp8_cast_s"] == pytest.approx(fp8["fp8_cast_s"] / 2)
     assert load_calibration()["constants"]["fp8_cast"] > 1  # the casts cost more than one pass over their bytes
+
+
+def test_ranks_in_lockstep_pay_for_the_slowest_host_only_where_hooks_meet_at_collectives():
+    """Several ranks with per-layer host hooks (FSDP2) wait for the slowest rank at every collective; one rank, or
+    ranks with no host hooks (DDP's C++ reducer), do not (bench/predict.py, ``lockstep``)."""
+    from bench.predict import terms
+
+    base = ("model=300m", "hardware=h100_sxm_80gb")
+    assert terms(plan_for(*base, "strategy=fsdp", "world_size=2"))["host_lockstep"] == 1.0
+    assert terms(plan_for(*base, "strategy=fsdp", "world_size=1"))["host_lockstep"] == 0.0
+    assert terms(plan_for(*base, "strategy=ddp", "world_size=2"))["host_lockstep"] == 0.0
+    assert 0 < load_calibration()["constants"]["lockstep"] < 1
