@@ -23,7 +23,10 @@ peak allocated (what ``torch.cuda.max_memory_allocated`` measures: the largest r
   inputs, the projections' inputs (eager autocast: one 16-bit cast per projection; compiled or
   torch-native TP: one per norm output), q / k / v and the attention output (which o_proj saves as its
   input), the MLP's intermediates (GELU: 2 x d_ff; SwiGLU: 4 x d_ff, 3 compiled).  Tensor parallelism
-  splits all but the norms' and projections' inputs (those too with sequence parallelism).
+  splits all but the norms' and projections' inputs (those too with sequence parallelism).  precision=fp8
+  (compiled, tensorwise / rowwise): the Linear layers torchao converts save their inputs (q / k / v's and
+  gate / up's shared ones, down's) as float8 casts, 1 B (``float8_input_bytes``; o_proj's is the attention
+  output, which the fused kernel keeps in bf16); rowwise_with_gw_hp's stay bf16.
   ``recompute=full`` keeps one block input per layer, and one layer is recomputed in backward;
   ``selective`` recomputes only the attention core, whose s x s scores the fused kernel never stores: the
   same prediction as none.  Pipelines: 1F1B min(m, pp) micro-batches on the first stage, one on the last;
@@ -48,8 +51,8 @@ import os
 from typing import Any, Optional
 
 from bench.hardware import resolve as resolve_hardware
-from bench.metrics.flops import param_groups
-from bench.parallel.float8 import fsdp_float8_all_gather
+from bench.metrics.flops import float8_matmul_params, param_groups
+from bench.parallel.float8 import fsdp_float8_all_gather, saves_float8_inputs
 from bench.strategies.registry import ModelStates, get_spec
 from bench.schema import Plan
 
@@ -61,8 +64,9 @@ CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS workspace, NCCL buffers
 # 810 completed GPU runs within 10%, the worst -26.2%; 11 outside 15%: 9 one-rank DDP runs of 2026-11-22/23,
 # measured when DDP still wrapped a single rank (their layout records its buckets; it wraps none today), and 2
 # of 1b on 2 and 4 ranks whose first step's DDP buckets were freed before step 2's peak (+17%, +19%: a race the
-# plan counts, bench/strategies/ddp.py); under precision=fp8 the float8 weight copies of all the rank's
-# blocks are counted (an upper bound): 6-14% high on the 2026-11-26 fp8 runs.  A plan this close to the limit is called tight
+# plan counts, bench/strategies/ddp.py); under precision=fp8 (the converted Linear layers' inputs saved in float8,
+# the float8 weight copies of all the rank's blocks counted: an upper bound) -5.7% to +8.3% on the 2026-11-26 fp8
+# runs (single 1b +7.1%: fp8 saves more there than the plan counts).  A plan this close to the limit is called tight
 TIGHT = 0.10
 # torch's default cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG=:4096:8), from the caching allocator
 CUBLAS_WORKSPACE_BYTES = 8 * 4 * MB
@@ -118,10 +122,20 @@ def model_state_bytes(plan: Plan, psi: float, lay: ModelStates) -> tuple[dict, d
     device = {k: 0.0 if where[k] else size[k] for k in _PARTS}
     host = {k: size[k] if where[k] else 0.0 for k in _PARTS}
     if lay.unsharded_params_live:  # FSDP2 without reshard: every unit's gathered params live through the step
-        device["params"] += (4 if lay.scheme == "fp32" else 2) * psi
+        device["params"] += gathered_param_bytes(plan, psi, lay)
     if lay.host_fp32_grad_partition:  # DeepSpeed optimizer offload: the fp32 gradient partition on the host
         host["grads"] += 4 * psi / dp
     return device, host
+
+
+def gathered_param_bytes(plan: Plan, psi: float, lay: ModelStates) -> float:
+    """Every unit's gathered parameters (FSDP2 without resharding): 16-bit (fp32 under fp32), but where FSDP2 gathers
+    the converted Linear weights in float8 (precision=fp8, bench/parallel/float8.py) those are 1 B each: the blocks'
+    matmul weights of the rank (float8_matmul_params over pp and tp); the norms, embedding and head stay 16-bit."""
+    if lay.scheme == "fp32":
+        return 4 * psi
+    f8 = float8_matmul_params(plan.model) / (plan.pp * plan.tp) if fsdp_float8_all_gather(plan) else 0.0
+    return 2 * (psi - f8) + f8
 
 
 # ------------------------------------------------------------------------------ activations
@@ -136,27 +150,39 @@ def _act_dtypes(plan: Plan, lay) -> tuple[int, int, int]:
     return 2, 4, 0 if plan.cfg.get("compile") or lay.shared_input_casts else 1
 
 
+def float8_input_bytes(plan: Plan, act: int, per_consumer: int) -> int:
+    """Bytes per element of the input a converted Linear saves for backward: 1 where it saves a float8 cast
+    (precision=fp8, compiled, tensorwise / rowwise: bench/parallel/float8.py saves_float8_inputs), else the
+    activation's (bf16 runs; rowwise_with_gw_hp; eager per-projection casts, where torchao saves its bf16 input)."""
+    return 1 if saves_float8_inputs(plan.cfg) and not per_consumer else act
+
+
 def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
-    """Saved activations of one transformer layer for a micro-batch of b sequences (module docstring)."""
+    """Saved activations of one transformer layer for a micro-batch of b sequences (module docstring);
+    ``float8_saved``: what precision=fp8's float8-saved Linear inputs take off them (0 otherwise)."""
     m, tp = plan.model, plan.tp
     s, d, ff = m["seq_len"], m["d_model"], m["d_ff"]
     hd = d // m["n_heads"]
     q, kv = m["n_heads"] * hd, (m.get("n_kv_heads") or m["n_heads"]) * hd
     llama = m.get("arch", "gpt") == "llama"
     act, norm_in, per_consumer = _act_dtypes(plan, lay)
+    lin = float8_input_bytes(plan, act, per_consumer)  # a converted Linear's saved input: q/k/v, gate/up, down
     attn_consumers, mlp_consumers = 3, (2 if llama else 1)
     tokens = s * b
     # replicated over tp (split too with sequence parallelism): the two norms' inputs and the projections' inputs
     sp = tp if lay.sequence_parallel else 1
     norms = 2 * d * norm_in / sp
-    inputs = ((attn_consumers + mlp_consumers) if per_consumer else 2) * d * act / sp
+    inputs = ((attn_consumers + mlp_consumers) * d * act if per_consumer else 2 * d * lin) / sp
     # split over tp: q, k, v and the attention output, saved by the fused kernel and by o_proj as its input
-    # (one tensor); the MLP: gpt fc_in's output and GELU's (fc_out's input); llama gate, up, silu(gate) and
-    # their product (down's input), silu(gate) recomputed in backward when compiled
+    # (one tensor: bf16 under fp8 too, the kernel's backward reads it); the MLP: gpt fc_in's output and GELU's
+    # (fc_out's input); llama gate, up, silu(gate) and their product (down's input), silu(gate) recomputed in
+    # backward when compiled
     attn = (2 * q + 2 * kv) * act / tp
-    mlp = ((3 if plan.cfg.get("compile") else 4) if llama else 2) * ff * act / tp
-    return {"per_token": norms + inputs + attn + mlp, "tokens": tokens,
-            "bytes": tokens * (norms + inputs + attn + mlp), "block_input": tokens * d * norm_in}
+    mlp = (((2 if plan.cfg.get("compile") else 3) if llama else 1) * act + lin) * ff / tp
+    per_token = norms + inputs + attn + mlp
+    saved = (0 if per_consumer else 2 * d / sp + ff / tp) * (act - lin)
+    return {"per_token": per_token, "tokens": tokens, "bytes": tokens * per_token, "block_input": tokens * d * norm_in,
+            "float8_saved": tokens * saved}
 
 
 def in_flight_microbatches(plan: Plan, stage: str = "first") -> int:
@@ -212,11 +238,12 @@ def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str,
         at_loss = head_copy
     else:
         per_mb, recomputed, at_loss = layers * layer["bytes"], 0.0, copies
+    saved = 0.0 if mode == "full" else k * layers * layer["float8_saved"]  # the float8-saved inputs' share
     vocab = m["vocab_size"] / (plan.tp if lay.tp_splits_vocab else 1)
     logits = b * m["seq_len"] * vocab * lay.loss_bytes_per_logit if ranks["head"] else 0.0
     return {"layers_on_rank": layers, "microbatches_in_flight": k, "per_layer_per_microbatch": layer["bytes"],
             "recompute": mode, "activations": k * per_mb, "logits": logits, "weight_copies": at_loss,
-            "recomputed_layer": recomputed}
+            "recomputed_layer": recomputed, "float8_inputs_saving": saved}
 
 
 # ------------------------------------------------------------------------------ the plan

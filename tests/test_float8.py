@@ -218,6 +218,46 @@ def test_single_plan_counts_float8_weight_copies_not_bf16_ones():
     assert fp8["predicted_peak_allocated_mb"] < bf16["predicted_peak_allocated_mb"]
 
 
+def test_fp8_plan_saves_the_converted_linears_inputs_in_one_byte():
+    """torchao's Float8Linear, compiled, keeps a float8 cast of its input for backward (tensorwise, rowwise): the
+    q/k/v and gate/up inputs (one shared tensor each) and down's input at 1 B, not 2; rowwise_with_gw_hp's weight
+    gradient reads the bf16 input, and full recompute keeps only block inputs: no saving there."""
+    from bench.memory_model import layer_activation_bytes
+    from bench.strategies.registry import get_spec
+
+    bf16, _ = _planned("precision=bf16")
+    fp8, _ = _planned("precision=fp8")
+    plan = plan_of(*H100, *FP8, "model=llama3_1b")
+    m, tokens = plan.model, plan.micro_batch_size * plan.model["seq_len"]
+    per_layer = tokens * (2 * m["d_model"] + m["d_ff"])  # 1 B saved per element of the three inputs
+    act = fp8["activations"]
+    assert act["float8_inputs_saving"] == m["n_layers"] * per_layer and bf16["activations"]["float8_inputs_saving"] == 0
+    less = m["n_layers"] * per_layer / 2**20
+    assert act["activations_mb"] == pytest.approx(bf16["activations"]["activations_mb"] - less, abs=0.1)
+    assert layer_activation_bytes(plan, plan.micro_batch_size, get_spec("single").model_states(plan.cfg))[
+        "float8_saved"] == per_layer
+    rowwise, _ = _planned("precision=fp8", "fp8_recipe=rowwise")
+    assert rowwise["activations"]["activations_mb"] == act["activations_mb"]
+    gw_hp, _ = _planned("precision=fp8", "fp8_recipe=rowwise_with_gw_hp")
+    assert gw_hp["activations"]["activations_mb"] == bf16["activations"]["activations_mb"]
+    full = [_planned(f"precision={p}", "recompute=full")[0]["activations"] for p in ("bf16", "fp8")]
+    assert full[0]["activations_mb"] == full[1]["activations_mb"] and full[1]["float8_inputs_saving"] == 0
+
+
+def test_fsdp_without_reshard_holds_the_float8_gathered_weights_at_one_byte():
+    """reshard_after_forward=false keeps every unit's gathered parameters to backward: under the float8 all-gather
+    the converted weights are float8 (1 B), the rest (norms, embedding, head) bf16; gathered in bf16, 2 B each."""
+    from bench.metrics.flops import float8_matmul_params
+
+    ranks = ("strategy=fsdp", "world_size=2", "strategy.reshard_after_forward=false")
+    bf16, _ = _planned("precision=bf16", *ranks)
+    fp8, _ = _planned("precision=fp8", *ranks)
+    bf16_gather, _ = _planned("precision=fp8", *ranks, "strategy.fp8_all_gather=false")
+    f8 = float8_matmul_params(plan_of(*H100, *FP8, "model=llama3_1b").model)
+    params = [p["model_states"]["device_mb"]["params"] for p in (bf16, fp8, bf16_gather)]
+    assert params[0] - params[1] == pytest.approx(f8 / 2**20, abs=0.1) and params[2] == params[0]
+
+
 def test_mfu_is_against_the_bf16_peak_and_records_the_fp8_one():
     from bench.metrics import _flops_fields
     from bench.metrics.flops import mfu_peak_tflops

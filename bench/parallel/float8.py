@@ -36,6 +36,20 @@ def fsdp_float8_all_gather(plan) -> bool:
             and bool(plan.strategy.get("fp8_all_gather")))
 
 
+# torchao's Float8Linear saves its bf16 input for backward (matmul_with_hp_or_float8_args) and casts it to float8
+# again for the weight gradient's matmul; compiled (precision=fp8 is compiled only), Inductor's partitioner keeps that
+# float8 cast instead (1 B per element, the smaller of the two): tensorwise's is the forward's own cast, rowwise's
+# the dim-0 one.  rowwise_with_gw_hp computes the weight gradient from the bf16 input
+# (cast_config_input_for_grad_weight: ScalingType.DISABLED), so its saved input stays bf16.
+FLOAT8_SAVED_INPUT_RECIPES = ("tensorwise", "rowwise")
+
+
+def saves_float8_inputs(cfg: dict) -> bool:
+    """The converted Linear layers' inputs are saved for backward in float8, 1 B per element (see above)."""
+    return (converts(cfg) and bool(cfg.get("compile"))
+            and cfg.get("fp8_recipe", "tensorwise") in FLOAT8_SAVED_INPUT_RECIPES)
+
+
 def precomputes_scales(plan) -> bool:
     """One all-reduce for every float8 weight's scale after the optimizer step (with the float8 all-gather)."""
     return fsdp_float8_all_gather(plan) and bool(plan.strategy.get("fp8_precompute_scale"))
