@@ -5,12 +5,16 @@ interrupted search, tune.json's winner as a command line, and the analysis' defa
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from tests.conftest import REPO, run_bench
+from bench.jsonio import read_json_dict
+from tests.conftest import REPO, fault_env, processes_left, run_bench
 
 # compile=false and the micro-batch on the command line: a knob the command line sets is not searched (nor
 # compile_mode, whose candidates need compile=true), so the search is default vs strategy.bucket_cap_mb=100
@@ -179,3 +183,99 @@ def test_the_profile_is_a_candidate_where_it_changes_something(tmp_path):
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-3000:]
     assert "precision=fp32 dry_run=True tuning=best warmup_steps=4 steps=10: run" in out, out[-3000:]
+
+
+# ------------------------------------------------------------------------------ a strategy identity per base
+# every ZeRO knob set on the command line: each base is its default alone, and the dry run plans in seconds
+ZERO_DRY = ("+experiment=tune", "strategy=zero", "world_size=2", "device=cpu", "precision=fp32", "dry_run=true",
+            "compile=false", "strategy.micro_batch_size=null", "strategy.autocast=false",
+            "strategy.reduce_bucket_size=5e8", "strategy.overlap_comm=null", "strategy.compute_grad_norm=true",
+            "strategy.leaf_blocks=false")
+
+
+@pytest.mark.parametrize("stage", [None, "zero_stage=3"])
+def test_zero_searches_each_stage_as_a_base_of_its_own_unless_the_stage_is_set(tmp_path, stage):
+    """ZeRO's stage is part of its identity (StrategySpec.search_bases), not a knob: strategy=zero without a stage is
+    four bases (ZeRO-0 to ZeRO-3, each with its own trials and winner); a stage the command line sets is the one."""
+    sweep = tmp_path / "sweep"
+    p = run_bench(*ZERO_DRY, *([stage] if stage else []), run_dir=sweep, multirun=True, timeout=120,
+                  env={"BENCH_BESTS": str(tmp_path / "bests.json")})
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    bases = _tune(sweep)["bases"]
+    planned = json.loads((sweep / "plans.json").read_text())
+    stages = sorted(j["config"]["strategy"]["zero_stage"] for j in planned)
+    if stage is None:
+        assert [b["base"][-1] for b in bases] == [f"strategy.zero_stage={i}" for i in range(4)]
+        assert all(t["overrides"][:len(b["base"])] == b["base"] for b in bases for t in b["trials"])
+        assert stages == [0, 1, 2, 3], stages
+        assert "[tune] searched as bases of their own" in out and "-> 4 bases, strategy.zero_stage=0,1,2,3" in out
+    else:
+        assert len(bases) == 1 and "strategy.zero_stage=3" not in bases[0]["base"] and stages == [3]
+        assert "searched as bases of their own" not in out
+
+
+def test_a_base_is_expanded_only_where_it_leaves_the_key_unset():
+    from bench.sweep.search import per_identity, set_keys
+
+    zero, ddp = {"strategy": {"name": "zero"}}, {"strategy": {"name": "ddp"}}
+    bases, grid = per_identity(["strategy=zero", "model=tiny"], zero)
+    assert bases == [["strategy=zero", "model=tiny", f"strategy.zero_stage={i}"] for i in range(4)]
+    assert grid == {"strategy.zero_stage": (0, 1, 2, 3)}
+    for given in ("zero_stage=2", "strategy.zero_stage=2", "+strategy.zero_stage=2"):
+        assert "strategy.zero_stage" in set_keys(["strategy=zero", given])  # the shorthand counts as its key
+        assert per_identity(["strategy=zero", given], zero) == ([["strategy=zero", given]], {})
+    assert per_identity(["strategy=ddp"], ddp) == ([["strategy=ddp"]], {})  # nothing declared
+    assert per_identity(["strategy=nope"], None) == ([["strategy=nope"]], {})  # does not compose: as it is
+
+
+def test_the_analysis_lists_each_stage_and_answers_with_the_fastest():
+    """Each stage of a search over ZeRO's stages is a strategy of its own in default vs best (its own default and
+    best), and the answer is the fastest of all of them."""
+    import pandas as pd
+
+    import multirun_analysis as ma
+
+    rows = [dict(model="tiny", world_size=2, strategy="zero", zero_stage=stage, autocast=auto, global_batch=8,
+                 seq_len=128, steps=10, warmup_steps=4, label=f"zero-{stage}", tokens_per_s=tps, n_runs=1,
+                 command=f"python -m bench strategy=zero strategy.zero_stage={stage} strategy.autocast={auto}")
+            for stage, auto, tps in [(0, False, 100.0), (0, True, 110.0), (1, False, 120.0), (1, True, 150.0),
+                                     (3, False, 80.0), (3, True, 70.0)]]
+    s = pd.DataFrame(rows)
+    s.attrs["key_columns"] = ["model", "world_size", "strategy", "zero_stage", "autocast", "global_batch", "seq_len",
+                              "steps", "warmup_steps"]
+    t = ma.default_vs_best(s).set_index("strategy_id")
+    assert sorted(t.index) == ["zero-0", "zero-1", "zero-3"]
+    assert t.loc["zero-1", ["default_tokens_per_s", "best_tokens_per_s"]].tolist() == [120.0, 150.0]
+    assert t.loc["zero-3", "knobs_that_differ"] == ""  # its default is its best
+    lines = "\n".join(ma.ranked(s))
+    assert "use **zero-1**" in lines and "strategy.zero_stage=1 strategy.autocast=True" in lines
+    assert all(f"zero-{i}: " in lines for i in (0, 1, 3))
+
+
+# ------------------------------------------------------------------------------ tune.json after each run
+def test_a_search_killed_mid_rung_keeps_what_the_rung_measured(tmp_path):
+    """A search killed by an outside deadline during a rung (SIGKILL: no handler of its own runs) keeps the rung's
+    finished runs: tune.json is written as each run ends (the leader so far, the rest pending), not at the rung's end."""
+    sweep = tmp_path / "sweep"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BENCH_BESTS": str(tmp_path / "bests.json"), **fault_env()}
+    p = subprocess.Popen([sys.executable, "-m", "bench", "--multirun", *SEARCH, f"hydra.sweep.dir={sweep}"], cwd=REPO,
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    first = None
+    try:
+        deadline = time.time() + 300
+        while first is None and p.poll() is None and time.time() < deadline:
+            tune = read_json_dict(sweep / "tune.json")
+            if tune and any(t.get("measured") for b in tune["bases"] for t in b["trials"]):
+                first = tune  # the first write: one run of rung 0 has ended, the other not
+            time.sleep(0.1)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    assert first is not None, "no tune.json while the search ran"
+    kept = _tune(sweep)["bases"][0]
+    rung0 = [t for t in kept["trials"] if t.get("rung", -1) >= 0]
+    measured = [t["name"] for t in rung0 if "0" in t.get("measured", {})]
+    assert measured and kept["winner"]["name"] in measured, kept
+    assert [t for t in first["bases"][0]["trials"] if t.get("status") == "pending"], first  # written mid-rung
+    assert not processes_left(env)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -217,3 +218,58 @@ def test_recorded_runs_keep_their_key():
     assert changed > len(RECORDED)  # the check above ran (there are added knobs)
 
 
+
+
+def _numeric_looking(name: str) -> bool:
+    """Whether Hydra's override parser reads ``x=<name>`` as a number (``1_67436339`` is the int 167436339)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return not isinstance(OverridesParser.create().parse_override(f"x={name}").value(), str)
+
+
+def test_subdir_override_keeps_folder_names_that_look_like_numbers():
+    """A run folder ``<num>_<key[:8]>`` whose key starts with 8 digits (``1_67436339``: Python's digit
+    separator) or digits and an ``e`` (``1_6743e339``: a float, inf) reaches Hydra as that name."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from bench.sweep.jobs import subdir_override
+
+    parser = OverridesParser.create()
+    for name in ("0", "12", "1_67436339", "1_6743e339", "1_67436339_2", "0_dc66ba16", "3_0e000000"):
+        o = parser.parse_override(subdir_override(name))
+        assert o.key_or_group == "hydra.sweep.subdir" and o.value() == name, name
+
+
+def test_resumed_sweep_reports_the_status_of_a_run_in_a_numeric_looking_folder(tmp_path, conf_dir):
+    """Two different sweeps into one folder (resume=true): the second one's job #1 is another configuration
+    than the first one's, so it runs into ``1_<key[:8]>``; chosen here so that the name looks like a
+    number to Hydra (observed on a GPU host: the run went into ``167436339/``, the sweep read the pending
+    status of ``1_67436339/`` and counted a completed run not_run).  Every status the sweep reports (the
+    ``ended`` line, summary.json) is the one in the run folder's metrics.json."""
+    sweep, dry = tmp_path / "multirun", tmp_path / "dry"
+    # which seed gives such a key: the sweeper's own plan of each (a dry run records every job's key)
+    p = _sweep(conf_dir, dry, "seed=range(2,160)", "hydra.sweeper.dry_run=true", cases=("ok_single",))
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    plans = json.loads((dry / "plans.json").read_text())
+    seeds = [j["config"]["seed"] for j in plans if _numeric_looking(f"1_{j['key'][:8]}")]
+    assert seeds, "no seed in 2..159 whose run key starts like a number"
+    p = _sweep(conf_dir, sweep, "seed=0,1", cases=("ok_single",))
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    p = _sweep(conf_dir, sweep, f"seed=0,{seeds[0]}", "resume=true", cases=("ok_single",))
+    out = p.stdout + p.stderr
+    assert "1 to run, 0 invalid and 0 predicted not to fit (recorded without running), 1 resumed" in out, out[-3000:]
+    man = json.loads((sweep / "sweep.json").read_text())
+    dirs = {j["num"]: j["dir"] for j in man["jobs"]}
+    assert dirs[0] == "0" and dirs[1].startswith("1_") and _numeric_looking(dirs[1]), dirs
+    metrics = {n: (json.loads((sweep / d / "metrics.json").read_text())["status"]
+                   if (sweep / d / "metrics.json").exists() else "no metrics.json") for n, d in dirs.items()}
+    assert metrics == {0: "completed", 1: "completed"}, (sorted(p.name for p in sweep.iterdir()), out[-3000:])
+    ended = {int(n): s for n, s in re.findall(r"\[sweep\] run \d+/\d+ \(job #(\d+)\) ended (\S+)", out)}
+    assert ended == {1: "completed"}, out[-3000:]
+    assert "not into its planned folder" not in out
+    summary = json.loads((sweep / "summary.json").read_text())
+    assert {r["num"]: r["status"] for r in summary["rows"]} == metrics
+    assert summary["counts"]["completed"] == 2 and summary["counts"]["pending"] == 0 and p.returncode == 0
+    assert "SUMMARY 2 runs: completed=2" in out
+    # no run folder outside the plan (the run went into the folder the sweep planned and reads)
+    assert sorted(d.name for d in sweep.iterdir() if d.is_dir() and not d.name.startswith(".")) == ["0", "1", dirs[1]]

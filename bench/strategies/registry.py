@@ -25,8 +25,9 @@ class ModelStates:
 
     ``scheme``: bytes per parameter, a key of memory_model.BYTES_PER_PARAM; ``stage``: ZeRO stage
     (>= 1 optimizer / dp, >= 2 gradients / dp, 3 parameters / dp); the offloads move a part to the
-    host; ``unsharded_params_live``: the gathered 16-bit parameters of the whole model stay alive
-    from forward to backward (FSDP2 without resharding); ``sixteen_bit_weights``: under bf16 / fp16
+    host; ``unsharded_params_live``: the gathered parameters of the whole model stay alive
+    from forward to backward (FSDP2 without resharding; 16-bit, the blocks' matmul weights 8-bit under
+    fp8's float8 all-gather); ``sixteen_bit_weights``: under bf16 / fp16
     the forward runs on 16-bit weights (activations and norm inputs 16-bit, no per-consumer autocast
     casts); ``tp_splits_vocab``: the embedding and output layer are split over tp (so are the
     logits); ``grads_live``: the gradient buffers stay allocated through the forward, not only from
@@ -114,6 +115,10 @@ class StrategySpec:
     # tuning profiles (tuning=best): {dotted key: (value, evidence[, unless(plan) -> reason or None])};
     # bench/tuning_profiles.py applies them
     profiles: dict[str, dict[Any, tuple]] = field(default_factory=dict)
+    # the knob search (bench/sweep/search.py): {dotted key: values} of keys that are part of the strategy's identity,
+    # not knobs (each value a strategy of its own in the analysis and the store of measured bests: ZeRO's stages); a
+    # search base that does not set the key is searched once per value, each its own base with its own winner
+    search_bases: dict[str, tuple] = field(default_factory=dict)
     preload: Callable[[dict], tuple[str, ...]] = lambda strategy_cfg: ()  # fork-server imports (no CUDA calls)
     process_env: Callable[[Plan], dict[str, str]] = lambda plan: {}  # environment needed before CUDA starts
     devices: tuple[str, ...] = ("cpu", "cuda")

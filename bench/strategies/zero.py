@@ -520,6 +520,9 @@ SPEC = register(StrategySpec(
     implementation=lambda plan: Zero, rules=rules, model_states=model_states, buffers=buffers, label=label,
     phase_buffers=phase_buffers,
     traffic=traffic, variants_figure=("zero_stage", "ZeRO stages"),
+    # each stage is a strategy of its own (the analysis, the store of measured bests): a knob search that leaves the
+    # stage unset searches every stage, each with its own trials and winner
+    search_bases={"strategy.zero_stage": (0, 1, 2, 3)},
     # deepspeed.initialize imports TorchInductor (its Muon optimizer module compiles at import; 0.7 s of its
     # ~1.5 s on the CPU machine). deepspeed itself is not preloaded: importing it queries the CUDA device count.
     preload=lambda s: ("torch._inductor.compile_fx",),

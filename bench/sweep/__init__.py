@@ -18,7 +18,8 @@ anything runs, a plan of every job:
   result of another configuration; then ``<number>_<key[:8]>`` (``_2``, ``_3``, ... for repeats).
   A completed result is never written over; a failed attempt that is run again in place is moved
   to ``<folder>/.attempts/<n>/`` first.  The job's folder is passed to Hydra as
-  ``hydra.sweep.subdir``, so Hydra's own files (.hydra/, the job log) never touch another result;
+  ``hydra.sweep.subdir`` (quoted: ``1_67436339`` is that folder, not the number 167436339), so
+  Hydra's own files (.hydra/, the job log) never touch another result;
 * status ``pending`` written into the folder of every job that will run.
 
 Then it prints how many runs the sweep expands to and, where earlier results exist (this sweep

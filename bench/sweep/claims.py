@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.metrics import STATUSES, skeleton
 from bench.runs import ATTEMPTS, move_aside, read_result, scan
+from bench.sweep.jobs import subdir_override
 from bench.sweep.status_report import MANIFEST
 
 if TYPE_CHECKING:
@@ -228,7 +229,7 @@ class SweepFolder:
                 self.choose_again(j, self.jobs)
                 self.prepare(j)
                 j.overrides = [o for o in j.overrides if not o.startswith("hydra.sweep.subdir=")] + \
-                    [f"hydra.sweep.subdir={j.dir}"]
+                    [subdir_override(j.dir)]
                 log.info("[sweep] job #%d: %s/ was taken by another sweep process: runs into %s/", j.num, old, j.dir)
                 self.write_manifest()
             claim(self.sweep_dir, j.dir, j.key)

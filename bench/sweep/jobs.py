@@ -43,6 +43,14 @@ class Job:
                 **self.ident, "estimate_s": self.estimate_s}
 
 
+def subdir_override(name: str) -> str:
+    """The override that runs a job into the run folder ``name``, quoted: unquoted, Hydra's override grammar
+    reads ``1_67436339`` (a ``<num>_<key[:8]>`` folder whose key starts with 8 digits) as the int 167436339
+    (Python's digit separator) and ``1_6743e339`` as a float (inf): the run went into ``167436339/`` or
+    ``inf/`` while the sweep read the pending status of the folder it planned."""
+    return f"hydra.sweep.subdir='{name}'"
+
+
 def expand(parser: OverridesParser, arguments: Sequence[str]) -> list[list[str]]:
     """The cartesian product of a sweep's overrides (``a=1,2 b=x,y``), in Hydra's basic sweeper's order."""
     lists: dict[str, list[str]] = {}

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from hydra.core.utils import JobStatus
+from omegaconf import OmegaConf
 
 from bench.jsonio import write_json_atomic
 from bench.runs import mark_unfinished, read_result
@@ -23,13 +25,16 @@ log = logging.getLogger("bench.sweep")
 
 class Runner:
     """Launches the jobs a sweeper planned into ``folder`` through Hydra's ``launcher``; ``over_budget()``
-    says why no further run should start (None: go on)."""
+    says why no further run should start (None: go on); ``ended(job)``, where given, is called after each run
+    that ends on its own, one at a time (the knob search writes what it has measured so far)."""
 
-    def __init__(self, folder: SweepFolder, launcher: Any, over_budget: Callable[[], Optional[str]]) -> None:
+    def __init__(self, folder: SweepFolder, launcher: Any, over_budget: Callable[[], Optional[str]],
+                 ended: Optional[Callable[[Job], None]] = None) -> None:
         self.folder = folder
         self.sweep_dir = folder.sweep_dir
         self.launcher = launcher
         self.over_budget = over_budget
+        self.ended = ended
 
     def run(self, to_run: list[Job], sequential: bool) -> list:
         return self.run_sequential(to_run) if sequential else self.run_parallel(to_run)
@@ -103,10 +108,13 @@ class Runner:
                 log.error("[sweep] job #%d raised %s: %s", j.num, type(e).__name__, e, exc_info=e)
                 mark_unfinished(self.sweep_dir / j.dir, j.cfg, "failed", type(e).__name__,
                                 f"the job raised {type(e).__name__}: {e}")
+            self._check_folder(j, ret)
             r = read_result(self.sweep_dir / j.dir)
             status = r.status if r else "unknown"
             log.info("[sweep] run %d/%d (job #%d) ended %s in %.1f s", i + 1, len(to_run), j.num, status,
                      time.time() - t0)
+            if self.ended is not None:
+                self.ended(j)
             if status == "interrupted":
                 self.folder.stopped()
                 log.error("[sweep] run %d/%d was interrupted: stopping the sweep (%d runs not started; "
@@ -115,6 +123,16 @@ class Runner:
             return False
         finally:
             claims.release(self.sweep_dir, j.dir)
+
+    def _check_folder(self, j: Job, ret: Any) -> None:
+        """Say so when the launcher ran job j into another folder than j.dir, the one the sweep reads its
+        status from (an unquoted ``hydra.sweep.subdir=1_67436339`` once ran into ``167436339/``)."""
+        out = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret is not None and \
+            ret.hydra_cfg is not None else None
+        want = (self.sweep_dir / j.dir).resolve()
+        if out is not None and Path(str(out)).resolve() != want:
+            log.error("[sweep] job #%d ran into %s, not into its planned folder %s: its status there is not "
+                      "this sweep's", j.num, out, want)
 
     # -- all at once
     def run_parallel(self, to_run: list[Job]) -> list:

@@ -5,6 +5,10 @@
 invalid / predicted-OOM records, resume) running successive halving for every configuration the
 command line expands to (a *base*: one strategy, model, world size, ...):
 
+* bases: a key that is part of a strategy's identity rather than a knob (``StrategySpec.search_bases``: ZeRO's
+  stage; ZeRO-1 and ZeRO-3 are two strategies to the analysis and the store of measured bests) and that the
+  command line leaves unset is searched at each of its values, each value a base of its own (its own trials and
+  winner), so that ``strategy=zero`` searches ZeRO-0 to ZeRO-3; a value the command line sets is kept;
 * candidates: the base at its defaults, the base with ``tuning=best`` (the strategy's profile, where it
   changes something for this base), and every setting one knob away from that profile, over the
   candidate values each knob declares in its schema (``knob(..., tune=(...))``; a knob the command
@@ -39,10 +43,10 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from bench.jsonio import read_json_dict, write_json_atomic
-from bench.strategies.registry import get_spec
+from bench.strategies.registry import get_spec, specs
 from bench.runs import override_key, read_result, rerun_command, scan
 from bench.schema import BenchConfig, ConfigError, fields_of
 from bench.sweep.jobs import Job
@@ -77,6 +81,44 @@ def _get(cfg: dict, dotted: str) -> Any:
     for part in dotted.split("."):
         cfg = cfg.get(part) if isinstance(cfg, dict) else None
     return cfg
+
+
+def set_keys(overrides: list[str]) -> set[str]:
+    """The dotted keys overrides set, a top-level shorthand (``zero_stage=3``) also as the key it sets."""
+    keys = {override_key(o) for o in overrides}
+    aliases = {n: f.metadata["alias"] for n, f in fields_of(BenchConfig).items() if f.metadata.get("alias")}
+    return keys | {aliases[k] for k in keys if k in aliases}
+
+
+def per_identity(base: list[str], cfg: Optional[dict]) -> tuple[list[list[str]], dict[str, tuple]]:
+    """(bases, what was expanded): ``base`` once per value of each key its strategy searches as bases of their
+    own (StrategySpec.search_bases) that the base leaves unset; as it is where it sets them all (or does not
+    compose: ``cfg`` None)."""
+    spec = specs().get(((cfg or {}).get("strategy") or {}).get("name"))
+    fixed = set_keys(base)
+    grid = {k: tuple(v) for k, v in (spec.search_bases if spec else {}).items() if k not in fixed}
+    combos = itertools.product(*([f"{k}={_fmt(x)}" for x in v] for k, v in grid.items()))
+    return [list(base) + list(c) for c in combos], grid
+
+
+def identity_bases(bases: list[list[str]], composed: Callable[[list[str]], Optional[dict]]) -> list[list[str]]:
+    """The command line's bases, each strategy identity a search base of its own (:func:`per_identity`; ``composed``
+    gives a base's resolved config), with one log line naming the bases expanded."""
+    out, expanded = [], []
+    for base in bases:
+        more, grid = per_identity(base, composed(base))
+        out += more
+        if grid:
+            expanded.append(f"{_words(base)} -> {len(more)} bases, "
+                            + " ".join(f"{k}={','.join(map(_fmt, v))}" for k, v in grid.items()))
+    if expanded:
+        log.info("[tune] searched as bases of their own (a strategy identity each, StrategySpec.search_bases; set "
+                 "the key on the command line to search one): %s", "; ".join(expanded))
+    return out
+
+
+def _words(base: list[str]) -> str:
+    return " ".join(o for o in base if not o.startswith("+experiment"))
 
 
 def _untuned(cfg: dict) -> dict:
@@ -115,6 +157,7 @@ class KnobSearchSweeper(BenchSweeper):
                               "and the report compare settings at their longest measurement")
         self.keep = float(keep)
         self.repeats = max(1, int(repeats))
+        self._live: Optional[tuple[list[dict], int]] = None  # (state, rung) while a rung runs (run_ended)
 
     # -- budget
     def spent_min(self) -> float:
@@ -131,23 +174,28 @@ class KnobSearchSweeper(BenchSweeper):
             if spent >= self.budget_min else None
 
     # -- candidates
-    def _candidates(self, base: list[str]) -> list[tuple[str, list[str]]]:
-        probe = Job(num=-1, overrides=list(base))
+    def _composed(self, overrides: list[str]) -> Optional[dict]:
+        """The resolved config of overrides (None: it cannot be composed)."""
+        probe = Job(num=-1, overrides=list(overrides))
         self._compose(probe)
-        if probe.cfg is None:
+        return probe.cfg
+
+    def _candidates(self, base: list[str]) -> list[tuple[str, list[str]]]:
+        cfg = self._composed(base)
+        if cfg is None:
             return [("default", base)]
-        fixed = {override_key(o) for o in base}
+        fixed = set_keys(base)
         out = [("default", base)]
-        best = Job(num=-1, overrides=base + ["tuning=best"])
-        self._compose(best)
+        with_profile = base + ["tuning=best"]
+        best = self._composed(with_profile)
         # the profile as a candidate where it changes something here (on several ranks, DDP's applies nothing)
-        changes = best.cfg is not None and _untuned(best.cfg) != _untuned(probe.cfg)
+        changes = best is not None and _untuned(best) != _untuned(cfg)
         if changes:
-            out.append(("best", best.overrides))
-        anchor = best.overrides if changes else base
-        for key, values, needs in tunables(probe.cfg, fixed):
+            out.append(("best", with_profile))
+        anchor = with_profile if changes else base
+        for key, values, needs in tunables(cfg, fixed):
             for v in values:
-                extra = [f"{k}={_fmt(x)}" for k, x in needs.items() if _get(probe.cfg, k) != x]
+                extra = [f"{k}={_fmt(x)}" for k, x in needs.items() if _get(cfg, k) != x]
                 out.append((f"{key}={_fmt(v)}", anchor + extra + [f"{key}={_fmt(v)}"]))
         return out
 
@@ -169,7 +217,7 @@ class KnobSearchSweeper(BenchSweeper):
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         self._begin()
-        bases = self._expand(arguments)
+        bases = identity_bases(self._expand(arguments), self._composed)
         self._taken, num = set(), 0
         state = []
         for base in bases:
@@ -200,7 +248,9 @@ class KnobSearchSweeper(BenchSweeper):
             if not jobs:
                 break
             log_rung(rung, len(jobs) // n, self.rungs[rung], n)
+            self._live = (state, rung)
             self.execute(jobs)
+            self._live = None
             if self.dry:
                 self._write(state)  # the candidates, their predictions and what was dropped
                 return []
@@ -211,10 +261,29 @@ class KnobSearchSweeper(BenchSweeper):
         record_bests(self.sweep_dir)
         return []
 
+    def run_ended(self, job: Job) -> None:
+        """After each run of a rung (the Runner's per-run hook): tune.json with what the rung has measured so far,
+        nothing promoted, so that a search killed mid-rung leaves its completed trials and the current leader."""
+        if self._live is None:
+            return
+        state, rung = self._live
+        for st in state:
+            self._measure(st, rung)
+        self._write(state)
+
     def _score(self, st: dict, rung: int) -> None:
         """Read this rung's trials; promote the fastest ``keep`` fraction.  A trial is ranked by its
         median step (tokens per step / median step time): a short trial's mean carries its slowest steps
         (a late compile, an allocator warm-up, host jitter) at full weight."""
+        ran = self._measure(st, rung)
+        ok = sorted((t for t in ran if str(rung) in t.get("measured", {})), key=lambda t: -_score_at(t, rung))
+        n_keep = max(1, math.ceil(len(ok) * self.keep)) if rung + 1 < len(self.rungs) else 0
+        for t in ok[:n_keep] if len(ok) > 1 else []:
+            t["promoted"] = True
+
+    def _measure(self, st: dict, rung: int) -> list[dict]:
+        """This rung's trials of a base, each with its status and measurement as its run folders say (the median
+        of its repeats that completed)."""
         ran = [t for t in st["trials"] if t["rung"] == rung]
         for t in ran:
             done, statuses = [], []
@@ -233,10 +302,7 @@ class KnobSearchSweeper(BenchSweeper):
                     "median_step_tokens_per_s": statistics.median(d[0] for d in done),
                     "tokens_per_s": statistics.median(d[1] for d in done), "runs": len(done),
                     "dir": done[0][2], "dirs": [d[2] for d in done]}
-        ok = sorted((t for t in ran if str(rung) in t.get("measured", {})), key=lambda t: -_score_at(t, rung))
-        n_keep = max(1, math.ceil(len(ok) * self.keep)) if rung + 1 < len(self.rungs) else 0
-        for t in ok[:n_keep] if len(ok) > 1 else []:
-            t["promoted"] = True
+        return ran
 
     def _write(self, state: list[dict]) -> None:
         from bench.bests import user_store
@@ -288,7 +354,7 @@ def by_prediction(st: dict) -> list[Job]:
     keep = sorted((t for t in trials if t["rung"] == 0),
                   key=lambda t: (t["name"] != "default", -(t["predicted_tokens_per_s"] or 0.0)))
     log.info("[tune] %s: %d candidate(s) in order of predicted tokens/s (best predicted: %s, %s), %d dropped as "
-             "predicted below %.0f%% of it", " ".join(o for o in st["base"] if not o.startswith("+experiment")),
+             "predicted below %.0f%% of it", _words(st["base"]),
              len(keep), top["name"], f"{best:,.0f}", st["dropped"], 100 * DROP_BELOW)
     return [j for t in keep for j in t["jobs"]]
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench.runs import FAILED, scan
 from bench.sweep.claims import SweepFolder
-from bench.sweep.jobs import Job, compose, declare_preloads, expand, log_plan, write_plans
+from bench.sweep.jobs import Job, compose, declare_preloads, expand, log_plan, subdir_override, write_plans
 from bench.sweep.runner import Runner
 
 log = logging.getLogger("bench.sweep")
@@ -143,15 +143,19 @@ class BenchSweeper(Sweeper):
         # is claimed again just before it runs (bench/sweep/claims.py)
         self.folder.record(jobs, self.config)
         for j in to_run:
-            j.overrides = list(j.overrides) + [f"hydra.sweep.subdir={j.dir}"]
+            j.overrides = list(j.overrides) + [subdir_override(j.dir)]
         declare_preloads(to_run)
         sequential = self.sequential
         if sequential is None:
             sequential = not getattr(self.launcher, "parallel_jobs", False)
         if not to_run:
             return []
-        return Runner(self.folder, self.launcher, self.over_budget).run(to_run, sequential)
+        return Runner(self.folder, self.launcher, self.over_budget, self.run_ended).run(to_run, sequential)
 
     def over_budget(self) -> Optional[str]:
         """Why no further run should start (None: go on); the knob search stops at its GPU-time budget."""
         return None
+
+    def run_ended(self, job: Job) -> None:
+        """Called after each run that ends on its own, when runs go one at a time: nothing here (the knob search
+        records what it has measured so far)."""
