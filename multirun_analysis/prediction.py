@@ -234,7 +234,7 @@ def planned(paths: Iterable) -> pd.DataFrame:
         rows.append({"run": where, "model": (cfg.get("model") or {}).get("name"),
                      "world_size": cfg.get("world_size"), "tokens_per_step": (cfg.get("model") or {}).get(
                          "global_batch", 0) * (cfg.get("model") or {}).get("seq_len", 0),
-                     "strategy": (cfg.get("strategy") or {}).get("name"),
+                     "strategy": _strategy_label(cfg.get("strategy") or {}),
                      "layout": f"tp={lay.get('tp')} pp={lay.get('pp')} dp={lay.get('dp')} "
                                f"mb={lay.get('micro_batch_size')}x{lay.get('microbatches')} rc={lay.get('recompute')}",
                      "fits": "no" if mem.get("fits") is False else ("tight" if mem.get("tight") else
@@ -249,6 +249,18 @@ def planned(paths: Iterable) -> pd.DataFrame:
     t = t.sort_values(["model", "world_size", "tokens_per_step", "_out", "predicted_tokens_per_s"],
                       ascending=[True, True, True, True, False], na_position="last")
     return t.drop(columns="_out").reset_index(drop=True)
+
+
+def _strategy_label(strategy: dict) -> str:
+    """The strategy as the measured analysis names it (StrategySpec.label: ZeRO's stage, offloads), so that a
+    dry run's rows (a search's four ZeRO stages among them) tell apart what the measured report does."""
+    from bench.strategies.registry import get_spec
+
+    name = str(strategy.get("name"))
+    try:
+        return " ".join(get_spec(name).label(name, strategy))
+    except (KeyError, ValueError):  # a strategy this code no longer knows: its recorded name
+        return name
 
 
 def planned_section(t: pd.DataFrame) -> list[str]:

@@ -210,6 +210,9 @@ def test_zero_searches_each_stage_as_a_base_of_its_own_unless_the_stage_is_set(t
         assert all(t["overrides"][:len(b["base"])] == b["base"] for b in bases for t in b["trials"])
         assert stages == [0, 1, 2, 3], stages
         assert "[tune] searched as bases of their own" in out and "-> 4 bases, strategy.zero_stage=0,1,2,3" in out
+        from multirun_analysis.prediction import planned as planned_table  # the dry run's ranking names each stage
+
+        assert set(planned_table([sweep])["strategy"]) == {"zero-0", "zero-1", "zero-2", "zero-3"}
     else:
         assert len(bases) == 1 and "strategy.zero_stage=3" not in bases[0]["base"] and stages == [3]
         assert "searched as bases of their own" not in out
