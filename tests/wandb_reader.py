@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,19 @@ def wandb_records(path: Path):
             buf = b""
 
 
-def read_wandb_run(run_file: Path) -> dict:
-    """What an offline wandb run recorded: project, group, name, config, history and summary."""
+def read_wandb_run(run_file: Path, wait_s: float = 30.0) -> dict:
+    """What an offline wandb run recorded: project, group, name, config, history and summary.  wandb's
+    service process writes the file; on a loaded machine its records can land a moment after ``finish()``
+    returns, so an incomplete file (no run record yet) is read again for up to ``wait_s``."""
+    deadline = time.time() + wait_s
+    while True:
+        out = _read_once(run_file)
+        if "project" in out or time.time() > deadline:
+            return out
+        time.sleep(0.5)
+
+
+def _read_once(run_file: Path) -> dict:
     out: dict[str, Any] = {"config": {}, "history": [], "summary": {}}
     key = lambda item: item.key or ".".join(item.nested_key)  # noqa: E731
     for r in wandb_records(run_file):
