@@ -50,7 +50,7 @@ import numpy as np
 
 from bench.hardware import HardwareConfig, match, resolve
 from bench.memory_model import MB, memory_plan
-from bench.metrics.flops import (float8_cast_elements_per_token, float8_matmul_params, flops_per_token,
+from bench.metrics.flops import (float8_cast_elements_per_layer_token, float8_matmul_params, flops_per_token,
                                 hardware_flops_per_token)
 from bench.schema import Plan
 from bench.strategies.registry import get_spec
@@ -139,9 +139,8 @@ def _float8_cast_bytes(plan: Plan, layers_on_rank: float) -> float:
         return 0.0
     m = plan.model
     tokens = plan.micro_batch_size * m["seq_len"] * plan.grad_accum
-    per_layer = float8_cast_elements_per_token(m) / m["n_layers"]
     passes = 2.0 if plan.cfg["recompute"] == "full" else 1.0
-    return 3.0 * tokens * per_layer * layers_on_rank * passes / plan.tp
+    return 3.0 * tokens * float8_cast_elements_per_layer_token(m) * layers_on_rank * passes / plan.tp
 
 
 def _host_terms(plan: Plan, traffic: dict) -> dict[str, float]:
@@ -164,7 +163,7 @@ def combine(t: dict, k: dict) -> dict:
     eff = k["e_max"] * t["matmul_size"] / (t["matmul_size"] + k["x_half"])
     fused = np.where(t["compiled"] > 0, k["fused"], 1.0)
     compute = (t["flops"] / (t["peak"] * eff) + k["passes"] * t["elementwise_s"] * fused + t["optimizer_s"]
-               + k["fp8_cast"] * t.get("fp8_cast_s", 0.0))
+               + k["fp8_cast"] * t["fp8_cast_s"])
     wire = (k["grad_exposed"] * t["grad_reduce_s"] + k["param_exposed"] * t["param_gather_s"] + t["tail_s"]
             + t["activation_s"] + t["p2p_s"]) / k["link_eff"]
     comm = wire + COLLECTIVE_LATENCY_S * t["collectives"] + t["offload_s"]
@@ -172,7 +171,7 @@ def combine(t: dict, k: dict) -> dict:
     device = compute + comm + bubble
     launch = np.where(t["graphed"] > 0, k["graph_host"], np.where(t["compiled"] > 0, k["compiled_host"], 1.0))
     layers = k["per_layer"] * t["layer_passes"] * np.where(t["compiled"] > 0, 1.0, t["layer_host"])
-    host = t.get("host_factor", 1.0) * (1 + k["lockstep"] * t.get("host_lockstep", 0.0)) * (launch * (layers + k["per_microbatch"] * t["microbatches"]) + k["per_step"]
+    host = t.get("host_factor", 1.0) * (1 + k["lockstep"] * t["host_lockstep"]) * (launch * (layers + k["per_microbatch"] * t["microbatches"]) + k["per_step"]
                                         + k["per_hook"] * t["hooks"])
     overlap = np.where(t["host_waits"] > 0, k["overlap_sync"], k["overlap"])
     step = (np.maximum(device, host) + overlap * np.minimum(device, host) + k["per_sync"] * t["syncs"]

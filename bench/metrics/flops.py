@@ -79,16 +79,16 @@ def float8_matmul_params(model: dict) -> int:
     return model["n_layers"] * (2 * d * d + 2 * d * kv + mlp)
 
 
-def float8_cast_elements_per_token(model: dict) -> int:
-    """Elements precision=fp8 casts to float8 per token, over the converted Linear layers of all blocks: each
-    layer's input (forward) and its output gradient (backward), as torchao casts them before each float8 matmul.
+def float8_cast_elements_per_layer_token(model: dict) -> int:
+    """Elements precision=fp8 casts to float8 per token in one block's converted Linear layers: each layer's input
+    (forward) and its output gradient (backward), as torchao casts them before each float8 matmul.
     Memory-bound work on top of the matmuls (bench/predict.py, ``fp8_cast``)."""
     d, ff = model["d_model"], model["d_ff"]
     kv = (model.get("n_kv_heads") or model["n_heads"]) * (d // model["n_heads"])
     up = 2 if model.get("arch", "gpt") == "llama" else 1  # llama: gate and up; gpt: one fc
     inputs = 4 * d + up * d + ff            # q, k, v, o; the MLP's up projection(s); its down projection
     output_grads = 2 * d + 2 * kv + up * ff + d
-    return model["n_layers"] * (inputs + output_grads)
+    return inputs + output_grads
 
 
 # the peak MFU divides by, per run precision: an fp8 run against bf16's (module docstring)
