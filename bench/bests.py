@@ -12,16 +12,18 @@ The store is two files: ``bench/bests.json``, shipped, rebuilt from the searches
 ``~/.cache/bench/bests.json``), where every search adds its winners (a winner of the same workload
 replaces the earlier one).
 
-The distance of two workloads of one strategy identity on one device type (another device is never
-compared)::
+The distance of two workloads of one strategy identity on one device type, or on a sibling (the same
+architecture, by the hardware presets' compute capability, with other memory: H100 80GB and H200); another
+architecture is never compared::
 
     d = |log2 P/P'| + |log2 T/T'| + |log2 W/W'| + [exactly one of W, W' is 1]
-        + 0.5 [arch differs] + 2 [precision differs]
+        + 0.5 [arch differs] + 2 [precision differs] + 0.5 [a sibling device]
 
 (P parameters, T tokens per rank per micro-batch, W world size: one rank has no communication at all).
 *Near* is d <= NEAR = 1: twice the parameters, or twice the tokens per micro-batch, or twice the ranks
 (2 -> 4, not 1 -> 2), but not two of them; an architecture of its own costs half of it, another precision
-is never near.  tuning=best applies the nearest entry's settings when it is near, else the strategy's
+is never near; a sibling device costs as much as another architecture (the same kernels run, memory size and
+bandwidth differ: a setting that does not fit is still refused by the memory plan).  tuning=best applies the nearest entry's settings when it is near, else the strategy's
 static profile (bench/tuning_profiles.py).  The micro-batch is not taken from an entry (a number of
 sequences of another workload's batch): tuning=best uses micro_batch_size=auto.
 """
@@ -38,12 +40,13 @@ from dataclasses import MISSING
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from bench.hardware import match as match_hardware
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.schema import BenchConfig, fields_of
 
 SHIPPED = Path(__file__).with_name("bests.json")
 NEAR = 1.0
-ARCH_COST, PRECISION_COST, ONE_RANK_COST = 0.5, 2.0, 1.0
+ARCH_COST, PRECISION_COST, ONE_RANK_COST, SIBLING_COST = 0.5, 2.0, 1.0, 0.5
 MICRO_BATCH = "strategy.micro_batch_size"
 
 
@@ -129,13 +132,27 @@ def describe(e: dict) -> str:
 
 
 # ------------------------------------------------------------------------------ distance and lookup
+def device_cost(a: Optional[str], b: Optional[str]) -> Optional[float]:
+    """0 for one device type, SIBLING_COST for two GPUs of one architecture (the presets' compute capability,
+    bench/hardware.py), None for devices never compared."""
+    if str(a or "").lower() == str(b or "").lower():
+        return 0.0
+    pa, pb = match_hardware(a), match_hardware(b)
+    if pa is None or pb is None or pa.compute_capability != pb.compute_capability:
+        return None
+    return SIBLING_COST
+
+
 def distance(a: dict, b: dict) -> tuple[float, dict]:
-    """(distance, its parts) of two workloads (module docstring)."""
+    """(distance, its parts) of two workloads (module docstring); devices that are never compared: inf."""
     def log2(x: str) -> float:
         return abs(math.log2(max(a[x], 1) / max(b[x], 1)))
 
+    dev = device_cost(a.get("device"), b.get("device"))
+    if dev is None:
+        return math.inf, {"device": math.inf}
     one = (a["world_size"] == 1) != (b["world_size"] == 1)
-    parts = {"parameters": log2("parameters"), "tokens_per_microbatch": log2("tokens_per_microbatch"),
+    parts = {"device": dev, "parameters": log2("parameters"), "tokens_per_microbatch": log2("tokens_per_microbatch"),
              "world_size": log2("world_size") + (ONE_RANK_COST if one else 0.0),
              "arch": ARCH_COST if a["arch"] != b["arch"] else 0.0,
              "precision": PRECISION_COST if a["precision"] != b["precision"] else 0.0}
@@ -143,15 +160,15 @@ def distance(a: dict, b: dict) -> tuple[float, dict]:
 
 
 def nearest(spec, strategy: dict, wl: dict, entries: Optional[list] = None) -> Optional[dict]:
-    """The nearest entry of this strategy identity on this device, near or not: {entry, origin, distance,
-    parts}; None when there is none.  Ties: the user's own before the shipped, then the faster."""
+    """The nearest entry of this strategy identity on this device or a sibling, near or not: {entry, origin,
+    distance, parts}; None when there is none.  Ties: the user's own before the shipped, then the faster."""
     ident, found = identity(spec, strategy), None
     for origin, e in load() if entries is None else entries:
-        if str(e["workload"].get("device", "")).lower() != str(wl["device"]).lower():
-            continue
         if (e.get("strategy") or {}).get("name") != spec.name or identity(spec, e["strategy"]) != ident:
             continue
         d, parts = distance(wl, e["workload"])
+        if math.isinf(d):
+            continue
         rank = (d, origin != "user", -(e.get("tokens_per_s") or 0.0))
         if found is None or rank < found["rank"]:
             found = {"rank": rank, "entry": e, "origin": origin, "distance": d, "parts": parts}
@@ -212,11 +229,27 @@ def _searches(tune: dict) -> Iterable[tuple[str, dict]]:
             yield sub, t
 
 
-def _winner(trials: list[dict], recorded: Optional[dict]) -> Optional[tuple[dict, str, float, Optional[int]]]:
-    """(trial, its run's folder, tokens/s, rung) of a base's winner by the current rule (bench/sweep/search.py
-    winner); a tune.json written before trials kept their measurements: its recorded winner."""
-    from bench.sweep.search import winner
+def winner(trials: list[dict]) -> tuple[Optional[dict], Optional[int]]:
+    """The fastest trial at the deepest rung any trial was measured at (a trial measured only at an
+    earlier rung, one short run, is not ranked against it: host jitter alone moves a short run by more
+    than the differences a search separates; a survivor the budget left pending is the resumed search's
+    to measure).  Fastest by timed-window tokens/s, median over its repeats: multirun_analysis picks a
+    strategy's best by the same rule (answer._best), so that tune.json and the report name the same
+    winner; the median step only decides promotion, where a short trial's slowest steps weigh most."""
+    deepest = max((int(r) for t in trials for r in t.get("measured", {})), default=None)
+    if deepest is None:
+        return None, None
+    measured = [t for t in trials if str(deepest) in t.get("measured", {})]
+    return max(measured, key=lambda t: _finite(t["measured"][str(deepest)]["tokens_per_s"])), deepest
 
+
+def _finite(x: Optional[float]) -> float:
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else -1.0
+
+
+def _winner(trials: list[dict], recorded: Optional[dict]) -> Optional[tuple[dict, str, float, Optional[int]]]:
+    """(trial, its run's folder, tokens/s, rung) of a base's winner by the current rule (``winner``); a
+    tune.json written before trials kept their measurements: its recorded winner."""
     top, at = winner(trials)
     if top is not None:
         m = top["measured"][str(at)]

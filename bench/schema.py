@@ -261,3 +261,7 @@ LAYOUT_DOCS = {
                 "interleaved_1f1b",
 }
 SCHEDULES = ("auto", "gpipe", "1f1b", "interleaved_1f1b")
+# strategy.cuda_graph (megatron-core): steps 0 .. CUDA_GRAPH_CAPTURE_STEP - 1 run eagerly (NCCL communicators,
+# the allocator and cuBLAS set themselves up); that step is captured and every later one replays it.  Here,
+# below the strategies, because the family's warm-up rule and megatron's runner both read it.
+CUDA_GRAPH_CAPTURE_STEP = 2

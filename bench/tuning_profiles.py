@@ -107,7 +107,7 @@ def _choose(c: dict, spec, base: Any, device: Optional[str]) -> tuple[Optional[d
     wl = bests.plan_workload(base, device)
     found = bests.nearest(spec, c["strategy"], wl)
     if found is None:
-        return fallback(f"no measured best of this strategy on {device}")
+        return fallback(f"no measured best of this strategy on {device} or a GPU of its architecture")
     e, d = found["entry"], found["distance"]
     if d > bests.NEAR:
         return fallback(f"the nearest measured workload ({bests.describe(e)}) is at distance {d:.2f} > "

@@ -60,6 +60,32 @@ def test_distance_is_the_log_ratios_plus_what_does_not_match():
     assert d == 2.0 > bests.NEAR and parts["parameters"] == parts["tokens_per_microbatch"] == 1.0
 
 
+def test_a_sibling_gpu_is_near_and_another_architecture_is_never_compared():
+    """H100 80GB and H200 are one architecture (the presets' compute capability 9.0) with other memory: a best
+    measured on one is a candidate for the other, at a cost; an A100's never is."""
+    w = {"device": "NVIDIA H100 80GB HBM3", "arch": "llama", "parameters": 8e9, "world_size": 4,
+         "tokens_per_microbatch": 2048, "precision": "bf16"}
+    d, parts = bests.distance(w, {**w, "device": "NVIDIA H200"})
+    assert d == parts["device"] == bests.SIBLING_COST <= bests.NEAR
+    assert bests.distance(w, {**w, "device": "NVIDIA A100-SXM4-80GB"})[0] == float("inf")
+    assert bests.distance(w, {**w, "device": "cpu"})[0] == float("inf")
+
+
+def test_tuning_best_on_an_h100_takes_the_h200_measurement_of_its_workload(tmp_path, monkeypatch):
+    """A user store holding an H200 search of this workload (2 ranks): on an H100 tuning=best applies it, at the
+    sibling's distance, instead of the shipped one-rank H100 entries (distance 2) or the static profile."""
+    monkeypatch.setenv("BENCH_BESTS", str(tmp_path / "bests.json"))
+    on_h100 = (*FSDP_300M, "world_size=2", "dry_run=true", "hardware=h100_sxm_80gb")
+    p = plan(*on_h100)
+    bests.record([{"strategy": bests.stored_identity(get_spec("fsdp"), p.strategy),
+                   "settings": {"strategy.blocks_per_unit": 4}, "tokens_per_s": 300_000.0,
+                   "peak_memory_mb": 18_000.0, "workload": bests.plan_workload(p, "NVIDIA H200"),
+                   "source": "results/test#tune"}])
+    src = plan(*on_h100, "tuning=best").tuning["source"]
+    assert src["kind"] == "measured" and src["workload"]["device"] == "NVIDIA H200"
+    assert src["distance"] == src["distance_parts"]["device"] == bests.SIBLING_COST
+
+
 def test_a_near_measured_workload_is_applied_and_recorded_with_its_distance(store):
     """Twice the tokens per micro-batch of the measured one: distance 1, near; its settings, not the static
     profile's (units of 8, no resharding), and the record names the measurement and the distance."""

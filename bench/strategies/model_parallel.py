@@ -14,17 +14,13 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from bench.layout_rules import check_torch_native
-from bench.schema import LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConfig, alias_default, knob
+from bench.schema import (CUDA_GRAPH_CAPTURE_STEP, LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConfig,
+                          alias_default, knob)
 from bench.strategies.registry import ModelStates, StrategySpec, register
 from bench.parallel.dp import TorchDDP
 from bench.strategies.torch_native import torch_native
 from bench.traffic import (all_gather, all_reduce, buckets, merge, param_tensors, pp_p2p, torch_native_hooks,
                            tp_activation)
-
-
-# strategy.cuda_graph (megatron-core): steps 0 .. CUDA_GRAPH_CAPTURE_STEP - 1 run eagerly (NCCL communicators,
-# the allocator and cuBLAS set themselves up); that step is captured and every later one replays it
-CUDA_GRAPH_CAPTURE_STEP = 2
 
 
 @dataclass

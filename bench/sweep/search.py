@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from bench.bests import winner
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.strategies.registry import get_spec, specs
 from bench.runs import override_key, read_result, rerun_command, scan
@@ -377,24 +378,6 @@ def record_bests(sweep_dir: Path) -> None:
 
 def _score_at(t: dict, rung: int) -> float:
     return t["measured"][str(rung)]["median_step_tokens_per_s"]
-
-
-def winner(trials: list[dict]) -> tuple[Optional[dict], Optional[int]]:
-    """The fastest trial at the deepest rung any trial was measured at (a trial measured only at an
-    earlier rung, one short run, is not ranked against it: host jitter alone moves a short run by more
-    than the differences a search separates; a survivor the budget left pending is the resumed search's
-    to measure).  Fastest by timed-window tokens/s, median over its repeats: multirun_analysis picks a
-    strategy's best by the same rule (answer._best), so that tune.json and the report name the same
-    winner; the median step only decides promotion, where a short trial's slowest steps weigh most."""
-    deepest = max((int(r) for t in trials for r in t.get("measured", {})), default=None)
-    if deepest is None:
-        return None, None
-    measured = [t for t in trials if str(deepest) in t.get("measured", {})]
-    return max(measured, key=lambda t: _finite(t["measured"][str(deepest)]["tokens_per_s"])), deepest
-
-
-def _finite(x: Optional[float]) -> float:
-    return x if isinstance(x, (int, float)) and math.isfinite(x) else -1.0
 
 
 def unmeasured_survivors(trials: list[dict], rung: int) -> list[str]:

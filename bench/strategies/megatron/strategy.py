@@ -29,8 +29,8 @@ import torch
 
 from bench.layout import TOKEN_RULE, Layout, resolve_schedule
 from bench.model import DTYPES, build_model
+from bench.schema import CUDA_GRAPH_CAPTURE_STEP
 from bench.strategies.base import StepResult, Strategy
-from bench.strategies.model_parallel import CUDA_GRAPH_CAPTURE_STEP
 
 log = logging.getLogger("bench.megatron")
 
