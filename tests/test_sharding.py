@@ -15,7 +15,7 @@ from bench.memory_model import model_state_bytes
 from bench.strategies.registry import get_spec
 from bench.metrics.flops import total_params
 from bench.strategies.deepspeed_env import fix_cuda_arch_list
-from bench.strategies.zero import build_ds_config
+from bench.strategies.zero_engine import build_ds_config
 from tests.conftest import CPU_FAST, REPO, metrics_of, run_bench
 
 TOL = 1e-5
