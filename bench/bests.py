@@ -23,8 +23,8 @@ architecture is never compared::
 *Near* is d <= NEAR = 1: twice the parameters, or twice the tokens per micro-batch, or twice the ranks
 (2 -> 4, not 1 -> 2), but not two of them; an architecture of its own costs half of it, another precision
 is never near; a sibling device costs as much as another architecture (the same kernels run, memory size and
-bandwidth differ: a setting that does not fit is still refused by the memory plan).  tuning=best applies the nearest entry's settings when it is near, else the strategy's
-static profile (bench/tuning_profiles.py).  The micro-batch is not taken from an entry (a number of
+bandwidth differ: a setting that does not fit is still refused by the memory plan).  tuning=best applies
+the nearest entry's settings when it is near, else the strategy's static profile (bench/tuning_profiles.py).  The micro-batch is not taken from an entry (a number of
 sequences of another workload's batch): tuning=best uses micro_batch_size=auto.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO stages 0-3 (optionally with optimizer / parameter offload) on bench's GPT.
 
-The DeepSpeed config is generated from the Hydra config (``build_ds_config`` in bench/strategies/zero_engine.py), never read
-from a file, and recorded in ``describe()["ds_config"]``.  One ``step(n)`` is one optimizer
+The DeepSpeed config is generated from the Hydra config (``build_ds_config``, bench/strategies/zero_engine.py),
+never read from a file, and recorded in ``describe()["ds_config"]``.  One ``step(n)`` is one optimizer
 step over global batch n: this rank's slice is cut into ``plan.grad_accum`` micro-batches, each
 goes through ``engine(x)`` / ``engine.backward`` / ``engine.step``; DeepSpeed scales each
 micro-batch loss by 1/grad_accum and only reduces and steps at the accumulation boundary
