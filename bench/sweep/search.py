@@ -54,9 +54,9 @@ from bench.sweep.jobs import Job
 from bench.sweep.sweeper import BenchSweeper
 
 RESULT = "tune.json"
-# rung 0 does not measure a candidate predicted below this fraction of the best predicted one: the prediction's
-# measured error (bench/calibration.json) is 10% at the median, 37% at the 90th percentile, so only candidates it
-# ranks far behind are dropped
+# rung 0 does not measure a candidate predicted below this fraction of the best predicted one: only candidates the
+# prediction ranks further behind than its 90th-percentile error (bench/calibration.json "error", printed by
+# python -m bench.calibrate) are dropped
 DROP_BELOW = 0.7
 log = logging.getLogger("bench.sweep")
 

@@ -22,8 +22,7 @@ executor parameters before submitting it:
 * each job is submitted on its own (no array): SLURM runs them in parallel; bench's sweeper
   launches local jobs one at a time (submitit_local would run a whole sweep at once);
 * a job sbatch refuses (GPUs, a partition or an account the cluster does not have), or bench
-  refuses, is recorded ``failed`` with the error, and the sweep goes on (it used to end with a
-  traceback, its runs left ``pending``);
+  refuses, is recorded ``failed`` with the error, and the sweep goes on (no run is left ``pending``);
 * when a job is over is SLURM's word: ``squeue -t all`` every few seconds (a job in a final state, or
   no longer listed).  submitit asks ``sacct``, which needs SLURM's accounting database: without
   one, a job that ended without submitit's result file (SLURM's time limit, scancel, node failure,
