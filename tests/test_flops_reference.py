@@ -1,0 +1,40 @@
+"""MFU's numerator against an independent reference: PyTorch's FlopCounterMode counting the matmuls that one
+forward + backward of bench's own model executes (bench/metrics/flops.py counts them from the model's sizes).
+
+SDPA runs its math backend here, so that the counter sees attention's two batched matmuls (its CPU flash kernel
+is not counted); like the formula (PaLM appendix B), it counts the full s x s scores, causal or not.  The formula
+also counts norms and biases at 6 FLOPs a parameter, which execute no matmul: a few tenths of a percent."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from bench.config import register_configs
+from bench.metrics.flops import flops_per_token, total_params
+from bench.model import build_model, lm_loss
+from tests.conftest import REPO
+
+register_configs()
+
+
+def model_cfg(*overrides: str) -> dict:
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return OmegaConf.to_container(compose("config", overrides=list(overrides)).model, resolve=True)
+
+
+@pytest.mark.parametrize("overrides", [("model=tiny",), ("model=llama_tiny",),
+                                       ("model=gpt2", "model.n_layers=2", "model.seq_len=128")])
+def test_flops_per_token_match_pytorchs_flop_counter(overrides):
+    m = model_cfg(*overrides)
+    model = build_model(m, 0, "cpu")
+    b, s = 2, m["seq_len"]
+    x = torch.randint(0, m["vocab_size"], (b, s + 1))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
+    counted = counter.get_total_flops() / (b * s)
+    assert counted == pytest.approx(flops_per_token(m), rel=0.01)
+    assert total_params(m) == sum(p.numel() for p in model.parameters())  # the built model's own count
