@@ -7,7 +7,9 @@ keeps the completed runs whose configuration the current code still plans, fits 
 (robust least squares on log step time: Levenberg-Marquardt with Huber weights and a weak pull towards
 predict.DEFAULTS, numpy only) and writes them with the error measured leave-one-results-folder-out: each
 folder's runs are predicted by constants fitted without that folder, so the error is what a new session's
-runs would see.  The measured step is the run's median step time (robust to a slow step); errors are on
+runs would see.  The same held-out errors are summed up per case (GPU, nodes, strategy: ``error_by_case``), which
+each prediction quotes for its own case (bench/predict.py ``case_error``), and beside them the error of the
+roofline alone (predict.ROOFLINE: no fitted constant), so that what the fitted terms buy is on the page.  The measured step is the run's median step time (robust to a slow step); errors are on
 tokens/s (tokens per step / step time).  Winner agreement: within each (model, GPU count, tokens per step,
 device) with two strategies or more, the strategy predicted fastest (its fastest predicted run) is the
 measured fastest or within 5% of it.
@@ -32,7 +34,7 @@ from typing import Optional
 import numpy as np
 
 from bench.hardware import match
-from bench.predict import BOUNDED, CALIBRATION, DEFAULTS, combine, host_key, terms
+from bench.predict import BOUNDED, CALIBRATION, DEFAULTS, ROOFLINE, combine, gpu_type, host_key, plan_topology, terms
 from bench.runs import with_added_defaults
 from bench.schema import BenchConfig, fields_of
 
@@ -117,7 +119,9 @@ def load_runs(dirs: list[Path]) -> tuple[list[dict], dict]:
                 left["unknown_device"] += 1
                 continue
             m, prov = plan.model, rec.get("provenance") or {}
+            nodes = len((rec.get("placement") or {}).get("nodes") or {}) or plan_topology(plan, hw).nodes
             runs.append({"folder": path.name, "plan": plan, "device": hw.gpu, "terms": terms(plan, hw),
+                         "case": (gpu_type(hw), str(nodes), plan.strategy["name"]),
                          "host": host_key(prov.get("hostname"), prov.get("cpu_count")),
                          "step": float(rec["step_time_s"]["median"]), "tokens": m["global_batch"] * m["seq_len"]})
     return runs, left
@@ -249,6 +253,19 @@ def error_statement(runs: list[dict], predicted: np.ndarray) -> dict:
             "winner_agree": agree}
 
 
+def by_case(runs: list[dict], predicted: np.ndarray) -> dict:
+    """Held-out error per GPU type, node count and strategy ("*": every strategy), as predict.case_error reads it:
+    {gpu: {nodes: {strategy: {runs, median_abs, p90_abs}}}}."""
+    err = np.abs(np.array([r["step"] for r in runs]) / predicted - 1)
+    cases: dict = {}
+    for i, r in enumerate(runs):
+        gpu, nodes, strategy = r["case"]
+        for key in (strategy, "*"):
+            cases.setdefault(gpu, {}).setdefault(nodes, {}).setdefault(key, []).append(err[i])
+    return {gpu: {nodes: {k: {"runs": len(v), "median_abs": float(np.median(v)), "p90_abs": float(np.percentile(v, 90))}
+                          for k, v in sorted(by.items())} for nodes, by in per.items()} for gpu, per in cases.items()}
+
+
 def leave_one_folder_out(runs: list[dict]) -> tuple[np.ndarray, dict]:
     """Each folder's runs predicted by constants fitted on the other folders; per-folder median errors."""
     predicted = np.empty(len(runs))
@@ -276,8 +293,10 @@ def calibrate(dirs: list[Path], out: Path = CALIBRATION, quiet: bool = False) ->
         predicted, per_folder = predict_runs(runs, fit(runs)), {}
         method = "in-sample (one folder: nothing to hold out)"
     error = {**error_statement(runs, predicted), "method": method}
-    doc = {**fit(runs), "error": error, "runs_left_out": left, "per_folder": per_folder,
-           "fitted_on": {"folders": folders, "runs": len(runs)}}
+    roofline = {**error_statement(runs, combine(stack(runs), ROOFLINE)["step_time_s"]),
+                "method": "roofline: no fitted constant (bench/predict.py ROOFLINE)"}
+    doc = {**fit(runs), "error": error, "roofline_error": roofline, "error_by_case": by_case(runs, predicted),
+           "runs_left_out": left, "per_folder": per_folder, "fitted_on": {"folders": folders, "runs": len(runs)}}
     out.write_text(json.dumps(doc, indent=1) + "\n")
     if not quiet:
         report(doc, out)
@@ -297,9 +316,27 @@ def report(doc: dict, out: Path) -> None:
     if e["winner_agreement"] is not None:
         print(f"  winner agreement:                       {100 * e['winner_agreement']:.0f}%  "
               f"({e['winner_agree']} of {e['winner_groups']} groups)")
+    print(roofline_table(e, doc["roofline_error"]))
+    print("held out, per GPU / nodes (all strategies): " + "; ".join(
+        f"{gpu} / {nodes} node{'s' if nodes != '1' else ''}: median {100 * by['*']['median_abs']:.1f}%, p90 "
+        f"{100 * by['*']['p90_abs']:.1f}% ({by['*']['runs']} runs)"
+        for gpu, per in sorted(doc["error_by_case"].items()) for nodes, by in sorted(per.items())))
     print("constants (all folders): " + ", ".join(f"{k}={v:.3g}" for k, v in doc["constants"].items()))
     print("host factors: " + ", ".join(f"{k} {v:.2f}" for k, v in doc["host_factors"].items()))
     print(f"wrote {out}")
+
+
+def roofline_table(model: dict, roofline: dict) -> str:
+    """The model's held-out error beside the roofline's (no fitted constants): what the fitted terms buy."""
+    def cells(e: dict) -> str:
+        long = e["median_abs_step_ge_100ms"]
+        win = f"{e['winner_agree']}/{e['winner_groups']}" if e["winner_groups"] else "-"
+        return (f"{100 * e['median_abs']:6.1f}%  {100 * long if long is not None else float('nan'):6.1f}%  "
+                f"{100 * e['p90_abs']:6.1f}%  {win:>7}")
+    return ("what the fitted terms buy (|predicted / measured tokens/s - 1|):\n"
+            "                           median  >=100ms     p90   winner\n"
+            f"  model, held out          {cells(model)}\n"
+            f"  roofline, nothing fitted {cells(roofline)}  (matmuls at peak, bytes at link speed, no host)")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -113,3 +113,10 @@ def resolve_schedule(schedule: str, virtual: int) -> str:
 
 TOKEN_RULE = ("one rank per data-parallel replica counts its slice of the global batch: tensor-parallel "
               "rank 0 on the last pipeline stage (other ranks count 0 and report no loss)")
+
+
+# --------------------------------------------------------------------------- sharded data parallelism
+def dp_shard_size(dp: int, strategy: dict) -> int:
+    """Ranks that share one copy of the sharded model states: all dp ranks, or under HSDP
+    (``strategy.dp_replicate`` replicas) the dp / dp_replicate ranks of one replica."""
+    return dp // strategy.get("dp_replicate", 1)

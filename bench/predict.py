@@ -13,8 +13,9 @@ One optimizer step of the slowest rank, in seconds::
                                                                      write float8; amax and transposes in fp8_cast)
   comm     = (grad_exposed x grad_reduce + param_exposed x param_gather + tail + activation + p2p)
                / (link x link_eff) + 20 us x collectives + offload / PCIe
-             bytes per kind from the strategy (StrategySpec.traffic, bench/traffic.py); the link is the
-             node's GPU-to-GPU bandwidth (between nodes when the run spans several)
+             bytes per kind from the strategy (StrategySpec.traffic, bench/traffic.py); the link is the bus
+             bandwidth of the group each kind travels over (bench/topology.py: TP inside a node, a data-parallel
+             group across nodes costed hierarchically, pipeline sends at the network share once they cross nodes)
   bubble   = (compute + comm) x (pp - 1) / (virtual x micro-batches)
   host     = host factor x (1 + lockstep x [ranks > 1 and host hooks])
              x (launch x (per_layer x layer_host x layers x micro-batches
@@ -54,9 +55,11 @@ from bench.metrics.flops import (float8_cast_elements_per_layer_token, float8_ma
                                 hardware_flops_per_token)
 from bench.schema import Plan
 from bench.strategies.registry import get_spec
+from bench.topology import Topology, topology
 from bench.traffic import BYTE_KINDS
 
 CALIBRATION = Path(__file__).with_name("calibration.json")
+CASE_MIN_RUNS = 5  # a strategy's own error is quoted from this many recorded runs of its case up; else its GPU's
 OPTIMIZER_PASSES = 1.75  # fused AdamW: reads params, grads, m, v, writes params, m, v: 7 of 4 state parts
 HOST_LINK_GBPS = 25.0  # host <-> device over PCIe (offload), one direction, achieved
 COLLECTIVE_LATENCY_S = 20e-6  # one NCCL collective's start-up inside a node (small-message latency)
@@ -68,6 +71,10 @@ DEFAULTS = {
     "compiled_host": 0.5, "graph_host": 0.05, "per_hook": 2e-5, "overlap": 0.05, "overlap_sync": 0.3,
     "per_sync": 1e-4, "per_adam_param": 2e-9, "fp8_cast": 4.0, "lockstep": 0.2,
 }
+# the roofline baseline (bench/calibrate.py prints its error beside the model's): no fitted constant, matmuls at
+# peak, one pass over the elementwise bytes, every byte exposed at the link's speed, no host time
+ROOFLINE = {**{k: 0.0 for k in DEFAULTS}, "e_max": 1.0, "passes": 1.0, "fused": 1.0, "link_eff": 1.0,
+            "grad_exposed": 1.0, "param_exposed": 1.0, "compiled_host": 1.0, "graph_host": 1.0, "fp8_cast": 1.0}
 BOUNDED = ("e_max", "fused", "link_eff", "grad_exposed", "param_exposed", "compiled_host", "graph_host", "overlap",
            "overlap_sync")  # fractions in (0, 1)
 
@@ -99,11 +106,9 @@ def _peak(plan: Plan, hw: HardwareConfig) -> float:
     return float(hw.peak_tflops.get(key) or hw.peak_tflops["fp32"]) * 1e12
 
 
-def _link(plan: Plan, hw: HardwareConfig) -> float:
-    """GPU-to-GPU bytes/s: inside the node, or between nodes when the run spans several."""
-    per_node = hw.gpus_per_node or plan.world_size
-    gbps = hw.intra_node_gbps if plan.world_size <= per_node else (hw.inter_node_gbps or hw.intra_node_gbps)
-    return float(gbps or 25.0) * 1e9
+def plan_topology(plan: Plan, hardware: Optional[HardwareConfig] = None) -> Topology:
+    """The plan's groups placed on the hardware's nodes (bench/topology.py)."""
+    return topology(plan.tp, plan.pp, plan.dp_size, device_hardware(plan, hardware))
 
 
 def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, float]:
@@ -111,8 +116,9 @@ def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, fl
     hw = device_hardware(plan, hardware)
     mem = memory_plan(plan, gpu_memory_gib=hw.memory_gib)
     traffic = get_spec(plan.strategy["name"]).traffic(plan, float(mem["parameters_on_rank"]))
+    topo = plan_topology(plan, hw)
     return {**_device_terms(plan, hw, mem), **_host_terms(plan, traffic),
-            **{f"{k}_s": traffic.get(k, 0.0) / _link(plan, hw) for k in BYTE_KINDS if k != "offload"},
+            **{f"{k}_s": traffic.get(k, 0.0) / topo.kind_bytes_per_s(k) for k in BYTE_KINDS if k != "offload"},
             "offload_s": traffic.get("offload", 0.0) / (HOST_LINK_GBPS * 1e9),
             "collectives": traffic.get("collectives", 0.0)}
 
@@ -196,15 +202,50 @@ def host_key(hostname: Optional[str], cpu_count: Optional[int]) -> str:
 def predict(plan: Plan, hardware: Optional[HardwareConfig] = None, host: Optional[str] = None,
             calibration: Optional[dict] = None) -> dict:
     """Predicted tokens/s and step time of a plan on ``hardware`` (default: the plan's preset or the visible
-    GPU) and ``host`` (a ``host_key``; default the median host), the step's breakdown, and the calibration's
-    measured error."""
+    GPU) and ``host`` (a ``host_key``; default the median host), the step's breakdown, where its groups live, the
+    calibration's measured error overall and on the recorded runs like it, and the bound no run can beat."""
     cal = calibration or load_calibration()
-    t = terms(plan, hardware)
+    hw = device_hardware(plan, hardware)
+    t = terms(plan, hw)
     t["host_factor"] = (cal.get("host_factors") or {}).get(host, 1.0)
     parts = {name: float(v) for name, v in combine(t, cal["constants"]).items()}
     step = parts.pop("step_time_s")
     tokens = plan.model["global_batch"] * plan.model["seq_len"]
-    return {"tokens_per_s": tokens / step, "step_time_s": step, "breakdown": parts, "error": cal.get("error")}
+    topo = plan_topology(plan, hw)
+    case = (gpu_type(hw), topo.nodes, plan.strategy["name"])
+    return {"tokens_per_s": tokens / step, "step_time_s": step, "breakdown": parts, "error": cal.get("error"),
+            "topology": topo.describe(), "placement": topo.as_dict(), "case_error": case_error(cal, *case),
+            "bound_tokens_per_s": tokens / bound_step(t)}
+
+
+def gpu_type(hw: HardwareConfig) -> str:
+    """The GPU type a calibration case is filed under: the preset of its device (a probed profile of an H100 is an
+    H100), else the hardware's own name."""
+    preset = match(hw.gpu)
+    return preset.name if preset is not None else hw.name
+
+
+def bound_step(t: dict) -> float:
+    """A floor under the step that needs no calibration: the matmuls at the datasheet peak, or every byte at its
+    link's speed, whichever is longer (all else free and perfectly overlapped)."""
+    wire = sum(t[f"{k}_s"] for k in BYTE_KINDS)
+    return max(t["flops"] / t["peak"], wire)
+
+
+def case_error(cal: dict, gpu: str, nodes: int, strategy: str) -> dict:
+    """The held-out error measured on the recorded runs most like this prediction (bench/calibrate.py
+    ``error_by_case``): this GPU type and node count with this strategy (at least CASE_MIN_RUNS runs), else with
+    every strategy; ``runs`` 0 where none was recorded."""
+    per = ((cal.get("error_by_case") or {}).get(gpu) or {}).get(str(nodes)) or {}
+    where = f"{gpu} / {nodes} node{'s' if nodes != 1 else ''}"
+    own = per.get(strategy) or {}
+    if own.get("runs", 0) >= CASE_MIN_RUNS:
+        return {**own, "case": f"{where} / {strategy}", "scope": "strategy"}
+    if per.get("*"):
+        return {**per["*"], "case": where, "scope": "gpu_nodes", "strategy_runs": own.get("runs", 0)}
+    measured = sorted(f"{g} / {n} node{'s' if n != '1' else ''}" for g, by in (cal.get("error_by_case") or {}).items()
+                      for n in by)
+    return {"runs": 0, "case": where, "scope": "none", "measured_on": measured}
 
 
 def predicted(plan) -> Optional[dict]:
@@ -216,12 +257,31 @@ def predicted(plan) -> Optional[dict]:
 
 
 def prediction_line(pred: Optional[dict]) -> str:
-    """The prediction with its measured error beside it (never one without the other)."""
+    """The prediction with the error measured on the recorded runs most like it beside it (never one without the
+    other), and where its groups live."""
     if pred is None:
         return "prediction: none (no GPU to predict for: name one with hardware=<preset>)"
-    b, e = pred["breakdown"], pred.get("error") or {}
+    b = pred["breakdown"]
     return (f"prediction: {pred['tokens_per_s']:,.0f} tokens/s, step {1000 * pred['step_time_s']:.1f} ms = compute "
             f"{1000 * b['compute_s']:.1f} + exposed communication {1000 * b['exposed_comm_s']:.1f} + pipeline bubble "
-            f"{1000 * b['bubble_s']:.1f} + host {1000 * b['host_s']:.1f} ms; measured error of such predictions: "
-            f"median {100 * e.get('median_abs', float('nan')):.0f}%, 90th percentile {100 * e.get('p90_abs', float('nan')):.0f}% "
-            f"({e.get('method', 'uncalibrated')}, {e.get('runs', 0)} runs; python -m bench.calibrate results/)")
+            f"{1000 * b['bubble_s']:.1f} + host {1000 * b['host_s']:.1f} ms on {pred.get('topology', '?')}; "
+            + error_words(pred))
+
+
+def error_words(pred: dict) -> str:
+    """How calibrated a prediction is: its case's held-out error, or "uncalibrated" with what still holds."""
+    c, e = pred.get("case_error") or {"runs": 0, "case": "?", "scope": "none"}, pred.get("error") or {}
+    pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
+    held = "each predicted with its results folder held out; python -m bench.calibrate results/"
+    if c["scope"] == "strategy":
+        return (f"measured error on {c['runs']} recorded {c['case']} runs: median {pct(c['median_abs'])}, "
+                f"90th percentile {pct(c['p90_abs'])} ({held})")
+    if c["scope"] == "gpu_nodes":
+        return (f"measured error on {c['runs']} recorded {c['case']} runs of every strategy (this one: "
+                f"{c['strategy_runs']}): median {pct(c['median_abs'])}, 90th percentile {pct(c['p90_abs'])} ({held})")
+    expect = (f"expect errors beyond the measured median {pct(e['median_abs'])}, 90th percentile {pct(e['p90_abs'])} "
+              f"on {', '.join(c.get('measured_on') or ['?'])}" if e.get("runs") else
+              "expect errors of unknown size (no calibration: python -m bench.calibrate results/)")
+    return (f"uncalibrated for {c['case']}: no recorded run; {expect}; what holds without "
+            f"calibration: at most {pred['bound_tokens_per_s']:,.0f} tokens/s (matmuls at the datasheet peak, every "
+            f"byte at its link's speed, all overlapped)")

@@ -22,7 +22,9 @@ counts per step
                     torch.compile traces away); default 1
 
 Ring collectives: an all-reduce of B bytes over n ranks sends 2 B (n-1)/n per rank, an all-gather or a
-reduce-scatter B (n-1)/n.  Nothing here names a strategy (bench/strategies/ hold each one's terms).
+reduce-scatter B (n-1)/n.  Each byte kind travels over one group (bench/topology.py ``KIND_GROUP``: gradients and
+parameters over the data-parallel group, activations over the tensor-parallel one, sends along the pipeline), whose
+placement on nodes sets the bandwidth.  Nothing here names a strategy (bench/strategies/ hold each one's terms).
 """
 from __future__ import annotations
 
@@ -47,6 +49,13 @@ def all_reduce(nbytes: float, n: int) -> float:
 def all_gather(nbytes: float, n: int) -> float:
     """Bytes one rank sends in a ring all-gather (or reduce-scatter) of ``nbytes`` (the whole) over n ranks."""
     return nbytes * (n - 1) / n if n > 1 else 0.0
+
+
+def hsdp_grad_reduce(nbytes: float, shard: int, replicate: int = 1) -> tuple[float, float]:
+    """Bytes one rank sends reducing a gradient of ``nbytes`` (the whole) under HSDP: (reduce-scatter over the
+    ``shard`` ranks of its replica, all-reduce of its 1/shard over the ``replicate`` ranks holding that shard).
+    The second part is what crosses nodes when replicas are placed one per node."""
+    return all_gather(nbytes, shard), all_reduce(nbytes / shard, replicate)
 
 
 def compute_bytes(plan: Plan) -> int:

@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from bench.calibrate import calibrate
 from bench.config import register_configs, validate
-from bench.predict import load_calibration, predict
+from bench.predict import load_calibration, predict, prediction_line
 from tests.conftest import REPO
 
 register_configs()
@@ -87,13 +87,20 @@ def test_a_named_host_uses_its_factor_and_an_unknown_one_the_median():
     assert slow["breakdown"]["host_s"] > median["breakdown"]["host_s"]
 
 
-def test_calibrate_on_two_results_folders_writes_constants_and_error(tmp_path):
+def test_calibrate_on_two_results_folders_writes_constants_and_error(tmp_path, capsys):
     for name in ("2026-11-22-h200x2-foundation", "2026-11-22-h200x2-sharding"):
         (tmp_path / "results" / name).mkdir(parents=True)
         shutil.copy(REPO / "results" / name / "runs.json", tmp_path / "results" / name / "runs.json")
     out = tmp_path / "calibration.json"
-    calibrate([tmp_path / "results"], out, quiet=True)
+    calibrate([tmp_path / "results"], out)
+    printed = capsys.readouterr().out
     doc = json.loads(out.read_text())
+    assert "roofline, nothing fitted" in printed and "model, held out" in printed
+    assert doc["roofline_error"]["runs"] == doc["error"]["runs"]
+    by_gpu = {gpu: sum(by["*"]["runs"] for by in per.values()) for gpu, per in doc["error_by_case"].items()}
+    assert by_gpu == {"h200_141gb": doc["error"]["runs"]}  # both folders: one node of H200s
+    strategies = {k for k in doc["error_by_case"]["h200_141gb"]["1"] if k != "*"}
+    assert sum(doc["error_by_case"]["h200_141gb"]["1"][k]["runs"] for k in strategies) == doc["error"]["runs"]
     assert set(doc["constants"]) == set(load_calibration()["constants"])
     assert all(v > 0 for v in doc["constants"].values())
     err = doc["error"]
@@ -129,3 +136,27 @@ def test_ranks_in_lockstep_pay_for_the_slowest_host_only_where_hooks_meet_at_col
     assert terms(plan_for(*base, "strategy=fsdp", "world_size=1"))["host_lockstep"] == 0.0
     assert terms(plan_for(*base, "strategy=ddp", "world_size=2"))["host_lockstep"] == 0.0
     assert 0 < load_calibration()["constants"]["lockstep"] < 1
+
+
+@pytest.mark.parametrize("hardware,world,case", [("h200_141gb", 8, "h200_141gb / 1 node / fsdp"),
+                                                 ("h100_sxm_80gb", 8, "h100_sxm_80gb / 1 node / fsdp")])
+def test_a_prediction_quotes_the_error_measured_on_its_own_case(hardware, world, case):
+    """The shipped calibration's held-out error of recorded runs of this GPU, node count and strategy."""
+    pred = predict(plan_for("model=300m", "strategy=fsdp", f"world_size={world}", f"hardware={hardware}"))
+    gpu, nodes, strategy = case.split(" / ")
+    own = load_calibration()["error_by_case"][gpu][nodes.split()[0]][strategy]
+    line = prediction_line(pred)
+    assert f"measured error on {own['runs']} recorded {case} runs: median {100 * own['median_abs']:.0f}%" in line
+    assert "uncalibrated" not in line
+
+
+def test_a_prediction_for_two_a100_nodes_says_it_is_uncalibrated_and_what_still_holds():
+    plan = plan_for("model=llama3_1b", "strategy=ddp", "world_size=16", "model.global_batch=16", "hardware=a100_80gb")
+    pred = predict(plan)
+    line = prediction_line(pred)
+    assert "uncalibrated for a100_80gb / 2 nodes: no recorded run" in line
+    assert "h200_141gb / 1 node" in line  # where the error it cannot beat was measured
+    overall = load_calibration()["error"]
+    assert f"expect errors beyond the measured median {100 * overall['median_abs']:.0f}%" in line
+    assert 0 < pred["tokens_per_s"] <= pred["bound_tokens_per_s"]
+    assert f"at most {pred['bound_tokens_per_s']:,.0f} tokens/s" in line

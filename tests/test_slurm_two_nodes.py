@@ -14,6 +14,8 @@ to 127.0.0.1 in the namespaces too: without it gloo advertises 127.0.0.1 to the 
 * DDP, FSDP2 and FSDP2 x TP (``strategy=fsdp strategy.tp=2``) at world_size 4: each matches
   ``single``'s per-step losses within 1e-5; ranks 0-1 ran on node1, 2-3 on node2, and every rank
   resolved the master address (node1) to node1's veth address;
+* HSDP (``strategy=fsdp strategy.dp_replicate=2``) at world_size 4: sharded inside each node, replicated
+  across the two, the same losses;
 * a job SLURM cannot place (world_size=8: 4 nodes of 2): recorded ``failed`` with SLURM's reason;
 * faults across nodes, mid-run: node2 dies (SIGKILL to everything in its namespace: slurmd, slurmstepd,
   its ranks), or only node2's slurmd is killed: the run is ``failed`` naming node2, well within
@@ -193,6 +195,26 @@ def test_slurm_two_nodes_ddp_fsdp_tp_match_single(two_nodes, sweep, single_cpu, 
     _no_jobs_left(two_nodes, tag)
     print(f"two-node DDP, FSDP2, FSDP2 x TP: {time.time() - t0:.0f} s")
 
+
+
+def test_slurm_two_nodes_hsdp_shards_inside_replicates_across(two_nodes, sweep, single_cpu, tmp_path):
+    """HSDP (strategy.dp_replicate=2) at world_size 4 on 2 nodes x 2: the replicas are the outer index of the
+    dp ranks, so each node's two ranks are one shard group and only the gradient shards' all-reduce crosses
+    nodes; the losses match single's."""
+    tag = fault_env()
+    d = tmp_path / "hsdp"
+    p = sweep(d, tag, GLOO_IF, "strategy=fsdp", "strategy.dp_replicate=2", "world_size=4")
+    out = _wait(p, d.with_suffix(".log"), 420)
+    assert p.returncode == 0, out[-4000:]
+    st, m = _json(d / "0" / "status.json"), _json(d / "0" / "metrics.json")
+    assert st["status"] == m["status"] == "completed", (st, m.get("error"))
+    want, got = _json(single_cpu / "metrics.json")["loss"]["per_step"], m["loss"]["per_step"]
+    assert len(got) == len(want) and max(abs(a - b) for a, b in zip(got, want)) <= TOL, (got, want)
+    _assert_spans_both_nodes(d / "0", m, st)  # ranks 0-1 on node1, 2-3 on node2: one shard group each
+    lay = m["layout"]
+    assert (lay["dp"], lay["dp_replicate"], lay["dp_shard"]) == (4, 2, 2), lay
+    assert lay["device_mesh"] == {"shape": [1, 2, 2, 1], "dims": ["pp", "dp_replicate", "dp_shard", "tp"]}
+    _no_jobs_left(two_nodes, tag)
 
 def test_slurm_two_nodes_job_that_cannot_be_placed(two_nodes, sweep, tmp_path):
     """world_size=8 is 4 nodes of 2 tasks: sbatch accepts it, SLURM keeps it pending (PartitionConfig)."""

@@ -7,7 +7,9 @@ a unit's gathered parameters after its forward (ZeRO-3 analogue) or keeps them t
 analogue).  precision=bf16|fp16 is FSDP's MixedPrecisionPolicy (sharded fp32 master parameters,
 gathered and computed in the 16-bit dtype, gradients reduce-scattered in ``reduce_dtype``), not
 autocast.  Over a tensor-parallel model it shards the DTensors over the dp mesh dimension (the
-2-D FSDP x TP layout).
+2-D FSDP x TP layout).  ``dp_replicate`` > 1 is HSDP: the dp dimension split into replicate x shard
+(bench/parallel/mesh.py), a 2-D mesh on which fully_shard shards over the inner dimension and
+all-reduces the gradient shards over the outer.
 
 DDP: one replica per data-parallel rank, gradients all-reduced in buckets overlapped with backward
 (torch's DDP does not take DTensor parameters: tensor parallelism with data parallelism is FSDP2's).
@@ -22,6 +24,7 @@ import torch.nn as nn
 
 from bench.model import DTYPES
 from bench.parallel.float8 import precompute_scales, precomputes_scales
+from bench.parallel.mesh import hsdp_mesh
 
 
 def apply_fsdp(model: nn.Module, dp_mesh, precision: str, knobs: dict, offload: bool, device_type: str) -> dict:
@@ -55,8 +58,7 @@ def apply_fsdp(model: nn.Module, dp_mesh, precision: str, knobs: dict, offload: 
     pdt = "bf16" if precision == "fp8" else precision  # fp8: the float8 matmuls are torchao's, the rest bf16
     rdt = "fp32" if knobs["reduce_dtype"] == "fp32" else pdt
     return {
-        "dp_reduction": "FSDP2 (torch.distributed.fsdp.fully_shard): parameters, gradients and optimizer states "
-                        "sharded over dp",
+        **_sharding_info(dp_mesh),
         "wrap": f"units of {k} transformer block(s), then the root" if k > 1 else "each transformer block, then the root",
         "blocks_per_unit": k,
         "reshard_after_forward": reshard,
@@ -69,6 +71,19 @@ def apply_fsdp(model: nn.Module, dp_mesh, precision: str, knobs: dict, offload: 
                      + ("; torchao float8 matmuls in the converted Linear layers (see float8)" if precision == "fp8"
                         else ""),
     }
+
+
+def _sharding_info(dp_mesh) -> dict:
+    """What the states were sharded over: the dp ranks, or HSDP's shard dimension with its replicas."""
+    if dp_mesh.ndim == 1:
+        return {"dp_reduction": "FSDP2 (torch.distributed.fsdp.fully_shard): parameters, gradients and optimizer "
+                                "states sharded over dp"}
+    rep, shard = dp_mesh.shape
+    return {"dp_reduction": f"HSDP: FSDP2 (torch.distributed.fsdp.fully_shard) over a 2-D mesh (dp_replicate "
+                            f"{rep} x dp_shard {shard}): parameters, gradients and optimizer states sharded over "
+                            "dp_shard (all-gather / reduce-scatter), replicated over dp_replicate (the gradient "
+                            "shards all-reduced)",
+            "dp_replicate": rep, "dp_shard": shard}
 
 
 def apply_ddp(model: nn.Module, dp_group, device: torch.device, knobs: dict) -> tuple[nn.Module, dict]:
@@ -170,9 +185,14 @@ class FSDP2(DataParallel):
         return bool(plan.strategy.get("cpu_offload"))
 
     def wrap(self, chunks: list, plan, mesh, device: torch.device) -> tuple[list, dict]:
+        replicate = plan.strategy.get("dp_replicate", 1)
+        dp_mesh = hsdp_mesh(mesh, replicate) if replicate > 1 else mesh["dp"]
         info: dict = {}
+        if replicate > 1:  # the mesh as it ran (the layout's own is (pp, dp, tp))
+            info["device_mesh"] = {"shape": [plan.pp, *dp_mesh.shape, plan.tp],
+                                   "dims": ["pp", "dp_replicate", "dp_shard", "tp"]}
         for chunk in chunks:
-            info.update(apply_fsdp(chunk, mesh["dp"], plan.cfg["precision"], plan.strategy, self.offload(plan),
+            info.update(apply_fsdp(chunk, dp_mesh, plan.cfg["precision"], plan.strategy, self.offload(plan),
                                    device.type))
         return chunks, info
 

@@ -14,3 +14,17 @@ def build_mesh(layout: Layout, device_type: str, rank: int):
         raise RuntimeError(f"DeviceMesh coordinate {mesh.get_coordinate()} of rank {rank} differs from "
                            f"bench.layout's {c}")
     return mesh
+
+
+def hsdp_mesh(mesh, replicate: int):
+    """The "dp" dimension split into ("dp_replicate", "dp_shard") for FSDP2's HSDP (a 2-D mesh: shard over
+    the inner dimension, replicate over the outer), as torchtitan's data_parallel_replicate_degree does.
+
+    The replicas are the outer index, so a shard group is the dp ranks next to each other (inside a node
+    when tp * dp_shard fits one) and only the replicas' all-reduce crosses nodes.  Unflattened from the
+    same root mesh, so FSDP2 can still pair it with the "tp" dimension; every rank calls this (it creates
+    the new dimensions' process groups)."""
+    dp = mesh["dp"]
+    if dp.size() % replicate:
+        raise ValueError(f"dp_replicate={replicate} does not divide the data-parallel size {dp.size()}")
+    return dp._unflatten(0, (replicate, dp.size() // replicate), ("dp_replicate", "dp_shard"))

@@ -1,19 +1,21 @@
 """``fsdp``: PyTorch FSDP2 (``fully_shard``) over the data-parallel ranks, alone or over a
 tensor-parallel (``strategy.tp``) and / or pipelined (``strategy.pp``) model: torchtitan's 2-D and
-3-D layouts.  The steps are in bench/parallel (dp.apply_fsdp holds the wrapping rules)."""
+3-D layouts; ``strategy.dp_replicate`` > 1 is HSDP (shard inside a replica, replicate across: the usual
+answer to a thin network).  The steps are in bench/parallel (dp.apply_fsdp holds the wrapping rules)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from bench.layout import dp_shard_size
 from bench.layout_rules import check_torch_native
 from bench.schema import LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConfig, alias_default, knob
 from bench.strategies.registry import ModelStates, StrategySpec, register
 from bench.parallel.dp import FSDP2
 from bench.parallel.float8 import fsdp_float8_all_gather
 from bench.strategies.torch_native import torch_native
-from bench.traffic import (all_gather, compute_bytes, merge, param_tensors, pp_p2p, torch_native_hooks,
-                           tp_activation)
+from bench.traffic import (all_gather, compute_bytes, hsdp_grad_reduce, merge, param_tensors, pp_p2p,
+                           torch_native_hooks, tp_activation)
 
 
 @dataclass
@@ -44,6 +46,10 @@ class FSDPConfig(StrategyConfig):
     fp8_precompute_scale: bool = knob(True, "with fp8_all_gather: every float8 weight's scale in one all-reduce after "
                                       "the optimizer step (torchao's precompute_float8_dynamic_scale_for_fsdp), not "
                                       "one per weight at each gather", added=True)
+    dp_replicate: int = knob(1, "HSDP: the data-parallel ranks as dp_replicate replicas x dp / dp_replicate shards "
+                             "(FSDP2 over a 2-D mesh, torchtitan's data_parallel_replicate_degree): states sharded "
+                             "within a replica, gradient shards all-reduced across replicas; must divide dp "
+                             "(= world_size / (tp x pp)); 1: plain FSDP", added=True)
 
 
 def _float8_rules(plan: Plan) -> None:
@@ -60,6 +66,14 @@ def _float8_rules(plan: Plan) -> None:
     if tensorwise and not s["fp8_all_gather"] and not s["fp8_precompute_scale"]:
         raise ConfigError("strategy.fp8_precompute_scale", False, "takes effect only with strategy.fp8_all_gather="
                           "true (the scales are those of the float8 all-gather); leave it true or gather in float8")
+
+
+def _replicate_rule(plan: Plan) -> None:
+    r, dp = plan.strategy["dp_replicate"], plan.dp_size
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1 or dp % r:
+        valid = ", ".join(str(d) for d in range(1, dp + 1) if dp % d == 0)
+        raise ConfigError("strategy.dp_replicate", r, f"must divide the data-parallel size {dp} (world_size "
+                          f"{plan.world_size} / (tp {plan.tp} x pp {plan.pp})); valid: {valid}")
 
 
 def rules(plan: Plan) -> None:
@@ -79,6 +93,7 @@ def rules(plan: Plan) -> None:
                           f"must be 0..{units - 1} (0: FSDP2's implicit prefetching, k: the next k units explicitly): "
                           f"strategy.blocks_per_unit={s['blocks_per_unit']} makes {units} FSDP unit(s) of "
                           f"{n} blocks" + (", nothing to prefetch" if units == 1 else ""))
+    _replicate_rule(plan)
     if s["cpu_offload"] and (plan.tp > 1 or plan.pp > 1):
         raise ConfigError("strategy.cpu_offload", True, "is implemented for FSDP2 alone (strategy.tp=1, pp=1)")
     _float8_rules(plan)
@@ -90,21 +105,29 @@ def model_states(cfg: dict) -> ModelStates:
     return ModelStates("fp32" if cfg["precision"] == "fp32" else "fsdp_mixed", stage=3, offload_optimizer=off,
                        offload_grads=off, offload_param=off, unsharded_params_live=not reshard,
                        sixteen_bit_weights=True,  # MixedPrecisionPolicy gathers the parameters in 16 bit
-                       note="FSDP2 reshard_after_forward=%s (%s analogue)" % (reshard, "ZeRO-3" if reshard else "ZeRO-2"))
+                       # set_requires_gradient_sync(False) on all but the last micro-batch (bench/parallel/dp.py, and
+                       # torch's PipelineStage): FSDP2 keeps every unsharded gradient, upcast to reduce_dtype
+                       # (FSDPParam.to_accumulated_grad_if_needed); measured by tests/test_memory_tracker.py
+                       accum_grad_bytes=4 if cfg["precision"] == "fp32" or s["reduce_dtype"] == "fp32" else 2,
+                       note="FSDP2 reshard_after_forward=%s (%s analogue)" % (reshard, "ZeRO-3" if reshard else "ZeRO-2")
+                       + (f"; HSDP: sharded over dp / {s['dp_replicate']}, replicated {s['dp_replicate']} times"
+                          if s.get("dp_replicate", 1) > 1 else ""))
 
 
 def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
-    """With resharding: the gathered units in flight and one unit's unsharded gradients."""
+    """With resharding: the gathered units in flight, one unit's unsharded gradients, and the root's gathered
+    parameters (embedding, final norm, head: the root never reshards, bench/parallel/dp.py)."""
     s = plan.strategy
     if not s["reshard_after_forward"]:
         return 0.0, ""  # the gathered parameters are model states (ModelStates.unsharded_params_live)
     unit = per_block * s["blocks_per_unit"]
     # precision=fp8 with the float8 all-gather: the gathered weights are float8, 1 B each (norms counted too)
     cb = 4 if plan.cfg["precision"] == "fp32" else (1 if fsdp_float8_all_gather(plan) else 2)
+    root = (psi - per_block * plan.model["n_layers"] / plan.pp) * (4 if cb == 4 else 2)  # the root gathers 16-bit
     # as many units as the stage has (one unit of every block has no next unit to gather)
     units = -(-plan.model["n_layers"] // (plan.pp * s["virtual_pipeline"] * s["blocks_per_unit"]))
-    return min(2 + s["prefetch"], units) * unit * cb + unit * 4, \
-        "FSDP2: gathered units (current + next + prefetch) and one unit's unsharded gradients"
+    return min(2 + s["prefetch"], units) * unit * cb + unit * 4 + root, \
+        "FSDP2: gathered units (current + next + prefetch), one unit's unsharded gradients, the root's parameters"
 
 
 def traffic(plan: Plan, params: float) -> dict[str, float]:
@@ -112,15 +135,18 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     resharding), prefetched ahead of use; the gradients are reduce-scattered once per step (no gradient sync on
     the other micro-batches).  Host: four hooks per unit per micro-batch; per parameter, a DTensor made at each
     gather, its gradient's share of the reduce-scatter and its dispatch in the optimizer.  With cpu_offload the
-    shards cross PCIe and AdamW runs on the host."""
-    s, dp, m = plan.strategy, plan.dp_size, plan.grad_accum
+    shards cross PCIe and AdamW runs on the host.  HSDP: the gathers and reduce-scatters over the shard group
+    (dp / dp_replicate ranks), then each unit's gradient shard all-reduced over the replicas."""
+    s, m = plan.strategy, plan.grad_accum
+    dp, replicate = dp_shard_size(plan.dp_size, s), s.get("dp_replicate", 1)
     units = s["virtual_pipeline"] * -(-plan.model["n_layers"] // (plan.pp * s["virtual_pipeline"] *
                                                                    s["blocks_per_unit"])) + 1  # + the root
     gathers = m * (2 if s["reshard_after_forward"] else 1)
     grad_bytes = 4 if s["reduce_dtype"] == "fp32" or plan.cfg["precision"] == "fp32" else 2
     gather_bytes = 1 if fsdp_float8_all_gather(plan) else compute_bytes(plan)  # fp8: float8 (the root's too)
     own = {"param_gather": gathers * all_gather(params * gather_bytes, dp),
-           "grad_reduce": all_gather(params * grad_bytes, dp), "collectives": units * (gathers + 1),
+           "grad_reduce": sum(hsdp_grad_reduce(params * grad_bytes, dp, replicate)),
+           "collectives": units * (gathers + 1 + (replicate > 1)),
            "hooks": 4 * units * m + param_tensors(plan) * (gathers + 2)}
     if s["cpu_offload"]:  # fp32 shards in (per gather) and gradients out, the AdamW step on the host
         own.update(offload=4 * params / dp * (gathers + 1), host_adam=params / dp)
@@ -128,7 +154,9 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
 
 
 def label(name: str, v: dict) -> list[str]:
-    return [name] + (["cpu_offload"] if v.get("cpu_offload") is True else [])
+    r = v.get("dp_replicate", 1)
+    return [name] + ([f"dp_replicate={r}"] if isinstance(r, int) and r > 1 else []) + \
+        (["cpu_offload"] if v.get("cpu_offload") is True else [])
 
 
 SPEC = register(StrategySpec(

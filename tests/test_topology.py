@@ -1,0 +1,97 @@
+"""Topology in the prediction (bench/topology.py): where a plan's groups live on nodes, and what their traffic costs.
+The references are nccl-tests' bus bandwidth formulas (doc/PERFORMANCE.md: algbw = bytes / time; busbw = algbw x
+2(n-1)/n for an all-reduce, x (n-1)/n for a reduce-scatter or all-gather), applied to message sizes computed here
+from the model (its parameters counted on a meta-device build), not to the code's own byte counts."""
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from bench.config import register_configs, validate
+from bench.layout import Layout
+from bench.model import build_model
+from bench.predict import plan_topology, predict, terms
+from bench.topology import topology
+from bench.hardware import PRESETS
+from tests.conftest import REPO
+
+register_configs()
+A100 = PRESETS["a100_80gb"]  # NVLink 300 GB/s inside a node, 25 GB/s of network a GPU, 8 GPUs a node
+
+
+def plan_for(*overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return validate(compose("config", overrides=["dry_run=true", *overrides]), gpus=0)
+
+
+def all_reduce_s(nbytes: float, n: int, busbw_gbps: float) -> float:
+    """nccl-tests: busbw = algbw x 2(n-1)/n, algbw = bytes / time."""
+    return nbytes / (busbw_gbps * 1e9 / (2 * (n - 1) / n))
+
+
+def gather_s(nbytes: float, n: int, busbw_gbps: float) -> float:
+    """nccl-tests: busbw = algbw x (n-1)/n for a reduce-scatter or an all-gather of ``nbytes`` (the whole)."""
+    return nbytes / (busbw_gbps * 1e9 / ((n - 1) / n))
+
+
+def nodes_of(layout: Layout, dim: str, per_node: int) -> set:
+    """The nodes rank 0's group of ``dim`` runs on (ranks in node blocks), from the layout's own coordinates."""
+    c0 = layout.coords(0)
+    others = [k for k in ("tp", "pp", "dp") if k != dim]
+    return {r // per_node for r in range(layout.world_size)
+            if all(getattr(layout.coords(r), k) == getattr(c0, k) for k in others)}
+
+
+@pytest.mark.parametrize("tp,pp,dp", [(8, 1, 2), (2, 1, 8), (2, 2, 4), (4, 4, 1), (16, 1, 1), (1, 1, 4)])
+def test_groups_are_placed_where_the_layout_puts_their_ranks(tp, pp, dp):
+    layout, topo = Layout(tp=tp, pp=pp, dp=dp), topology(tp, pp, dp, A100)
+    assert topo.nodes == -(-layout.world_size // 8)
+    for dim in ("tp", "pp", "dp"):
+        assert topo.groups[dim].nodes == len(nodes_of(layout, dim, min(8, layout.world_size))), dim
+    if tp <= 8:
+        assert topo.groups["tp"].nodes == 1 and topo.bus_gbps("tp") == A100.intra_node_gbps
+
+
+def test_two_nodes_megatron_tp8_keeps_tensor_parallelism_on_nvlink_and_pays_the_network_for_data_parallelism():
+    """2 x 8 A100, TP=8, DP=2: each TP group is one node's 8 GPUs; each DP group is one GPU of each node."""
+    base = ("model=llama3_1b", "strategy=megatron", "strategy.tp=8", "world_size=16", "model.global_batch=16",
+            "hardware=a100_80gb")
+    plan = plan_for(*base)
+    two, one = terms(plan), terms(plan_for(*base, "hardware.gpus_per_node=16"))  # one node of 16, same NVLink
+    m = plan.model
+    message = plan.micro_batch_size * m["seq_len"] * m["d_model"] * 2  # bf16 activation all-reduced per layer pass
+    passes = 4 * m["n_layers"] * plan.grad_accum  # two in forward, two in backward (Megatron's f / g)
+    assert two["activation_s"] == pytest.approx(passes * all_reduce_s(message, 8, 300.0), rel=1e-9)
+    assert two["activation_s"] == pytest.approx(one["activation_s"], rel=1e-12)  # TP never goes over the network
+    dp_s = lambda t: t["grad_reduce_s"] + t["param_gather_s"] + t["tail_s"]  # noqa: E731
+    # the same bytes between one GPU of each node: the 2-rank all-reduce's bus bandwidth is the GPU's network share
+    assert dp_s(two) == pytest.approx(dp_s(one) * 300.0 / 25.0, rel=1e-9)
+    assert "tp=8 inside a node" in plan_topology(plan).describe()
+    assert "dp=2 across 2 nodes" in plan_topology(plan).describe()
+
+
+@pytest.mark.parametrize("world,nics", [(8, None), (16, None), (16, (1, 25.0))])
+def test_ddp_gradients_cost_the_hierarchical_all_reduce(world, nics):
+    """DDP's fp32 gradient all-reduce: inside one node at NVLink's bus bandwidth; over two nodes reduce-scatter
+    inside, all-reduce of an eighth across at the GPU's network share (the node's adapters over its 8 GPUs),
+    all-gather inside."""
+    over = ["model=10m", "strategy=ddp", f"world_size={world}", "model.global_batch=16", "hardware=a100_80gb"]
+    if nics:
+        over += [f"hardware.nics_per_node={nics[0]}", f"hardware.nic_gbps={nics[1]}"]
+    plan = plan_for(*over)
+    params = sum(p.numel() for p in build_model(plan.model, seed=0, device="meta").parameters())
+    grads = 4.0 * params
+    if world == 8:
+        expected = all_reduce_s(grads, 8, 300.0)
+    else:
+        network = nics[0] * nics[1] / 8 if nics else 25.0
+        expected = 2 * gather_s(grads, 8, 300.0) + all_reduce_s(grads / 8, 2, network)
+    assert terms(plan)["grad_reduce_s"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_thin_network_slows_a_two_node_run_and_leaves_a_one_node_run_alone():
+    two = ("model=300m", "strategy=ddp", "world_size=16", "model.global_batch=32", "hardware=a100_80gb")
+    one = ("model=300m", "strategy=ddp", "world_size=8", "model.global_batch=16", "hardware=a100_80gb")
+    thin = ("hardware.nics_per_node=1", "hardware.nic_gbps=25")
+    assert predict(plan_for(*two, *thin))["tokens_per_s"] < predict(plan_for(*two))["tokens_per_s"]
+    assert predict(plan_for(*one, *thin))["tokens_per_s"] == predict(plan_for(*one))["tokens_per_s"]
