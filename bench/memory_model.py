@@ -36,14 +36,18 @@ peak allocated (what ``torch.cuda.max_memory_allocated`` measures: the largest r
 * Logits: b x s x vocab per micro-batch on the stage with the head, what the loss holds when its backward
   runs (``ModelStates.loss_bytes_per_logit``): torch's fp32 cross entropy 12 B (log-softmax output, its
   gradient, the fp32 logits' gradient), Megatron's in-place vocab-parallel one 6.
+* FSDP2 gradient accumulation (``ModelStates.accum_grad_bytes``): with gradient sync off on all but the last
+  micro-batch FSDP2 keeps every parameter's unsharded gradient in the reduce dtype (fp32: 4 B) from the first
+  micro-batch's backward on, in place of the sharded gradients: beside the later micro-batches' activations.
 * Strategy buffers by phase (``StrategySpec.buffers`` / ``phase_buffers``): DDP's reducer buckets and the
   first step's, ZeRO's reduce buckets (whole, per communication dtype, in backward for stages 1-2),
   ZeRO-3's gathered parameters, ZeRO's step (the flattened gradient partition and its fp32 copy).
 
-Not in the allocated peak, but in what must fit on the device (``needed``): the allocator's
-fragmentation (reserved over allocated: +10%) and the CUDA context, cuBLAS / NCCL workspaces
-(1 GiB).  Predictions are compared with the measured peaks of every recorded run by
-``python -m multirun_analysis.prediction results/`` (the error stated above ``TIGHT``).
+Not in the allocated peak, but in what must fit on the device (``needed``, bench/memory_margins.py: each
+margin and where its number comes from): the allocator's fragmentation, a captured step's CUDA graph pool
+(its activations and temporaries again, apart from the eager steps' cached blocks), the CUDA context and
+the NCCL communicators.  Predictions are compared with the measured peaks of every recorded run by
+``python -m multirun_analysis.prediction results/`` (bench/memory_margins.py ``TIGHT``).
 """
 from __future__ import annotations
 
@@ -51,6 +55,9 @@ import os
 from typing import Any, Optional
 
 from bench.hardware import resolve as resolve_hardware
+from bench.layout import dp_shard_size
+from bench.memory_margins import (CONTEXT_BYTES, FRAGMENTATION, TIGHT, graph_pool_bytes, margins_text,  # noqa: F401
+                                  outside_allocator_bytes, verdict)
 from bench.metrics.flops import float8_matmul_params, param_groups
 from bench.parallel.float8 import fsdp_float8_all_gather, saves_float8_inputs
 from bench.strategies.registry import ModelStates, get_spec
@@ -58,16 +65,6 @@ from bench.schema import Plan
 
 GIB = 2**30
 MB = 2**20
-FRAGMENTATION = 0.10  # reserved / allocated - 1 allowed for
-CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS workspace, NCCL buffers
-# the plan's error against measured peaks (python -m multirun_analysis.prediction results/, 2026-11-26): 97.7% of
-# 810 completed GPU runs within 10%, the worst -26.2%; 11 outside 15%: 9 one-rank DDP runs of 2026-11-22/23,
-# measured when DDP still wrapped a single rank (their layout records its buckets; it wraps none today), and 2
-# of 1b on 2 and 4 ranks whose first step's DDP buckets were freed before step 2's peak (+17%, +19%: a race the
-# plan counts, bench/strategies/ddp.py); under precision=fp8 (the converted Linear layers' inputs saved in float8,
-# the float8 weight copies of all the rank's blocks counted: an upper bound) -5.7% to +8.3% on the 2026-11-26 fp8
-# runs (single 1b +7.1%: fp8 saves more there than the plan counts).  A plan this close to the limit is called tight
-TIGHT = 0.10
 # torch's default cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG=:4096:8), from the caching allocator
 CUBLAS_WORKSPACE_BYTES = 8 * 4 * MB
 # bench/worker.py measure_matmul_peak: two 8192 x 8192 bf16 matrices and their product
@@ -115,7 +112,7 @@ def params_per_rank(plan: Plan, tp_splits_vocab: bool, stage: Optional[str] = No
 def model_state_bytes(plan: Plan, psi: float, lay: ModelStates) -> tuple[dict, dict]:
     """(device bytes, host bytes) of this rank's model states held as ``lay`` says, psi parameters on it."""
     bp, bg, bo = BYTES_PER_PARAM[lay.scheme]
-    dp, stage = plan.dp_size, lay.stage
+    dp, stage = dp_shard_size(plan.dp_size, plan.strategy), lay.stage  # HSDP: the ranks of one replica
     size = {"params": bp * psi / (dp if stage >= 3 else 1), "grads": bg * psi / (dp if stage >= 2 else 1),
             "optimizer": bo * psi / (dp if stage >= 1 else 1)}
     where = {"params": lay.offload_param, "grads": lay.offload_grads, "optimizer": lay.offload_optimizer}
@@ -288,18 +285,21 @@ def _ranks_on_node(plan: Plan) -> int:
     return min(plan.world_size, per_node)
 
 
-def transient_bytes(plan: Plan, lay, grads: float, act: dict, phase: dict) -> float:
+def transient_bytes(plan: Plan, lay, grads: float, act: dict, phase: dict, accum: float = 0.0) -> tuple[float, float]:
     """What comes and goes within a step, at its largest: when backward starts, the saved activations and the
     pass's buffers, beside the loss' logits buffers and autocast's weight copies, or (after the first gradient)
     beside the backward's buffers and the copies or the layer being recomputed; the gradients too where they
     outlive a micro-batch.  At the end of backward and in the optimizer step: the gradients beside the step's
-    temporaries (or the backward's buffers, where the gradient hooks run only after the whole backward)."""
+    temporaries (or the backward's buffers, where the gradient hooks run only after the whole backward).
+    ``accum``: unsharded gradients kept between micro-batches in place of the sharded ones (FSDP2).  Returns (that
+    largest, the forward-backward's own part: what a CUDA graph capture of it keeps in its pool)."""
     bwd, step = phase.get("backward", 0.0), phase.get("step", 0.0)
     early, late = (0.0, bwd) if lay.late_grad_hooks else (bwd, 0.0)
     start = act["activations"] + phase.get("pass", 0.0) + max(
         act["logits"] + act["weight_copies"], early + max(act["recomputed_layer"], act["weight_copies"]))
     grads_live = plan.grad_accum > 1 or plan.pp > 1 or lay.grads_live
-    return max(start + (grads if grads_live else 0.0), grads + max(late, step))
+    kept = accum if accum else (grads if grads_live else 0.0)
+    return max(start + kept, grads + max(late, step)), start
 
 
 def _workspace(plan: Plan) -> float:
@@ -324,10 +324,12 @@ def rank_peak(plan: Plan, spec, lay: ModelStates, stage: Optional[str] = None) -
     per_block = ranks["blocks"] / max(1, plan.model["n_layers"] / plan.pp)
     buf, buf_note = spec.buffers(plan, psi, per_block)
     phase, phase_note = spec.phase_buffers(plan, psi, per_block)
-    allocated = device["params"] + device["optimizer"] + transient_bytes(plan, lay, device["grads"], act, phase) \
-        + buf + _workspace(plan)
+    accum = lay.accum_grad_bytes * psi if plan.grad_accum > 1 and not lay.offload_grads else 0.0
+    transient, captured = transient_bytes(plan, lay, device["grads"], act, phase, accum)
+    allocated = device["params"] + device["optimizer"] + transient + buf + _workspace(plan)
     return {"ranks": ranks, "psi": psi, "device": device, "host": host, "act": act, "buf": buf, "buf_note": buf_note,
-            "phase": phase, "phase_note": phase_note, "allocated": max(allocated, _probe(plan))}
+            "phase": phase, "phase_note": phase_note, "allocated": max(allocated, _probe(plan)),
+            "accum_grads": accum, "graph_pool": graph_pool_bytes(plan, lay.cuda_graph_pool, captured)}
 
 
 def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
@@ -340,14 +342,10 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
     r = max(peaks, key=lambda x: x["allocated"])
     ranks, psi, device, host, act, buf, phase = (r[k] for k in ("ranks", "psi", "device", "host", "act", "buf", "phase"))
     buf_note, phase_note, allocated = r["buf_note"], r["phase_note"], r["allocated"]
-    needed = allocated * (1 + FRAGMENTATION) + CONTEXT_BYTES
     mem_gib, source = device_memory_gib(plan, gpu_memory_gib)
-    # the verdict's margin: "does not fit" only when even the plan's error (TIGHT) in the run's favour and no
-    # fragmentation leave it above the limit; "tight" when the allocated peak plus fragmentation and context
-    # comes within the plan's error of it (a sweep runs it and says so)
-    least = allocated * (1 - TIGHT) + CONTEXT_BYTES
-    fits_ = None if mem_gib is None else least <= mem_gib * GIB
-    tight = bool(fits_) and needed > (1 - TIGHT) * mem_gib * GIB
+    outside = outside_allocator_bytes(plan, lay.extra_communicators)
+    v = verdict(allocated, r["graph_pool"] + outside, mem_gib)  # bench/memory_margins.py
+    needed, fits_, tight = v["needed"], v["fits"], v["tight"]
     host_needed = sum(host.values()) * _ranks_on_node(plan) + (HOST_PER_RANK_BYTES * _ranks_on_node(plan)
                                                                  if any(host.values()) else 0)
     host_gib = host_memory_gib(plan)
@@ -357,7 +355,8 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
                f"(states {(device['params'] + device['grads'] + device['optimizer']) / GIB:.1f}, activations "
                f"{(act['activations'] + act['logits']) / GIB:.1f}, buffers {buf / GIB:.1f})"
                + (f" of {mem_gib:.0f} GiB" if mem_gib else "")
-               + (" - tight: within the plan's 10% error of the limit, it may run out of memory" if tight else "")
+               + (f" - tight: within the plan's {round(100 * TIGHT)}% error of the limit, it may run out of memory"
+                  if tight else "")
                + (f"; host {host_needed / GIB:.1f} GiB for offloaded states of {host_gib:.0f} GiB"
                   if host_fits is not None else ""))
     return {
@@ -375,9 +374,9 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
         "buffers_mb": mib(buf), "buffers_note": buf_note,
         "phase_buffers_mb": {k: mib(v) for k, v in phase.items()}, "phase_buffers_note": phase_note,
         "predicted_peak_allocated_mb": mib(allocated),
-        "allowance": f"+{int(100 * FRAGMENTATION)}% allocator fragmentation, +{CONTEXT_BYTES / GIB:.0f} GiB CUDA "
-                     "context and library workspaces",
-        "needed_mb": mib(needed), "least_needed_mb": mib(least), "device_memory_gib": mem_gib, "device_memory_source": source,
+        "allowance": margins_text(), "accumulated_grads_mb": mib(r["accum_grads"]),
+        "outside_allocator_mb": {"cuda_graph_pool": mib(r["graph_pool"]), "context_and_nccl": mib(outside)},
+        "needed_mb": mib(needed), "worst_needed_mb": mib(v["worst"]), "device_memory_gib": mem_gib, "device_memory_source": source,
         "fits": fits_, "tight": tight, "host_needed_mb": mib(host_needed), "host_memory_gib": host_gib,
         "host_fits": host_fits, "summary": summary,
     }
@@ -391,6 +390,6 @@ def fits(mem: dict, plan: Plan) -> Optional[str]:
                 "force_run=true runs it anyway")
     if mem.get("fits") is not False:
         return None
-    return (f"predicted OOM (needs at least {mem['least_needed_mb'] / 1024:.3g} GiB of {mem['device_memory_gib']:.3g}: "
-            f"the allocated peak less the plan's {int(100 * TIGHT)}% error, plus the CUDA context): "
+    return (f"predicted OOM (needs {mem['needed_mb'] / 1024:.3g} GiB of {mem['device_memory_gib']:.3g}: "
+            f"the allocated peak, fragmentation, CUDA graph pools, the CUDA context and NCCL communicators): "
             f"{mem['summary']}; force_run=true runs it anyway")

@@ -52,7 +52,7 @@ def skeleton(cfg: dict, status: str, error: Optional[dict] = None) -> dict:
                   "hfu_formula": _flops.HFU_FORMULA, "recompute": cfg.get("recompute", "none"),
                   "hardware_flops_per_token": None, "hfu": None, "hfu_vs_measured_peak": None},
         "memory": {"max_allocated_mb": None, "max_reserved_mb": None, "nvml_used_peak_mb": None,
-                   "nvml_used_mean_mb": None, "host_peak_rss_mb": None, "plan": None},  # plan: bench/memory_model.py
+                   "nvml_used_mean_mb": None, "host_peak_rss_mb": None, "allocator": None, "plan": None},  # plan: bench/memory_model.py
         "utilization": {"gpu_util_mean_pct": None},
         "energy": {"joules": None, "joules_per_token": None},
         "profile": None,  # metrics.profile_steps > 0: per rank, bench/metrics/profile.py
@@ -99,7 +99,7 @@ def assemble(cfg: dict, device_type: str, ranks: list[dict], describe: dict, pro
                    "last": finite[-1] if finite else None, "ln_vocab": math.log(model["vocab_size"])}
     out["skipped_steps"] = {"warmup": sum(skipped[:warmup]), "timed": sum(skipped[warmup:])}
     out["flops"].update(flops)
-    out["memory"] = _memory(ranks)
+    out["memory"] = _memory(ranks, device_type)
     out["utilization"] = {"gpu_util_mean_pct": _mean(r["gpu_util_mean_pct"] for r in ranks)}
     total_j = sum(energy) if energy and all(e is not None for e in energy) else None
     out["energy"] = {"joules": total_j, "joules_per_token": total_j / throughput["tokens_timed"] if total_j else None}
@@ -172,8 +172,16 @@ def _flops_fields(cfg: dict, tps: float, dev_name: Optional[str], matmul_peak: O
         hfu=hw / peak if peak else None, hfu_vs_measured_peak=hw / matmul_peak if matmul_peak else None)
 
 
-def _memory(ranks: list[dict]) -> dict:
+def _memory(ranks: list[dict], device_type: str = "cpu") -> dict:
+    from bench.metrics.memory import allocator_record, summarize
+
+    own = {"reason": f"{device_type} run: no CUDA caching allocator"}
+    if device_type == "cuda":  # assembled on rank 0 after its run: its own allocator, where the ranks lack theirs
+        import torch
+
+        own = allocator_record(torch.device("cuda", torch.cuda.current_device()), ranks[0].get("nvml_mem_used_peak_mb"))
     return {
+        "allocator": summarize(ranks, own),  # bench/metrics/memory.py
         "max_allocated_mb": _max(r["max_allocated_mb"] for r in ranks),
         "max_reserved_mb": _max(r["max_reserved_mb"] for r in ranks),
         "nvml_used_peak_mb": _max(r["nvml_mem_used_peak_mb"] for r in ranks),

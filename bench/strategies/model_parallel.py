@@ -174,6 +174,9 @@ def model_states(cfg: dict) -> ModelStates:
                        # vocab_parallel_cross_entropy works in place on one fp32 copy of the 16-bit logits (the
                        # softmax it saves becomes the gradient), whose 16-bit cast then flows back: 4 + 2 B
                        loss_bytes_per_logit=6,
+                       # NVML used - reserved of one-GPU Megatron runs in results/ is 1.17 GiB above torch's: ~3
+                       # communicators of its own parallel state (bench/memory_margins.py NCCL_COMM_BYTES)
+                       extra_communicators=3, cuda_graph_pool=bool(s.get("cuda_graph")),
                        note=f"megatron tp={s['tp']} pp={s['pp']}"
                             + (" distributed optimizer" if s["use_distributed_optimizer"] else ""))
 

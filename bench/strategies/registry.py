@@ -38,7 +38,12 @@ class ModelStates:
     ``sequence_parallel``: the norms' and the projections' inputs are split over tp too (Megatron's sequence
     parallelism: each rank keeps its slice of the sequence and gathers the rest again in backward);
     ``shared_input_casts``: under autocast the attention's and the MLP's inputs are cast to 16 bit once for all
-    their projections (torch-native TP's pre-hook), not once per projection."""
+    their projections (torch-native TP's pre-hook), not once per projection; ``accum_grad_bytes``: bytes per
+    parameter of the unsharded gradients kept between gradient-accumulation micro-batches instead of the sharded
+    ones (FSDP2 with gradient sync off but on the last micro-batch: every parameter's gradient, upcast to the
+    reduce dtype); ``extra_communicators``: NCCL communicators the implementation creates beyond one per layout
+    dimension (bench/memory_margins.py); ``cuda_graph_pool``: the step is captured in a CUDA graph whose private
+    pool holds the captured step's activations and temporaries beside the eager steps' cached blocks."""
 
     scheme: str
     stage: int = 0
@@ -54,6 +59,9 @@ class ModelStates:
     late_grad_hooks: bool = False
     sequence_parallel: bool = False
     shared_input_casts: bool = False
+    accum_grad_bytes: int = 0
+    extra_communicators: int = 0
+    cuda_graph_pool: bool = False
     note: str = ""
 
 
