@@ -106,9 +106,18 @@ def plan_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = (),
     if plan is not None:
         from bench.memory_model import memory_plan
 
+        plan = resolve_choices(plan, explicit, gpus)
         plan.memory = memory_plan(plan)
     final = plan.cfg if plan else raw
     return raw, {"key": run_key(final), **identity(final), "t_start": time.time()}, plan, err
+
+
+def resolve_choices(plan: Plan, explicit: Iterable[str], gpus: Optional[int]) -> Plan:
+    """``micro_batch_size=auto`` / ``tuning=best``: the fastest predicted setting that fits, not only the largest
+    micro-batch (bench/planner/resolve.py; here, since validation is a layer below prediction)."""
+    from bench.planner.resolve import resolved
+
+    return resolved(plan, explicit, gpus)
 
 
 def run(cfg: DictConfig, run_dir: Path, command: list[str], t0: Optional[float] = None,
@@ -135,8 +144,9 @@ def run(cfg: DictConfig, run_dir: Path, command: list[str], t0: Optional[float] 
         log_choices(plan)
         verdict = fits(mem, plan)
         if verdict is not None and not plan.cfg["force_run"]:
-            return finish(run_dir, raw, "skipped", {"rank": None, "type": "PredictedOOM", "message": verdict,
-                                                    "traceback": None}, [], base, t0, plan)
+            return finish(run_dir, raw, "skipped", {"rank": None, "type": "PredictedOOM", "message":
+                                                    f"{verdict}; {way_out(plan)}", "traceback": None}, [], base, t0,
+                          plan)
         plan.cfg["_command"] = command
         outcome = launch_local(plan, run_dir)
         return finish(run_dir, raw, outcome.status, outcome.error, outcome.failures, base, t0)
@@ -222,16 +232,26 @@ def dry_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = ()) -> str
              "micro-batch %d x %d, recompute=%s; %s%s", plan.model["name"], mem["parameters"] / 1e9,
              mem["flops_per_token"] / 1e9, plan.strategy["name"], plan.world_size, lay["tp"], lay["pp"], lay["dp"],
              lay["micro_batch_size"], lay["microbatches"], lay["recompute"], mem["summary"],
-             f" -> would be skipped: {verdict}" if verdict else "")
+             f" -> would be skipped: {verdict}; {way_out(plan)}" if verdict else "")
     log_choices(plan)
     from bench.predict import predicted, prediction_line
 
-    pred = predicted(plan)
-    log.info("%s", prediction_line(pred))
+    pred = None if verdict else predicted(plan)  # a plan that cannot run has no throughput to state
+    log.info("%s", "prediction: none (the plan does not fit: it cannot run)" if verdict else prediction_line(pred))
     write_json_atomic(run_dir / "plan.json", {"key": base["key"], "config": plan.cfg, "memory": mem,
                                               "tuning": plan.tuning, "micro_batch_size_auto": plan.micro_batch_auto,
                                               "fits": verdict is None, "prediction": pred})
     return "skipped" if verdict else "planned"
+
+
+def way_out(plan: Plan) -> str:
+    """What to try when a plan does not fit: micro_batch_size=auto (unless it chose this), then the planner."""
+    planner = ("python -m bench.planner with the same model, hardware and world_size searches every strategy, "
+               "tp / pp, micro-batch, recompute and precision for the fastest layout that fits")
+    if plan.micro_batch_auto is not None:
+        return f"strategy.micro_batch_size=auto found no micro-batch that fits this layout; {planner}"
+    return (f"strategy.micro_batch_size=auto chooses the micro-batch, recompute and sharding knobs that fit (with "
+            f"gradient accumulation for the rest of the batch); {planner}")
 
 
 def log_choices(plan: Plan) -> None:

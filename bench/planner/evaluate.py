@@ -1,0 +1,132 @@
+"""One candidate layout: validated, its memory planned, its throughput predicted, its days and GPU-hours.
+
+A candidate is a composed base config (one strategy) plus *changes* (dotted key -> value).  Each goes
+through ``bench.config.validate`` as a dry run (so a hardware preset is planned on any machine); one that
+does not validate is counted, not ranked.  The verdict is the memory plan's (bench/memory_model.py); a plan
+that does not fit gets no prediction: it cannot run, so no tokens/s is stated for it.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from bench.config import validate
+from bench.memory_model import memory_plan
+from bench.predict import device_hardware, predict, prediction_line
+from bench.schema import ConfigError, Plan
+
+FITS, TIGHT, NO_FIT, UNKNOWN = "fits", "tight", "does not fit", "unknown"
+ORDER = {FITS: 0, TIGHT: 1, UNKNOWN: 2, NO_FIT: 3}  # a tight or over-budget layout never ranks above one that fits
+
+
+@dataclass
+class Row:
+    """A planned candidate: what it changes, its plan and what the plan says."""
+
+    strategy: str
+    changes: dict
+    plan: Plan
+    memory: dict
+    verdict: str
+    prediction: Optional[dict] = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> Optional[float]:
+        return self.prediction["tokens_per_s"] if self.prediction else None
+
+    def rank_key(self) -> tuple:
+        return ORDER[self.verdict], -(self.tokens_per_s or 0.0)
+
+
+def verdict_of(mem: dict) -> str:
+    """The memory plan's verdict as a word: its own ``verdict`` field where it has one, else fits / tight."""
+    v = mem.get("verdict")
+    if isinstance(v, str) and v in ORDER:
+        return v
+    if mem.get("fits") is None:
+        return UNKNOWN
+    if mem.get("fits") is False or mem.get("host_fits") is False:
+        return NO_FIT
+    return TIGHT if mem.get("tight") else FITS
+
+
+def set_key(c: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        c = c.setdefault(p, {})
+    c[leaf] = value
+
+
+def get_key(c: dict, dotted: str) -> Any:
+    for p in dotted.split("."):
+        c = c.get(p) if isinstance(c, dict) else None
+    return c
+
+
+class Evaluator:
+    """Plans candidates, each once (a search tries the same setting from several directions)."""
+
+    def __init__(self, gpus: Optional[int] = None) -> None:
+        self.gpus = gpus  # the GPUs a run may use (None: the visible ones; a dry run plans the preset's)
+        self.cache: dict[str, Optional[Row]] = {}
+        self.invalid: dict[str, str] = {}  # candidate -> why it does not validate
+        self.planned = 0
+
+    def __call__(self, base: dict, changes: dict) -> Optional[Row]:
+        key = repr((base["strategy"]["name"], id(base), sorted(changes.items(), key=str)))
+        if key not in self.cache:
+            self.cache[key] = self._plan(base, changes, key)
+        return self.cache[key]
+
+    def _plan(self, base: dict, changes: dict, key: str) -> Optional[Row]:
+        c = copy.deepcopy(base)
+        for k, v in changes.items():
+            set_key(c, k, v)
+        c["dry_run"] = True  # plan a hardware preset on any machine (the command itself does not say dry_run)
+        try:
+            plan = validate(c, gpus=self.gpus, explicit=list(changes))
+        except ConfigError as e:
+            self.invalid[key] = str(e)
+            return None
+        self.planned += 1
+        mem = memory_plan(plan)
+        plan.memory = mem
+        verdict = verdict_of(mem)
+        pred = None if verdict == NO_FIT else _predicted(plan)
+        return Row(base["strategy"]["name"], dict(changes), plan, mem, verdict, pred)
+
+
+def _predicted(plan: Plan) -> Optional[dict]:
+    try:
+        return predict(plan)
+    except ValueError:  # no GPU to predict for (a CPU plan without hardware=<preset>)
+        return None
+
+
+def error_statement(pred: Optional[dict]) -> str:
+    """The prediction's error statement as bench.predict prints it (the part of its line after the numbers)."""
+    line = prediction_line(pred)
+    return line.split("; ", 1)[1] if "; " in line else line
+
+
+def mfu(row: Row) -> Optional[float]:
+    """Predicted model FLOP utilisation against the GPU's dense peak (fp8: the bf16 peak, as measured MFU is)."""
+    from bench.metrics.flops import flops_per_token, mfu_peak_tflops
+
+    if row.tokens_per_s is None:
+        return None
+    hw = device_hardware(row.plan)
+    peak, _ = mfu_peak_tflops(hw.gpu, row.plan.cfg["precision"], bool(row.plan.cfg.get("tf32")))
+    if not peak:
+        return None
+    return row.tokens_per_s * flops_per_token(row.plan.model) / (row.plan.world_size * peak * 1e12)
+
+
+def job_cost(row: Row, train_tokens: Optional[float]) -> tuple[Optional[float], Optional[float]]:
+    """(days, GPU-hours) to train ``train_tokens`` at the predicted tokens/s on the plan's world size."""
+    if not train_tokens or not row.tokens_per_s:
+        return None, None
+    seconds = train_tokens / row.tokens_per_s
+    return seconds / 86400, seconds / 3600 * row.plan.world_size

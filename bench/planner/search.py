@@ -1,0 +1,169 @@
+"""The planner's search: strategies x tp x pp x precision x compile x recompute, the best micro-batch of each,
+then the strategy's own knobs on the leaders.
+
+Bounded by construction: tp in 1, 2, 4, 8 (inside a node), pp in 1, 2, 4, the micro-batch over the divisors of
+the per-rank batch (the best one of each group is kept: a group is one row), and a strategy's knobs (their
+``tune`` candidates in the schema) tried one at a time, only on the ``LEADERS`` best rows.  A knob is applied
+only when the memory plan counts it (its value changes the planned peak): one whose memory the plan does not
+see (CUDA graph pools, say) could turn a layout that "fits" into an out-of-memory.  Every key the user set is
+kept as set.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Iterable, Optional
+
+from bench.config import FLOAT8_MIN_CC
+from bench.hardware import resolve as resolve_hardware
+from bench.planner.evaluate import FITS, NO_FIT, Evaluator, Row, get_key
+from bench.schema import BenchConfig, fields_of
+from bench.strategies.registry import StrategySpec, get_spec
+
+TP = (1, 2, 4, 8)
+PP = (1, 2, 4)
+RECOMPUTE = ("none", "selective", "full")
+LEADERS = 12  # rows whose strategy knobs are searched
+MAX_COMBINATIONS = 32  # of a row's counted knobs' values
+MICRO_BATCH = "strategy.micro_batch_size"
+MICRO_BATCH_COUNT = "strategy.microbatches"
+PEAK = "predicted_peak_allocated_mb"
+
+
+def divisors(n: int) -> list[int]:
+    return sorted((d for d in range(1, n + 1) if n % d == 0), reverse=True)
+
+
+def layouts(spec: StrategySpec, world_size: int, per_node: int, fixed: set[str]) -> list[dict]:
+    """(tp, pp) changes of a strategy that splits the model; tensor parallelism stays inside a node."""
+    names = fields_of(spec.schema)
+    tps = [t for t in TP if t <= per_node and world_size % t == 0] if "tp" in names and "strategy.tp" not in fixed \
+        else [None]
+    pps = [p for p in PP if world_size % p == 0] if "pp" in names and "strategy.pp" not in fixed else [None]
+    out = []
+    for t, p in itertools.product(tps, pps):
+        if (t or 1) * (p or 1) > world_size:
+            continue
+        out.append({k: v for k, v in (("strategy.tp", t), ("strategy.pp", p)) if v is not None})
+    return out
+
+
+def precisions(spec: StrategySpec, cfg: dict, fixed: set[str]) -> list[dict]:
+    """(precision, compile) changes: bf16 eager and compiled, and fp8 (compiled) where the strategy composes with
+    torchao's float8 and the GPU has float8 tensor cores."""
+    if "precision" in fixed:
+        precs = [cfg["precision"]]
+    else:
+        hw = resolve_hardware(cfg)
+        cc = hw.compute_capability if hw is not None else None
+        precs = ["bf16"] + (["fp8"] if spec.float8 and cc and cc >= FLOAT8_MIN_CC else [])
+    out = []
+    for p in precs:
+        compiles = [cfg["compile"]] if "compile" in fixed else ([True] if p == "fp8" else [False, True])
+        out += [{"precision": p, **({} if "compile" in fixed else {"compile": c})} for c in compiles]
+    return out
+
+
+def recomputes(fixed: set[str]) -> list[dict]:
+    return [{}] if "recompute" in fixed else [{"recompute": r} for r in RECOMPUTE]
+
+
+def best_micro_batch(ev: Evaluator, base: dict, changes: dict, fixed: set[str]) -> Optional[Row]:
+    """The best row of a group over its micro-batches (the divisors of the per-rank batch): fits before tight
+    before does-not-fit, then the fastest predicted; None when no micro-batch validates."""
+    first = ev(base, changes)
+    if first is None:
+        return None
+    if fixed & {MICRO_BATCH, MICRO_BATCH_COUNT, "microbatches"}:
+        return first
+    per_rank = first.plan.micro_batch_size * first.plan.grad_accum
+    # a micro-batch size replaces a pipeline's number of micro-batches (the two are one setting)
+    own = {MICRO_BATCH_COUNT: None} if "microbatches" in base["strategy"] else {}
+    rows = [r for r in (ev(base, {**changes, **own, MICRO_BATCH: b}) for b in divisors(per_rank)) if r is not None]
+    if not rows:
+        return None
+    fitting = [r for r in rows if r.verdict != NO_FIT]
+    if not fitting:  # none fits: the smallest micro-batch, to show how far off it is
+        return rows[-1]
+    return min(fitting, key=Row.rank_key)
+
+
+def tunable_knobs(spec: StrategySpec, fixed: set[str]) -> list[tuple[str, tuple, dict]]:
+    """(dotted key, candidate values, what a value needs) of the strategy's and the run's tune knobs the grid does
+    not vary itself and the user did not set."""
+    grid = {MICRO_BATCH, MICRO_BATCH_COUNT, "compile", "recompute", "precision"}
+    out = []
+    for prefix, schema in (("strategy.", spec.schema), ("", BenchConfig)):
+        for name, f in fields_of(schema).items():
+            key = prefix + name
+            if f.metadata.get("tune") and key not in grid and key not in fixed:
+                out.append((key, tuple(f.metadata["tune"]), dict(f.metadata.get("requires") or {})))
+    return out
+
+
+def counted_knobs(ev: Evaluator, base: dict, row: Row, knobs: Iterable[tuple[str, tuple, dict]]) -> list[tuple]:
+    """(key, values) of the knobs that can apply to a row and whose memory the plan counts: some value other than
+    the row's changes its planned peak (at the row's micro-batch).  Others are never applied."""
+    out = []
+    for key, values, needs in knobs:
+        if any(get_key(row.plan.cfg, k) != v for k, v in needs.items()):
+            continue
+        others = [ev(base, {**row.changes, key: v}) for v in values if v != get_key(row.plan.cfg, key)]
+        if any(o is not None and o.memory[PEAK] != row.memory[PEAK] for o in others):
+            out.append((key, values))
+    return out
+
+
+def improve_knobs(ev: Evaluator, base: dict, row: Row, fixed: set[str], knobs: Iterable[tuple[str, tuple, dict]]
+                  ) -> tuple[Row, list[Row]]:
+    """Every combination of the counted knobs' values on a row (``MAX_COMBINATIONS`` at most), the best micro-batch
+    again for each; the best ranked.  Returns (best, the rows it was chosen among)."""
+    counted = counted_knobs(ev, base, row, knobs)
+    best, seen = row, [row]
+    combos = itertools.islice(itertools.product(*(values for _, values in counted)), MAX_COMBINATIONS)
+    for combo in combos:
+        cand = best_micro_batch(ev, base, {**row.changes, **dict(zip((k for k, _ in counted), combo))}, fixed)
+        if cand is None:
+            continue
+        seen.append(cand)
+        if cand.rank_key() < best.rank_key():
+            best = cand
+    return best, seen
+
+
+def grid(spec: StrategySpec, cfg: dict, per_node: int, fixed: set[str]) -> list[dict]:
+    """Every group's changes of one strategy (its search bases, e.g. ZeRO's stages, each a strategy of its own)."""
+    bases = [dict(zip(spec.search_bases, vals)) for vals in itertools.product(*spec.search_bases.values())] \
+        if spec.search_bases and not any(k in fixed or k.rsplit(".", 1)[-1] in fixed for k in spec.search_bases) \
+        else [{}]  # a base the user set, or its top-level shorthand (zero_stage=3), is kept
+    parts = [bases, layouts(spec, cfg["world_size"], per_node, fixed), precisions(spec, cfg, fixed), recomputes(fixed)]
+    return [{k: v for d in combo for k, v in d.items()} for combo in itertools.product(*parts)]
+
+
+def search(bases: dict[str, dict], per_node: int, fixed: set[str], ev: Evaluator,
+           progress: Callable[[str], None] = lambda s: None) -> list[Row]:
+    """All groups of all strategies (``bases``: strategy name -> its composed config), ranked, the strategy knobs
+    searched on the leaders."""
+    rows = []
+    for name, base in bases.items():
+        groups = grid(get_spec(name), base, per_node, fixed)
+        progress(f"{name}: {len(groups)} groups")
+        rows += [r for r in (best_micro_batch(ev, base, g, fixed) for g in groups) if r is not None]
+    rows.sort(key=Row.rank_key)
+    for i, row in enumerate(rows[:LEADERS]):
+        if row.verdict == FITS:
+            base = bases[row.strategy]
+            rows[i], _ = improve_knobs(ev, base, row, fixed, tunable_knobs(get_spec(row.strategy), fixed))
+    return _unique(sorted(rows, key=Row.rank_key))
+
+
+def _unique(rows: list[Row]) -> list[Row]:
+    """One row per distinct setting (a knob search can reach a setting another group already is)."""
+    from bench.runs import run_key
+
+    seen, out = set(), []
+    for r in rows:
+        key = run_key(r.plan.cfg)
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
