@@ -8,32 +8,45 @@ usable memory, a little under the marketed size).  Link and host figures describ
 of that GPU (an 8-GPU HGX board for the SXM parts, a PCIe server or workstation for the others):
 set ``hardware.<key>=...`` for yours.  Presets are registered in Hydra's ConfigStore (group
 ``hardware``) by bench/config.py; ``match`` finds the preset of a device by its name (MFU's peak).
+
+A profile measured on the user's machine (``python -m bench.probe``, docs/probe.md) is a YAML in a
+``hardware/`` folder of a ``--config-dir``: Hydra composes it like a preset.  ``check`` is the one rule
+every named hardware (preset, profile, overrides) passes before a plan is made.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from typing import Any, Dict, Optional
 
-from bench.schema import knob
+from bench.schema import ConfigError, knob
 
 
 @dataclass
 class HardwareConfig:
     """One GPU and its node (module docstring).  ``auto``: every field from the visible device."""
 
-    name: str = knob("auto", "auto (the visible device) | a preset: "
-                     "h100_sxm_80gb, h200_141gb, a100_80gb, a100_40gb, l40s, rtx_a6000")
+    name: str = knob("auto", "auto (the visible device) | a preset: h100_sxm_80gb, h200_141gb, a100_80gb, "
+                     "a100_40gb, l40s, rtx_a6000 | a profile: a YAML in a hardware/ folder of --config-dir "
+                     "(python -m bench.probe writes one; docs/probe.md)")
+    source: Optional[str] = knob(None, "where the numbers come from: datasheet (the presets) | probe (measured by "
+                                 "python -m bench.probe) | user")
     gpu: Optional[str] = knob(None, "the device name as nvidia-smi prints it (a run on another GPU is refused)")
     memory_gib: Optional[float] = knob(None, "usable device memory per GPU (GiB)")
     compute_capability: Optional[float] = knob(None, "CUDA compute capability (float8 tensor cores: >= 8.9)")
     peak_tflops: Dict[str, Any] = knob(None, "dense peak TFLOP/s per precision: fp32, tf32, bf16, fp16, fp8", factory=dict)
     hbm_gbps: Optional[float] = knob(None, "device memory bandwidth (GB/s)")
     intra_node_gbps: Optional[float] = knob(None, "GPU-to-GPU bandwidth inside a node, one direction (GB/s)")
-    intra_node_link: Optional[str] = knob(None, "nvlink | pcie")
+    intra_node_link: Optional[str] = knob(None, "nvlink | pcie | host (CPU ranks: gloo through host memory)")
     inter_node_gbps: Optional[float] = knob(None, "network bandwidth per GPU between nodes, one direction (GB/s)")
     gpus_per_node: Optional[int] = knob(None, "GPUs in one node")
+    nics_per_node: Optional[int] = knob(None, "network adapters of one node; with nic_gbps it replaces "
+                                        "inter_node_gbps by nics_per_node x nic_gbps / gpus_per_node (bench/topology.py)")
+    nic_gbps: Optional[float] = knob(None, "bandwidth of one network adapter, one direction (GB/s; 400 Gb/s = 50)")
     host_memory_gib: Optional[float] = knob(None, "host memory of one node (GiB): offloaded states are checked "
                                             "against it")
+    probe: Dict[str, Any] = knob(None, "a probe's record: date, device, what was measured and how, the raw curves "
+                                 "(collective bus bandwidth per message size), host cost per kernel launch / hook",
+                                 factory=dict)
 
 
 def _gpu(name: str, gpu: str, memory_gib: float, cc: float, peaks: tuple, hbm: float, link: str, intra: float,
@@ -42,9 +55,12 @@ def _gpu(name: str, gpu: str, memory_gib: float, cc: float, peaks: tuple, hbm: f
     return HardwareConfig(name=name, gpu=gpu, memory_gib=memory_gib, compute_capability=cc,
                           peak_tflops={"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": bf16, "fp8": fp8},
                           hbm_gbps=hbm, intra_node_gbps=intra, intra_node_link=link, inter_node_gbps=inter,
-                          gpus_per_node=per_node, host_memory_gib=host)
+                          gpus_per_node=per_node, host_memory_gib=host, source="datasheet")
 
 
+# GPU to GPU over PCIe 4.0 x16 without NVLink: 31.5 GB/s a direction on the wire (16 GT/s x 16 lanes x 128/130); NCCL
+# all-reduce bus bandwidth reached up to 21 GB/s among 8 PCIe 4.0 A100s with P2P on (github.com/NVIDIA/nccl/issues/841)
+PCIE_P2P_GBPS = 20.0
 # (fp32, tf32, bf16 = fp16, fp8) dense TFLOP/s; fp8 None: no float8 tensor cores
 PRESETS: dict[str, HardwareConfig] = {p.name: p for p in (
     _gpu("h100_sxm_80gb", "NVIDIA H100 80GB HBM3", 79.2, 9.0, (66.9, 494.7, 989.4, 1978.9), 3350, "nvlink", 450,
@@ -54,8 +70,9 @@ PRESETS: dict[str, HardwareConfig] = {p.name: p for p in (
          2048),
     _gpu("a100_40gb", "NVIDIA A100-SXM4-40GB", 39.4, 8.0, (19.5, 156.0, 312.0, None), 1555, "nvlink", 300, 25, 8,
          1024),
-    _gpu("l40s", "NVIDIA L40S", 44.4, 8.9, (91.6, 183.0, 362.1, 733.0), 864, "pcie", 25, 12.5, 8, 1024),
-    _gpu("rtx_a6000", "NVIDIA RTX A6000", 47.4, 8.6, (38.7, 77.4, 154.8, None), 768, "pcie", 25, 12.5, 4, 256),
+    _gpu("l40s", "NVIDIA L40S", 44.4, 8.9, (91.6, 183.0, 362.1, 733.0), 864, "pcie", PCIE_P2P_GBPS, 12.5, 8, 1024),
+    _gpu("rtx_a6000", "NVIDIA RTX A6000", 47.4, 8.6, (38.7, 77.4, 154.8, None), 768, "pcie", PCIE_P2P_GBPS, 12.5, 4,
+         256),
 )}
 
 # further device names MFU knows (no preset: plan with memory_gib=); first match wins, specific names first
@@ -115,3 +132,68 @@ def preset_nodes() -> dict[str, HardwareConfig]:
     """What bench/config.py registers in Hydra's ConfigStore group ``hardware``."""
     return {"auto": HardwareConfig(), **PRESETS}
 
+
+
+# --------------------------------------------------------------------------- validation
+# what the memory plan and the prediction read: a named hardware must give each (inter_node_gbps may be null:
+# not measured, one node; the intra-node link only where a node has more than one GPU)
+REQUIRED = ("memory_gib", "peak_tflops", "hbm_gbps", "intra_node_gbps", "intra_node_link", "gpus_per_node",
+            "host_memory_gib")
+PEER_FIELDS = ("intra_node_gbps", "intra_node_link")
+POSITIVE = ("memory_gib", "hbm_gbps", "intra_node_gbps", "inter_node_gbps", "gpus_per_node", "host_memory_gib",
+            "compute_capability", "nics_per_node", "nic_gbps")  # null allowed where not REQUIRED
+WHOLE = ("gpus_per_node", "nics_per_node")
+LINKS = ("nvlink", "pcie", "host")
+SOURCES = ("datasheet", "probe", "user")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+NEEDED_PEAKS = ("fp32", "bf16")  # the precisions a plan falls back to (predict: fp8 -> bf16, others -> fp32)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check(h: dict) -> None:
+    """Refuse a hardware section the plan cannot trust, naming the first bad field: with ``auto`` any field
+    set (it would be ignored); otherwise a missing, zero, negative or mistyped field.  A wrong number here
+    would not fail later: it would plan and predict with it."""
+    name = h.get("name", "auto")
+    if name == "auto":
+        for k, v in h.items():
+            if k != "name" and v not in (None, {}):
+                raise ConfigError(f"hardware.{k}", v, "hardware=auto reads every field from the visible device, so "
+                                  "this changes nothing; name a preset or profile (hardware=h100_sxm_80gb "
+                                  f"hardware.{k}=...), or set memory_gib= (top level) for the memory plan")
+        return
+    for k in REQUIRED:
+        if h.get(k) in (None, {}) and not (k in PEER_FIELDS and h.get("gpus_per_node") == 1):
+            raise ConfigError(f"hardware.{k}", h.get(k), f"hardware={name} does not give it, and the memory plan "
+                              f"and the prediction read it: a profile needs {', '.join(REQUIRED)} (python -m "
+                              f"bench.probe measures them all; presets: {', '.join(PRESETS)})")
+    for k in POSITIVE:
+        v = h.get(k)
+        if v is not None and (not _number(v) or v <= 0):
+            raise ConfigError(f"hardware.{k}", v, "must be a positive number" + (
+                "" if k != "inter_node_gbps" else ", or null where it was not measured (one node)"))
+    for k in WHOLE:
+        if h.get(k) is not None and not isinstance(h[k], int):
+            raise ConfigError(f"hardware.{k}", h[k], "must be a positive integer")
+    _check_peaks(h["peak_tflops"])
+    for k, valid in (("intra_node_link", LINKS), ("source", SOURCES)):
+        if h.get(k) is not None and h[k] not in valid:
+            raise ConfigError(f"hardware.{k}", h[k], f"valid: {', '.join(valid)}")
+
+
+def _check_peaks(peaks: Any) -> None:
+    if not isinstance(peaks, dict):
+        raise ConfigError("hardware.peak_tflops", peaks, f"must map precisions ({', '.join(PRECISIONS)}) to TFLOP/s")
+    for k in NEEDED_PEAKS:
+        if peaks.get(k) is None:
+            raise ConfigError(f"hardware.peak_tflops.{k}", peaks.get(k), f"needed: the prediction falls back to "
+                              f"{' / '.join(NEEDED_PEAKS)} for precisions without a peak of their own")
+    for k, v in peaks.items():
+        if k not in PRECISIONS:
+            raise ConfigError(f"hardware.peak_tflops.{k}", v, f"not a precision; valid: {', '.join(PRECISIONS)}")
+        if v is not None and (not _number(v) or v <= 0):
+            raise ConfigError(f"hardware.peak_tflops.{k}", v, "must be a positive number of TFLOP/s, or null (no "
+                              "such tensor cores)")

@@ -81,3 +81,108 @@ def test_the_laptop_command_plans_megatron_with_a_verdict(tmp_path):
     plan = json.loads((d / "plan.json").read_text())
     assert plan["fits"] is True and plan["config"]["precision"] == "bf16"
     assert plan["memory"]["device_memory_gib"] == PRESETS["h100_sxm_80gb"].memory_gib
+
+
+# --------------------------------------------------------------------------- hardware fields validated like every knob
+def refused(*overrides: str, config_dir=None) -> ConfigError:
+    """The ConfigError of a composed config (Hydra's overrides and config dirs, as on the command line)."""
+    extra = [f"hydra.searchpath=[file://{config_dir}]"] if config_dir else []
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*extra, "dry_run=true", *overrides])
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, gpus=0)
+    return e.value
+
+
+def check_refuses(section: dict) -> ConfigError:
+    from bench.hardware import check
+
+    with pytest.raises(ConfigError) as e:
+        check(section)
+    return e.value
+
+
+def _preset(**change) -> dict:
+    import dataclasses
+
+    return {**dataclasses.asdict(PRESETS["a100_80gb"]), **change}
+
+
+@pytest.mark.parametrize("key,value", [
+    ("memory_gib", -5), ("memory_gib", 0), ("hbm_gbps", 0), ("intra_node_gbps", -1), ("inter_node_gbps", 0),
+    ("gpus_per_node", 0), ("gpus_per_node", 8.5), ("gpus_per_node", True), ("host_memory_gib", -1),
+    ("compute_capability", 0), ("memory_gib", "80"), ("intra_node_link", "infiniband"), ("source", "guess"),
+    ("nics_per_node", 0), ("nics_per_node", 2.5), ("nic_gbps", -50)])
+def test_a_bad_hardware_field_is_refused_naming_it(key, value):
+    e = check_refuses(_preset(**{key: value}))
+    assert e.key == f"hardware.{key}" and e.value == value and "\n" not in str(e)
+
+
+@pytest.mark.parametrize("peaks,key", [({"fp32": 19.5, "bf16": 0}, "bf16"), ({"fp32": 19.5, "bf16": 312, "fp8": -1},
+                                       "fp8"), ({"bf16": 312}, "fp32"), ({"fp32": None, "bf16": 312}, "fp32"),
+                                      ({"fp32": 19.5, "bf16": 312, "int8": 624}, "int8")])
+def test_a_bad_peak_is_refused_naming_its_precision(peaks, key):
+    assert check_refuses(_preset(peak_tflops=peaks)).key == f"hardware.peak_tflops.{key}"
+
+
+@pytest.mark.parametrize("drop", ["memory_gib", "peak_tflops", "hbm_gbps", "intra_node_gbps", "intra_node_link",
+                                  "gpus_per_node", "host_memory_gib"])
+def test_a_section_missing_a_field_is_refused_naming_it(drop):
+    section = {k: v for k, v in _preset(name="mine", source="user").items() if k != drop}
+    e = check_refuses(section)
+    assert e.key == f"hardware.{drop}" and "python -m bench.probe" in str(e)
+
+
+def test_an_override_through_hydra_is_checked():
+    assert refused("hardware=h100_sxm_80gb", "hardware.hbm_gbps=0").key == "hardware.hbm_gbps"
+
+
+def test_the_issues_command_is_refused_before_anything_runs(tmp_path):
+    """`hardware.memory_gib=-5` used to plan and answer "does not fit" (exit 3)."""
+    p = run_bench("hardware=h100_sxm_80gb", "hardware.memory_gib=-5", "dry_run=true", run_dir=tmp_path, timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "invalid config: hardware.memory_gib=-5" in p.stdout + p.stderr and not (tmp_path / "plan.json").exists()
+
+
+def _profile(tmp_path, name: str, drop=(), **change) -> str:
+    """A user's profile: a YAML in a hardware/ folder of a config dir, from a preset's numbers."""
+    from omegaconf import OmegaConf
+
+    body = _preset(name=name, source="user", **change)
+    (tmp_path / "hardware").mkdir(exist_ok=True)
+    (tmp_path / "hardware" / f"{name}.yaml").write_text(OmegaConf.to_yaml({k: v for k, v in body.items()
+                                                                             if k not in drop}))
+    return name
+
+
+def test_a_users_profile_with_a_missing_field_is_refused_and_a_complete_one_plans(tmp_path):
+    assert refused(f"hardware={_profile(tmp_path, 'short', drop=('hbm_gbps',))}",
+                   config_dir=tmp_path).key == "hardware.hbm_gbps"
+    name = _profile(tmp_path, "mine", memory_gib=71.5, inter_node_gbps=None)  # null: not measured
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        plan = validate(compose("config", overrides=[f"hydra.searchpath=[file://{tmp_path}]", f"hardware={name}",
+                                                     "dry_run=true", "strategy=ddp", "world_size=8"]), gpus=0)
+    assert memory_plan(plan)["device_memory_gib"] == 71.5
+
+
+def test_fields_set_under_hardware_auto_are_refused_not_ignored():
+    """hardware=auto reads the visible device: a field set there would change nothing."""
+    assert refused("hardware.memory_gib=70").key == "hardware.memory_gib"
+
+
+def test_every_preset_passes_and_says_it_is_a_datasheet():
+    import dataclasses
+
+    from bench.hardware import check
+
+    for p in PRESETS.values():
+        check(dataclasses.asdict(p))
+        assert p.source == "datasheet"
+
+
+def test_a_one_gpu_node_needs_no_intra_node_link():
+    """One GPU a node has no peer to measure a link to; with more GPUs the link is required."""
+    from bench.hardware import check
+
+    check(_preset(gpus_per_node=1, intra_node_gbps=None, intra_node_link=None))
+    assert check_refuses(_preset(gpus_per_node=2, intra_node_gbps=None)).key == "hardware.intra_node_gbps"

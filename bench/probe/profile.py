@@ -1,0 +1,96 @@
+"""The probe's numbers as a hardware profile: the fields of bench/hardware.py's HardwareConfig that the memory
+plan and the prediction read, ``source: probe``, and a ``probe`` record of what was measured, how, and what
+was not (with why).  Written as a YAML that Hydra composes as ``hardware=<file name>`` when it lies in a
+``hardware/`` folder of a ``--config-dir``."""
+from __future__ import annotations
+
+import datetime
+import socket
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import OmegaConf
+
+from bench.hardware import check
+from bench.probe.comm import link_gbps
+from bench.schema import ConfigError
+
+
+def _r(x: Optional[float], digits: int = 4) -> Optional[float]:
+    """Rounded to ``digits`` significant digits: a measurement's noise is far above that."""
+    return None if x is None else float(f"{x:.{digits}g}")
+
+
+def build(name: str, alone: dict, intra: Optional[dict], inter: Optional[dict], run: dict) -> dict:
+    """The profile (module docstring) from rank 0's measurements, the curves and how the ranks ran."""
+    facts, per_node = alone["facts"], run["gpus_per_node"]
+    intra_gbps = link_gbps(intra) if intra else None
+    inter_gbps = link_gbps(inter) if inter else None
+    not_measured = {f"peak_tflops.{k}": why for k, why in alone["peaks_missing"].items()}
+    if intra is None:
+        not_measured["intra_node_gbps"] = ("one rank a node: probe with 2 or more (--world-size, or the launcher's "
+                                           "ranks a node)")
+    if inter is None:
+        not_measured["inter_node_gbps"] = ("one node: run the probe under SLURM (srun, one task per GPU) or torchrun "
+                                           "across nodes to measure it")
+    peaks = {k: _r(alone["peaks"].get(k)) for k in ("fp32", "tf32", "bf16", "fp16", "fp8")
+             if k in alone["peaks"] or k in alone["peaks_missing"]}
+    largest = intra or inter
+    return {
+        "name": name, "source": "probe", "gpu": facts["name"], "memory_gib": _r(facts["memory_gib"]),
+        "compute_capability": facts["compute_capability"], "peak_tflops": peaks,
+        "hbm_gbps": _r(alone["copy_gbps"]), "intra_node_gbps": _r(intra_gbps), "intra_node_link": alone["link"],
+        "inter_node_gbps": _r(inter_gbps), "gpus_per_node": per_node, "host_memory_gib": _r(alone["host_memory_gib"]),
+        "probe": {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "host": socket.gethostname(), "device": facts["name"], "torch": _torch_version(), **run,
+            "measured": {
+                "peak_tflops": f"median TFLOP/s of an {run['sizes']['matmul_n']}^3 matmul per precision (fp8: "
+                               "torch._scaled_mm, e4m3 inputs, bf16 output)",
+                "hbm_gbps": f"a copy of {run['sizes']['copy_mib']} MiB: (read + written bytes) / time",
+                "intra_node_gbps": "all-reduce bus bandwidth at the largest message, ranks of one node"
+                                   + ("" if intra else " (not measured)"),
+                "inter_node_gbps": "all-reduce bus bandwidth at the largest message, all ranks of all nodes "
+                                   "(send/recv: a ring whose every hop crosses nodes)"
+                                   + ("" if inter else " (not measured)"),
+                "intra_node_link": alone["link_how"],
+                "memory_gib": facts.get("memory_note", "torch.cuda.get_device_properties().total_memory"),
+                "largest_message_bytes": largest["all_reduce"][-1]["bytes"] if largest else None,
+            },
+            "not_measured": not_measured, "host_cost": alone["host"],
+            "curves": {"intra_node": intra, "inter_node": inter},
+        },
+    }
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def write(path: str, profile: dict) -> None:
+    """The YAML, with a header that says how to use it; then one line on stdout saying where and whether it
+    passes the check every hardware passes (bench/hardware.py: a field the probe could not measure fails it)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    use = usage(p)
+    head = (f"# hardware profile measured by python -m bench.probe on {profile['probe']['host']}, "
+            f"{profile['probe']['date']}\n# {use}\n")
+    p.write_text(head + OmegaConf.to_yaml(OmegaConf.create(profile)))
+    try:
+        check(profile)
+        verdict = "complete"
+    except ConfigError as e:
+        verdict = f"INCOMPLETE, bench will refuse it until you set the field: {e}"
+    peaks = ", ".join(f"{k} {v:g}" for k, v in profile["peak_tflops"].items() if v is not None)
+    print(f"probe: wrote {p} ({verdict}); TFLOP/s {peaks}; memory {profile['hbm_gbps']:g} GB/s; intra-node "
+          f"{profile['intra_node_gbps']} GB/s; inter-node {profile['inter_node_gbps']} GB/s\nprobe: {use}", flush=True)
+
+
+def usage(p: Path) -> str:
+    """How ``hardware=`` reaches the file: Hydra finds group options in ``<config dir>/hardware/<name>.yaml``."""
+    if p.parent.name == "hardware":
+        return f"plan with it: python -m bench --config-dir {p.parent.parent.resolve()} hardware={p.stem} dry_run=true"
+    return (f"to plan with it, put it in a folder named hardware/ (DIR/hardware/{p.stem}.yaml) and run python -m "
+            f"bench --config-dir DIR hardware={p.stem} dry_run=true")

@@ -1,0 +1,82 @@
+"""``python -m bench.probe`` on this CPU (gloo, 2 ranks, --quick): it writes a complete hardware profile, and a
+dry run with ``hardware=<that profile>`` plans and predicts with the probe's numbers, not a datasheet's."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from bench.config import register_configs, validate
+from bench.hardware import PRESETS, check
+from tests.conftest import REPO, run_bench
+
+register_configs()
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    """(config dir, profile, probe stdout): the profile lies in a hardware/ folder, as Hydra looks for it."""
+    d = tmp_path_factory.mktemp("probe")
+    out = d / "hardware" / "ci_probe.yaml"
+    p = subprocess.run([sys.executable, "-m", "bench.probe", "--out", str(out), "--world-size", "2", "--quick"],
+                       cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return d, OmegaConf.to_container(OmegaConf.load(out)), p.stdout
+
+
+@pytest.mark.slow
+def test_the_probe_writes_a_complete_profile_of_what_it_measured(probed):
+    d, prof, stdout = probed
+    check(prof)  # the rule every hardware passes: no field missing, zero or negative
+    assert prof["source"] == "probe" and prof["name"] == "ci_probe" and prof["intra_node_link"] == "host"
+    assert set(prof["peak_tflops"]) == {"fp32", "bf16"}  # what a CPU run can use
+    assert prof["gpus_per_node"] == 2 and prof["probe"]["backend"] == "gloo" and prof["probe"]["world_size"] == 2
+    # one node: the network was not measured, and the profile says so rather than guessing
+    assert prof["inter_node_gbps"] is None and "one node" in prof["probe"]["not_measured"]["inter_node_gbps"]
+    curves = prof["probe"]["curves"]["intra_node"]
+    assert set(curves) == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
+    # nccl-tests' PERFORMANCE.md at 2 ranks: all-reduce busbw = algbw, all-gather / reduce-scatter half of it
+    for name, factor in (("all_reduce", 1.0), ("all_gather", 0.5), ("reduce_scatter", 0.5), ("send_recv", 1.0)):
+        for row in curves[name]:
+            assert row["algbw_gbps"] == pytest.approx(row["bytes"] / (row["time_us"] * 1e3), rel=0.01, abs=2e-3)
+            assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * factor, rel=0.01, abs=2e-3)
+    assert prof["intra_node_gbps"] == pytest.approx(curves["all_reduce"][-1]["busbw_gbps"], rel=1e-3)
+    assert f"--config-dir {d.resolve()} hardware=ci_probe" in stdout  # the command that uses it
+
+
+@pytest.mark.slow
+def test_a_dry_run_plans_with_the_probes_numbers(probed, tmp_path):
+    d, prof, _ = probed
+    p = run_bench("--config-dir", str(d), "hardware=ci_probe", "dry_run=true", "strategy=ddp", "world_size=2",
+                  run_dir=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    mem = plan["memory"]
+    assert mem["device_memory_gib"] == prof["memory_gib"] and mem["device_memory_source"] == "hardware=ci_probe"
+    assert mem["host_memory_gib"] == prof["host_memory_gib"]
+    assert prof["memory_gib"] not in {p.memory_gib for p in PRESETS.values()}
+    assert plan["config"]["hardware"]["source"] == "probe" and plan["prediction"] is not None
+
+
+@pytest.mark.slow
+def test_the_prediction_uses_the_probes_peak(probed):
+    from bench.predict import terms
+
+    d, prof, _ = probed
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"hydra.searchpath=[file://{d}]", "hardware=ci_probe", "dry_run=true",
+                                           "strategy=ddp", "world_size=2"])
+    plan = validate(cfg, gpus=0)
+    assert plan.cfg["precision"] == "bf16"
+    assert terms(plan)["peak"] == pytest.approx(prof["peak_tflops"]["bf16"] * 1e12)
+
+
+def test_bad_probe_options_are_refused_in_one_line(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "bench.probe", "--out", str(tmp_path / "hardware" / "l40s.yaml"),
+                        "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().startswith("invalid probe option: --out=")
+    assert "preset" in p.stderr and not (tmp_path / "hardware").exists()
