@@ -16,7 +16,9 @@ from typing import Any, Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench.hardware import HardwareConfig, match as match_hardware, preset_nodes, resolve as resolve_hardware
+from bench.hardware import (HardwareConfig, check as check_hardware, match as match_hardware, preset_nodes,
+                            resolve as resolve_hardware)
+from bench.hf_config import resolve_model
 from bench.layout_rules import check_split
 from bench.loggers import check as check_logger
 from bench.schema import (BenchConfig, ConfigError, LoggerConfig, ModelConfig, Plan, check_choice, check_positive,
@@ -126,8 +128,11 @@ def validate(cfg: DictConfig | dict, gpus: Optional[int] = None, explicit: Itera
     top = {k: v for k, v in c.items() if k not in ("model", "strategy", "hardware")}
     _check_known_keys(top, BenchConfig)
     _check_known_keys(c["hardware"], HardwareConfig, "hardware.")
+    check_hardware(c["hardware"])
     _check_known_keys(c["model"], ModelConfig, "model.")
     _check_known_keys(c["strategy"], spec.schema, "strategy.")
+    explicit = tuple(explicit)
+    c["model"] = resolve_model(c["model"], explicit)  # model.hf_config read in: the plan, prediction and run see it
     c = _apply_shorthands(c, spec)
     gpus = cuda_device_count() if gpus is None else gpus
     if c.get("tuning", "default") != "default":
@@ -169,7 +174,8 @@ def _shared_rules(c: dict) -> None:
     for key in ("d_model", "n_heads", "n_layers", "d_ff", "vocab_size", "seq_len", "global_batch"):
         check_positive(f"model.{key}", m[key])
     if m["d_model"] % m["n_heads"]:
-        raise ConfigError("model.n_heads", m["n_heads"], f"must divide model.d_model={m['d_model']}")
+        raise ConfigError("model.n_heads", m["n_heads"], f"must divide model.d_model={m['d_model']} (a model of "
+                          "your own: docs/models.md, a preset in a --config-dir folder)")
     kv = m.get("n_kv_heads")
     if kv is not None:
         check_positive("model.n_kv_heads", kv)
@@ -211,10 +217,7 @@ def _planned_hardware(c: dict, gpus: int) -> int:
     """A named ``hardware`` preset: a dry run plans for it on any machine (as if its GPUs were there); a run
     must be on that GPU.  Returns the GPUs the layout may use."""
     h = c["hardware"]
-    preset = resolve_hardware(c)
-    if h["name"] not in preset_nodes() and not preset.memory_gib:
-        raise ConfigError("hardware", h["name"], f"is not a preset ({', '.join(preset_nodes())}); a GPU of your "
-                          "own needs at least hardware.memory_gib and hardware.peak_tflops")
+    preset = resolve_hardware(c)  # complete: bench.hardware.check has passed
     if c["dry_run"]:
         if c["device"] == "cpu":
             raise ConfigError("device", "cpu", f"contradicts hardware={h['name']} (a GPU); use device=auto or cuda")

@@ -7,6 +7,8 @@ model can beat ln(vocab) on it: a loss far below that means batches repeat.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 _STREAM_SALT = 0x5EED_BA7C  # keeps batch seeds apart from the model-init seed
@@ -16,6 +18,12 @@ def global_batch(n: int, *, seed: int, vocab_size: int, seq_len: int, batch: int
     """Global batch n: int64 ids of shape [batch, seq_len + 1] (inputs and shifted targets)."""
     g = torch.Generator().manual_seed((seed * 1_000_003 + n) ^ _STREAM_SALT)
     return torch.randint(0, vocab_size, (batch, seq_len + 1), generator=g)
+
+
+def loss_note(vocab_size: int) -> str:
+    """Why a run's loss does not fall: said where the loss is reported, so a flat or rising loss reads as expected."""
+    return (f"synthetic uniform tokens over {vocab_size} ids (bench/data.py): the loss stays near ln({vocab_size}) = "
+            f"{math.log(vocab_size):.2f}, up or down by noise; no model can learn them")
 
 
 class SyntheticStream:

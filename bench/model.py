@@ -6,7 +6,8 @@ biases on every linear.
 
 llama (Llama 2/3 layout): token embeddings only, pre-RMSNorm blocks, rotary position embeddings
 on q and k, grouped-query attention (``n_kv_heads`` key/value heads), a SwiGLU MLP
-(``down(silu(gate(x)) * up(x))``), a final RMSNorm, no biases, optionally tied embeddings.
+(``down(silu(gate(x)) * up(x))``; ``mlp_act=gelu_tanh``: GeGLU, as Gemma), a final RMSNorm, no biases
+(``qkv_bias``: on q/k/v, as Qwen2), optionally tied embeddings.
 RoPE is plain RoPE with base ``rope_theta`` (Llama 3's long-context "llama3" rope scaling of the
 frequencies is not applied: it changes neither FLOPs nor memory).
 
@@ -84,13 +85,13 @@ class Attention(nn.Module):
     recompute_core = False
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: Optional[int] = None, bias: bool = True,
-                 rope_theta: Optional[float] = None):
+                 rope_theta: Optional[float] = None, qkv_bias: bool = False):
         super().__init__()
         self.head_dim = d_model // n_heads
         kv_width = (n_kv_heads or n_heads) * self.head_dim
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, kv_width, bias=bias)
-        self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias or qkv_bias)
+        self.k_proj = nn.Linear(d_model, kv_width, bias=bias or qkv_bias)
+        self.v_proj = nn.Linear(d_model, kv_width, bias=bias or qkv_bias)
         self.o_proj = nn.Linear(d_model, d_model, bias=bias)
         self.rope_theta = rope_theta
 
@@ -135,22 +136,30 @@ class MLP(nn.Module):
         return self.fc_out(F.gelu(self.fc_in(x), approximate="tanh"))
 
 
-class SwiGLU(nn.Module):
-    """llama: down_proj(silu(gate_proj(x)) * up_proj(x)), no biases."""
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
 
-    def __init__(self, d_model: int, d_ff: int):
+
+GATE_ACTS = {"silu": F.silu, "gelu_tanh": gelu_tanh}  # model.mlp_act
+
+
+class SwiGLU(nn.Module):
+    """llama: down_proj(act(gate_proj(x)) * up_proj(x)), no biases; act silu (SwiGLU) or tanh-GELU (GeGLU)."""
+
+    def __init__(self, d_model: int, d_ff: int, act: str = "silu"):
         super().__init__()
         self.gate_proj = nn.Linear(d_model, d_ff, bias=False)
         self.up_proj = nn.Linear(d_model, d_ff, bias=False)
         self.down_proj = nn.Linear(d_ff, d_model, bias=False)
+        self.act = GATE_ACTS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, arch: str = "gpt", n_kv_heads: Optional[int] = None,
-                 rope_theta: float = 500000.0, norm_eps: float = 1e-5):
+                 rope_theta: float = 500000.0, norm_eps: float = 1e-5, qkv_bias: bool = False, mlp_act: str = "silu"):
         super().__init__()
         if arch == "gpt":
             self.ln_attn = nn.LayerNorm(d_model, eps=norm_eps)
@@ -159,9 +168,9 @@ class Block(nn.Module):
             self.mlp = MLP(d_model, d_ff)
         else:
             self.ln_attn = nn.RMSNorm(d_model, eps=norm_eps)
-            self.attn = Attention(d_model, n_heads, n_kv_heads, bias=False, rope_theta=rope_theta)
+            self.attn = Attention(d_model, n_heads, n_kv_heads, bias=False, rope_theta=rope_theta, qkv_bias=qkv_bias)
             self.ln_mlp = nn.RMSNorm(d_model, eps=norm_eps)
-            self.mlp = SwiGLU(d_model, d_ff)
+            self.mlp = SwiGLU(d_model, d_ff, mlp_act)
 
     def forward(self, x: torch.Tensor, rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
         x = x + self.attn(self.ln_attn(x), rope=rope)
@@ -173,7 +182,8 @@ class GPT(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, n_layers: int, d_ff: int, vocab_size: int, seq_len: int,
                  arch: str = "gpt", n_kv_heads: Optional[int] = None, tie_embeddings: bool = False,
-                 rope_theta: float = 500000.0, norm_eps: float = 1e-5, **_ignored):
+                 rope_theta: float = 500000.0, norm_eps: float = 1e-5, qkv_bias: bool = False, mlp_act: str = "silu",
+                 **_ignored):
         super().__init__()
         if arch not in ARCHS:
             raise ValueError(f"arch={arch!r}: valid: {', '.join(ARCHS)}")
@@ -181,8 +191,8 @@ class GPT(nn.Module):
             raise ValueError("grouped-query attention (n_kv_heads != n_heads) needs arch=llama")
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(seq_len, d_model) if arch == "gpt" else None
-        self.blocks = nn.ModuleDict({str(i): Block(d_model, n_heads, d_ff, arch, n_kv_heads, rope_theta, norm_eps)
-                                     for i in range(n_layers)})
+        self.blocks = nn.ModuleDict({str(i): Block(d_model, n_heads, d_ff, arch, n_kv_heads, rope_theta, norm_eps,
+                                                   qkv_bias, mlp_act) for i in range(n_layers)})
         self.norm = nn.LayerNorm(d_model, eps=norm_eps) if arch == "gpt" else nn.RMSNorm(d_model, eps=norm_eps)
         if tie_embeddings:
             self.head = nn.Linear(d_model, vocab_size, bias=False, device="meta")

@@ -92,6 +92,15 @@ class ModelConfig:
     tie_embeddings: bool = knob(False, "the output projection shares the token embedding's weight", added=True)
     rope_theta: float = knob(500000.0, "rotary embedding base (llama)", added=True)
     norm_eps: float = knob(1e-5, "LayerNorm / RMSNorm epsilon", added=True)
+    qkv_bias: bool = knob(False, "biases on the q/k/v projections of arch=llama (Qwen2); gpt has biases on every linear",
+                          added=True)
+    mlp_act: str = knob("silu", "the gated MLP's activation of arch=llama: silu (SwiGLU, Llama) | gelu_tanh (GeGLU, "
+                        "Gemma); arch=gpt's MLP is tanh-GELU", choices=("silu", "gelu_tanh"), added=True)
+    hf_config: Optional[str] = knob(None, "with model=hf: a Hugging Face config.json, a model folder holding one, or a "
+                                    "Hub name in the local HF cache; the model's sizes come from it (docs/models.md)",
+                                    added=True)
+    hf_config_file: Optional[str] = knob(None, "set by bench, not by you: the config.json model.hf_config resolved "
+                                         "to (a Hub name: org/name@snapshot), recorded with the run", added=True)
 
 
 @dataclass

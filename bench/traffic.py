@@ -67,7 +67,8 @@ def param_tensors(plan: Plan) -> int:
     """Parameter tensors on one rank (bookkeeping that runs once per tensor: hooks, copies)."""
     m = plan.model
     gpt = m.get("arch", "gpt") == "gpt"
-    block = 16 if gpt else 9  # gpt: q/k/v/o, fc_in/out with biases, two LayerNorms (w, b); llama: 7 + 2 norms
+    # gpt: q/k/v/o, fc_in/out with biases, two LayerNorms (w, b); llama: 7 + 2 norms (+ q/k/v biases: Qwen2)
+    block = 16 if gpt else 9 + (3 if m.get("qkv_bias") else 0)
     ends = (2 if gpt else 1) + (2 if gpt else 1) + (0 if m.get("tie_embeddings") else 1)
     return ceil(block * m["n_layers"] / plan.pp) + ends
 

@@ -3,7 +3,7 @@
 flops/token = 6N + 12 * L * d * seq  (forward + backward; PaLM appendix B)
   N   = parameters that take part in matrix multiplies: the L transformer blocks
         (gpt: attention q/k/v/o, MLP, their biases and LayerNorms; llama: q/o d x d, k/v
-        d x n_kv_heads*head_dim, SwiGLU gate/up/down, RMSNorms, no biases), the final norm and
+        d x n_kv_heads*head_dim, SwiGLU gate/up/down, RMSNorms, q/k/v biases with qkv_bias), the final norm and
         the output projection d x V (counted even when tied to the token embedding: it is a
         matmul); token and position embeddings (lookups) are excluded.
   12*L*d*seq = attention scores and weighted sum (QK^T, AV), forward + backward,
@@ -36,6 +36,7 @@ def param_groups(model: dict) -> dict[str, int]:
     if model.get("arch", "gpt") == "llama":
         kv = (model.get("n_kv_heads") or model["n_heads"]) * (d // model["n_heads"])
         block = 2 * d * d + 2 * d * kv + 3 * d * ff + 2 * d  # q, o; k, v; gate, up, down; two RMSNorms
+        block += (d + 2 * kv) if model.get("qkv_bias") else 0  # Qwen2's q/k/v biases
         emb, norm = V * d, d
     else:
         block = (4 * d * d + 4 * d) + (2 * d * ff + ff + d) + 4 * d  # attention, MLP, two LayerNorms

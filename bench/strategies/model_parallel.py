@@ -97,6 +97,10 @@ def _implementation_rules(plan: Plan) -> None:
             raise ConfigError("strategy.impl", impl, "megatron-core's float8 needs Transformer Engine, which bench "
                               "does not run; precision=fp8 (torchao) runs with strategy.impl=torch, or strategy=fsdp "
                               f"strategy.tp={tp} precision=fp8")
+        for key, plain in (("qkv_bias", False), ("mlp_act", "silu")):  # what bench's Megatron build does not map
+            if m.get(key, plain) != plain:
+                raise ConfigError(f"model.{key}", m[key], f"is not built by bench's megatron-core model (it would run "
+                                  f"without it, not the model the record names); {fix}")
         if plan.device != "cuda":
             raise ConfigError("strategy.impl", impl, f"megatron-core needs CUDA GPUs, and this run has none "
                               f"(device={plan.device}); {fix}")
