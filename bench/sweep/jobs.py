@@ -12,6 +12,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bench.config import validate
+from bench.planner.resolve import resolved
 from bench.memory_model import fits, memory_plan
 from bench.metrics import identity
 from bench.runs import override_key, run_key
@@ -82,7 +83,9 @@ def compose(job: Job, load: Callable[[list[str]], DictConfig], gpus: Callable[[d
         job.key = hashlib.sha256(" ".join(job.overrides).encode()).hexdigest()[:16]
         return
     try:
-        plan = validate(dict(job.cfg), gpus=gpus(job.cfg), explicit=map(override_key, job.overrides))
+        explicit = [override_key(o) for o in job.overrides]
+        # auto / tuning=best resolved as the run itself resolves them (bench/job.py), so both compute one run key
+        plan = resolved(validate(dict(job.cfg), gpus=gpus(job.cfg), explicit=explicit), explicit, gpus(job.cfg))
     except ConfigError as e:
         job.key, job.ident = run_key(job.cfg), identity(job.cfg)
         job.action, job.reason = "invalid", str(e)
