@@ -35,12 +35,15 @@ see), :func:`exit_without_finalizing` makes the process end like the fork server
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import gc
 import logging
 import os
+import re
 import sys
 import types
 import warnings
+from pathlib import Path
 
 # the names c10d's native threads give themselves (/proc/<pid>/task/<tid>/comm)
 C10D_THREAD_PREFIXES = ("pt_gloo", "gloo_", "pt_tcpstore", "pt_nccl")
@@ -164,3 +167,32 @@ def exit_without_finalizing(exit_code: int) -> None:
         os._exit(exit_code)
 
     atexit.register(_exit)
+
+
+TEARDOWN_TIMEOUT_HEADER = re.compile(r"^Timeout \(\d+:\d\d:\d\d(\.\d+)?\)!$", re.M)  # faulthandler's dump
+# A failed rank's teardown (its exit; under SLURM, aborting its groups) ends after this long (or
+# teardown_timeout_s, if shorter): after an out-of-memory inside a CUDA graph capture on 4 H100s the
+# failing rank never exited (its NCCL abort blocks: bench/worker.py _close_process_group), and its peers
+# waited in a collective until run_timeout_s.  (The launcher ends a run whose failed rank is still
+# there a little later: bench/launch/local.py FAILURE_GRACE_S.)
+FAILED_TEARDOWN_S = 5
+
+
+def failed_teardown_s(cfg: dict) -> int:
+    """How long a rank that failed (its failure recorded) may take to exit."""
+    return min(FAILED_TEARDOWN_S, cfg["teardown_timeout_s"])
+
+
+def arm_teardown_deadline(run_dir: Path, rank: int, seconds: int) -> None:
+    """The results (or the failure) are written; what is left is teardown, which has hung on 2 H200s
+    after NCCL collectives captured in CUDA graphs, and on 4 H100s after a failed capture, holding the
+    run until run_timeout_s.  faulthandler's own C thread (it needs no GIL, so it fires even inside a
+    blocked NCCL or CUDA call, or during the process's exit) appends every thread's Python stack to
+    this rank's log after ``seconds`` and ends the process with exit code 1; the launcher keeps the
+    result (TEARDOWN_TIMEOUT_HEADER)."""
+    log_file = open(Path(run_dir) / f"rank{rank}.log", "a")  # kept open: faulthandler writes to its fd
+    faulthandler.dump_traceback_later(seconds, exit=True, file=log_file)
+    _keep_open.append(log_file)
+
+
+_keep_open: list = []  # the files arm_teardown_deadline gave faulthandler

@@ -11,7 +11,6 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
-import re
 import resource
 import sys
 import time
@@ -24,22 +23,36 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from bench import metrics
+from bench.data import loss_note
 from bench.jsonio import write_json_atomic
 from bench.launch.placement import placement
 from bench.metrics import provenance
+from bench.metrics.memory import allocator_record
 from bench.metrics.nvml import NvmlSampler
 from bench.metrics.profile import profile_steps
 from bench.metrics.timing import phase
 from bench.strategies.registry import get_spec, sweep_preloads
 from bench.schema import Plan
 from bench.strategies.base import DistContext
-from bench.teardown import exit_without_finalizing, release_process_groups
+from bench.teardown import arm_teardown_deadline, exit_without_finalizing, failed_teardown_s, release_process_groups
 
 log = logging.getLogger("bench.worker")
 
 
 def is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    return _oom_in_chain(exc) is not None
+
+
+def _oom_in_chain(exc: BaseException) -> BaseException | None:
+    """The out-of-memory error that ``exc`` is or was raised from or while handling: a CUDA graph
+    capture that ran out of memory raises torch.AcceleratorError from capture_end instead."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _setup_logging(run_dir: Path, rank: int) -> None:
@@ -100,6 +113,22 @@ def inject_fault(fault: dict, rank: int, step: int) -> None:
     if fault["kind"] == "hang":
         while True:
             time.sleep(1)
+
+
+FAILED_EXIT_FAULT = "BENCH_FAULT_FAILED_EXIT"  # test hook: how the rank that an injected raise / oom failed exits
+
+
+def _failed_exit_fault(fault: dict, rank: int) -> None:
+    """Test hook for the exit of the rank an injected fault failed (environment BENCH_FAULT_FAILED_EXIT):
+    ``hang``: its teardown blocks (its own deadline, bench.teardown.failed_teardown_s, ends it);
+    ``stuck``: the process cannot end (like the rank whose CUDA graph capture ran out of memory on
+    4 H100s: only the launcher ends it)."""
+    how = os.environ.get(FAILED_EXIT_FAULT)
+    if how not in ("hang", "stuck") or fault["kind"] not in ("raise", "oom") or fault["rank"] != rank:
+        return
+    if how == "stuck":
+        faulthandler.cancel_dump_traceback_later()
+    inject_fault({**fault, "kind": "hang", "step": 0}, rank, 0)
 
 
 def _pin_cpus(plan: Plan, local_rank: int) -> list[int]:
@@ -259,6 +288,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         "t_first_step": warm["t_first_step"], "t_loop_end": time.time(),
         "max_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "max_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20 if device.type == "cuda" else None,
+        "allocator": allocator_record(device, timed.get("nvml_mem_used_peak_mb")),  # bench/metrics/memory.py
         "host_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "cpus": start["cpus"],  # the CPUs this rank's threads may run on (config cpu_affinity)
         "placement": placement(),  # its node, addresses and the master address (bench/launch/placement.py)
@@ -287,23 +317,7 @@ def _write_metrics(plan: Plan, run_dir: Path, device, gathered: list, strategy, 
     m["memory"]["plan"] = plan.memory  # predicted before launch (bench/job.py), beside the measured peak
     write_json_atomic(run_dir / "metrics.json", m)
     log.info(metrics.one_line(m))
-
-
-TEARDOWN_TIMEOUT_HEADER = re.compile(r"^Timeout \(\d+:\d\d:\d\d(\.\d+)?\)!$", re.M)  # faulthandler's dump
-
-
-def arm_teardown_deadline(run_dir: Path, rank: int, seconds: int) -> None:
-    """The results are written; what is left is teardown, which has hung on 2 H200s after NCCL
-    collectives captured in CUDA graphs, holding the run until run_timeout_s.  faulthandler's own C
-    thread (it needs no GIL, so it fires even inside a blocked NCCL or CUDA call, or during the
-    process's exit) appends every thread's Python stack to this rank's log after ``seconds`` and
-    ends the process with exit code 1; the launcher keeps the result (TEARDOWN_TIMEOUT_HEADER)."""
-    log_file = open(run_dir / f"rank{rank}.log", "a")  # kept open: faulthandler writes to its fd
-    faulthandler.dump_traceback_later(seconds, exit=True, file=log_file)
-    _keep_open.append(log_file)
-
-
-_keep_open: list = []  # the files arm_teardown_deadline gave faulthandler
+    log.info(loss_note(cfg["model"]["vocab_size"]))
 
 
 @record
@@ -328,15 +342,28 @@ def worker_main(plan_dict: dict, run_dir: str, teardown_deadline: bool = False) 
             inject_fault({**fault, "kind": "hang", "step": 0}, rank, 0)
     except BaseException as exc:
         failed = True
-        write_json_atomic(run_path / f"failure_rank{rank}.json", {
-            "rank": rank, "node": placement()["node"], "type": type(exc).__name__, "message": str(exc),
-            "oom": is_oom(exc),
-            "traceback": traceback.format_exc(), "time": time.time()})
+        write_json_atomic(run_path / f"failure_rank{rank}.json", failure_record(exc, rank))
         log.exception("rank %d failed", rank)
         traceback.clear_frames(exc.__traceback__)  # its frames would keep the model, hence its groups, alive
+        if teardown_deadline:  # its own process: the failure is recorded, nothing is left to save
+            arm_teardown_deadline(run_path, rank, failed_teardown_s(plan.cfg))
+            exit_without_finalizing(1)
+        _failed_exit_fault(plan.cfg["fault"], rank)
         raise
     finally:
         _close_process_group(failed, own_process=teardown_deadline)
+
+
+def failure_record(exc: BaseException, rank: int) -> dict:
+    """failure_rank{r}.json: the error that ended this rank; an out-of-memory error it was raised
+    from or while handling is the root cause (type and message), the error raised is ``raised_as``."""
+    root = _oom_in_chain(exc) or exc
+    raised = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    return {"rank": rank, "node": placement()["node"], "type": type(root).__name__, "message": str(root),
+            "oom": is_oom(exc), "raised_as": None if root is exc else raised,
+            "traceback": traceback.format_exc(), "time": time.time(), "pid": os.getpid(),
+            "allocator": allocator_record(torch.device("cuda", torch.cuda.current_device())
+                                          if torch.cuda.is_available() and torch.cuda.is_initialized() else None)}
 
 
 C10D_THREADS_LEFT = "c10d threads still running after the process groups were released"
@@ -353,7 +380,14 @@ def _close_process_group(abort_it: bool, own_process: bool = False) -> None:
     no c10d thread is left running while a spawned rank's interpreter finalizes (the random
     "terminate called without an active exception" abort at exit); a rank where some are left all
     the same does not finalize its interpreter, where the process is its own (``own_process``: an
-    elastic rank; a SLURM task's process is submitit's, which records the result after this)."""
+    elastic rank; a SLURM task's process is submitit's, which records the result after this).
+    A failed rank whose process is its own releases nothing and ends with os._exit: on 2 H100s,
+    aborting the NCCL group of a rank that ran out of memory inside a CUDA graph capture holding an
+    all-reduce, while its peer waited in a barrier, never returned (the hang of issue 43 on 4 H100s),
+    where os._exit ended the process at once; its teardown deadline (bench/teardown.py) is the net."""
+    if abort_it and own_process:
+        log.info("this rank failed: it ends with os._exit, its process groups not aborted (bench/worker.py)")
+        return
     left = release_process_groups(abort=abort_it)
     if left:  # DeepSpeed's engine keeps its groups: then this rank skips the interpreter's finalization
         log.info("%s: %s%s (bench/teardown.py)", C10D_THREADS_LEFT, ", ".join(left),

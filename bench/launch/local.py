@@ -16,6 +16,7 @@ from bench.jsonio import read_json_dict, write_json_atomic
 from bench.launch.outcome import Outcome, from_failures, timeout_error
 from bench.runs import read_failures
 from bench.schema import Plan
+from bench.teardown import failed_teardown_s
 
 log = logging.getLogger("bench.launch")
 
@@ -38,6 +39,13 @@ _HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT
 # (bench/worker.py: faulthandler, which also dumps the rank's Python stacks) should have fired: for
 # a process that has left Python and still does not end.
 TEARDOWN_GRACE_S = 10
+# A rank recorded its failure (failure_rank<r>.json) and its process is still there this long after its
+# own teardown deadline (bench/teardown.py failed_teardown_s) should have ended it: it cannot end (after
+# an out-of-memory inside a CUDA graph capture on 4 H100s it never did, while its peers waited for it in
+# a collective), and the agent ends the others only once it has.  The launcher ends the run.
+FAILURE_GRACE_S = 3
+# how long the agent waits for a rank to end after its SIGTERM, then after its SIGKILL (torch's default: 30)
+SHUTDOWN_TIMEOUT_S = 10
 
 
 def launch_local(plan: Plan, run_dir: Path) -> Outcome:
@@ -49,8 +57,10 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
     from bench.worker import worker_main
 
     # the deadlines (read here: a config without them fails before anything starts)
-    deadlines = (plan.cfg.get("run_timeout_s"), plan.cfg["teardown_timeout_s"] + TEARDOWN_GRACE_S)
-    expired: dict = {}  # what ended the run from outside: {"limit": "run_timeout_s" | "teardown_timeout_s"}
+    deadlines = (plan.cfg.get("run_timeout_s"), plan.cfg["teardown_timeout_s"] + TEARDOWN_GRACE_S,
+                 failed_teardown_s(plan.cfg) + FAILURE_GRACE_S)
+    expired: dict = {}  # what ended the run from outside: {"limit": "run_timeout_s" | "teardown_timeout_s" |
+    #                     "rank_failure", "at": when}
     stop_watch = threading.Event()
     start_method = plan.cfg["start_method"]
     _prepare_start_method(start_method)
@@ -60,7 +70,7 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
             min_nodes=1, max_nodes=1, nproc_per_node=plan.world_size,
             run_id=f"bench-{uuid.uuid4().hex[:8]}",
             rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # port 0: the OS picks a free one
-            max_restarts=0, monitor_interval=0.2, start_method=start_method,
+            max_restarts=0, monitor_interval=0.2, start_method=start_method, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             logs_specs=DefaultLogsSpecs(log_dir=logs))
         watcher = threading.Thread(target=_watch_deadlines, args=(run_dir, plan.cfg, *deadlines, expired, stop_watch),
                                    name="bench-run-deadlines", daemon=True)
@@ -78,18 +88,22 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
                 signal.signal(s, h)
 
 
-def _watch_deadlines(run_dir: Path, cfg: dict, timeout_s, teardown_s: float, expired: dict,
+def _watch_deadlines(run_dir: Path, cfg: dict, timeout_s, teardown_s: float, failed_s: float, expired: dict,
                      stop_watch: threading.Event) -> None:
     """run_timeout_s from the start; teardown_timeout_s (+ grace) from the moment rank 0's
-    completed metrics.json appears.  Either sends this process SIGTERM, which the elastic agent
-    turns into a shutdown of all workers (SIGTERM, then SIGKILL); ``expired["limit"]`` says which."""
-    t0, started, done_at = time.monotonic(), time.time(), None
+    completed metrics.json appears; failed_teardown_s (+ grace) from the moment a rank's failure record
+    appears, if that rank's process is still there then.
+    Each sends this process SIGTERM, which the elastic agent turns into a shutdown of all workers
+    (SIGTERM, then SIGKILL); ``expired`` says which limit (``limit``) and when (``at``, wall clock)."""
+    t0, started, done_at, failed_at = time.monotonic(), time.time(), None, None
     metrics = run_dir / "metrics.json"
     while not stop_watch.wait(0.5):
         now = time.monotonic()
         if (done_at is None and metrics.is_file() and metrics.stat().st_mtime >= started
                 and _completed_before_exit(run_dir)):  # this launch's result, not an older one
             done_at = now
+        if failed_at is None and _failed_ranks_alive(run_dir, started):
+            failed_at = now
         if timeout_s and now - t0 > timeout_s:
             expired["limit"] = "run_timeout_s"
             log.error("run exceeded run_timeout_s=%s: terminating its processes", timeout_s)
@@ -97,10 +111,39 @@ def _watch_deadlines(run_dir: Path, cfg: dict, timeout_s, teardown_s: float, exp
             expired["limit"] = "teardown_timeout_s"
             log.error("the processes did not exit within teardown_timeout_s=%s after the run completed: "
                       "terminating them", cfg["teardown_timeout_s"])
+        elif failed_at is not None and now - failed_at > failed_s and _failed_ranks_alive(run_dir, started):
+            expired["limit"] = "rank_failure"
+            log.error("a rank failed %.0f s ago and has not ended (a process that cannot exit, while its peers wait "
+                      "for it in a collective): terminating the run's processes", failed_s)
         else:
             continue
+        expired["at"] = time.time()
         os.kill(os.getpid(), signal.SIGTERM)
         return
+
+
+def _failed_ranks_alive(run_dir: Path, since: float) -> list[int]:
+    """The ranks of this launch (not an older one) that recorded a failure and whose process is still
+    there (one that has ended is the agent's to act on: it ends the others)."""
+    alive = []
+    for p in run_dir.glob("failure_rank*.json"):
+        try:
+            fresh = p.stat().st_mtime >= since
+        except OSError:  # replaced meanwhile
+            continue
+        f = read_json_dict(p) if fresh else None
+        if f and isinstance(f.get("pid"), int) and _running(f["pid"]):
+            alive.append(f.get("rank"))
+    return alive
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie has: Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _prepare_start_method(start_method: str) -> None:
@@ -120,7 +163,7 @@ def _outcome_of_failed_child(e, run_dir: Path, cfg: dict, expired: dict) -> Outc
     """The outcome of a launch that ended in torch's ChildFailedError ``e``."""
     failures = read_failures(run_dir)
     if expired:
-        return _ended_by_limit(run_dir, expired["limit"], cfg, failures)
+        return _ended_by_limit(run_dir, expired, cfg, failures)
     killed = _killed_without_record(e, failures)
     if killed is not None and not _completed_before_exit(run_dir):
         return Outcome("failed", killed, failures)
@@ -143,7 +186,7 @@ def _outcome_of_signal(e, run_dir: Path, cfg: dict, expired: dict) -> Outcome:
     """The outcome of a launch that a signal (torch's SignalException ``e``) ended."""
     failures = read_failures(run_dir)
     if expired:
-        return _ended_by_limit(run_dir, expired["limit"], cfg, failures)
+        return _ended_by_limit(run_dir, expired, cfg, failures)
     if _completed_before_exit(run_dir):
         _add_exit_warning(run_dir, f"interrupted ({e}) during the teardown, after the run completed")
         return Outcome("completed")
@@ -172,7 +215,7 @@ def _completed_before_exit(run_dir: Path) -> bool:
 
 
 def _exit_after_completion(run_dir: Path, rank: int, exitcode: int, cfg: dict) -> str:
-    from bench.worker import TEARDOWN_TIMEOUT_HEADER
+    from bench.teardown import TEARDOWN_TIMEOUT_HEADER
 
     ended = sorted(int(p.stem[4:]) for p in run_dir.glob("rank*.log")
                    if TEARDOWN_TIMEOUT_HEADER.search(p.read_text(errors="replace")[-200_000:]))
@@ -190,12 +233,21 @@ def _add_exit_warning(run_dir: Path, message: str) -> None:
     log.warning("%s; the results were already written and are kept", message)
 
 
-def _ended_by_limit(run_dir: Path, limit: str, cfg: dict, failures: list) -> Outcome:
-    """A run ended by run_timeout_s or teardown_timeout_s.  If rank 0 had already written the
-    results after the final barrier, only the exit hung (seen with NCCL collectives in CUDA
-    graphs, on 2 H200s, also after the ranks had called os._exit): keep the measurement."""
+def _ended_by_limit(run_dir: Path, expired: dict, cfg: dict, failures: list) -> Outcome:
+    """A run ended by run_timeout_s, teardown_timeout_s or a failed rank that did not end.  If rank 0
+    had already written the results after the final barrier, only the exit hung (seen with NCCL
+    collectives in CUDA graphs, on 2 H200s, also after the ranks had called os._exit): keep the
+    measurement.  A failure a rank recorded before the limit expired is the root cause (an
+    out-of-memory stays ``oom``), not the limit that ended what it left behind."""
+    limit = expired["limit"]
     if _completed_before_exit(run_dir):
-        _add_exit_warning(run_dir, f"the processes did not exit within {limit}={cfg[limit]} after the run "
-                                   "completed and were terminated")
+        what = f"{limit}={cfg[limit]}" if limit in cfg else "a few seconds of a rank's failure"
+        _add_exit_warning(run_dir, f"the processes did not exit within {what} after the run completed and were "
+                                   "terminated")
         return Outcome("completed")
+    if any(f.get("time", 0) <= expired.get("at", float("inf")) for f in failures):
+        return from_failures(failures)  # the earliest first
+    if limit == "rank_failure":  # its record was there, and is unreadable now
+        return Outcome("failed", {"rank": None, "type": "RankFailure", "traceback": None, "message":
+                                  "a rank recorded a failure and did not end; its record could not be read"})
     return Outcome("timeout", timeout_error(cfg["run_timeout_s"]), failures)

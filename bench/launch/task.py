@@ -14,6 +14,7 @@ from bench.launch.outcome import Outcome, from_failures, timeout_error
 from bench.launch.placement import node_note, read_placements, write_placement
 from bench.runs import read_failures
 from bench.schema import Plan
+from bench.teardown import failed_teardown_s
 
 log = logging.getLogger("bench.launch")
 
@@ -197,17 +198,20 @@ def _slurm_end(jid: Optional[str]) -> Outcome:
 
 
 class _Watchdog(threading.Thread):
-    """Ends this rank on run_timeout_s, when another rank has failed, or when SLURM ends the job
-    (SIGTERM: the time limit or scancel); rank 0 records it first."""
+    """Ends this rank on run_timeout_s, when another rank has failed, when this rank failed and its
+    teardown outlasts ``failed_s`` (after an out-of-memory inside a CUDA graph capture on 4 H100s the
+    failing rank never got out of it), or when SLURM ends the job (SIGTERM: the time limit or
+    scancel); rank 0 records it first."""
 
     def __init__(self, run_dir: Path, rank: int, timeout_s: Optional[float], finalize,
-                 signals: Optional[_TaskSignals] = None) -> None:
+                 signals: Optional[_TaskSignals] = None, failed_s: float = 5.0) -> None:
         super().__init__(daemon=True, name="bench-watchdog")
         self.run_dir, self.rank, self.timeout_s, self.finalize = run_dir, rank, timeout_s, finalize
-        self.signals = signals
+        self.signals, self.failed_s = signals, failed_s
         self.t0 = time.time()
         self.stopped = threading.Event()
         self.warned = False
+        self.failed_at: Optional[float] = None  # when this rank's own failure record appeared
 
     def run(self) -> None:
         while not self.stopped.is_set():
@@ -226,14 +230,23 @@ class _Watchdog(threading.Thread):
                             "it ends or SLURM ends it (then recorded as timeout)", self.rank)
             if self.timeout_s and time.time() - self.t0 > self.timeout_s:
                 self._fire("timeout")
+            if self._own_teardown_outlasted():
+                self._fire("self")
             peers = [p for p in self.run_dir.glob("failure_rank*.json") if p.name != f"failure_rank{self.rank}.json"]
             if peers:
                 time.sleep(1.0)  # let the failing rank's peers write theirs: the earliest is the root cause
                 if not self.stopped.is_set():
                     self._fire("peer")
 
+    def _own_teardown_outlasted(self) -> bool:
+        """This rank recorded its failure more than failed_s ago and is still here: its teardown blocks."""
+        if self.failed_at is None and (self.run_dir / f"failure_rank{self.rank}.json").is_file():
+            self.failed_at = time.time()
+        return self.failed_at is not None and time.time() - self.failed_at > self.failed_s
+
     def _fire(self, why: str) -> None:
         msg = {"timeout": f"run exceeded run_timeout_s={self.timeout_s}", "peer": "another rank failed",
+               "self": f"this rank failed and its teardown did not end within {self.failed_s:.0f} s",
                "signal": "SIGTERM from SLURM (time limit or scancel)"}[why]
         log.error("rank %d: %s: ending this rank", self.rank, msg)
         if self.rank == 0:
@@ -266,7 +279,7 @@ def launch_task_rank(plan: Plan, run_dir: Path, rank: int, record: Callable[[Out
     saved = (root.handlers[:], root.level)  # worker_main reconfigures logging for its rank files
     exc: Optional[BaseException] = None
     with _TaskSignals() as signals:
-        dog = _Watchdog(run_dir, rank, plan.cfg.get("run_timeout_s"), finalize, signals)
+        dog = _Watchdog(run_dir, rank, plan.cfg.get("run_timeout_s"), finalize, signals, failed_teardown_s(plan.cfg))
         dog.start()
         try:
             worker_main(plan.to_dict(), str(run_dir))
@@ -292,7 +305,7 @@ def _task_outcome(why: str, exc: Optional[BaseException], failures: list[dict], 
                   run_dir: Optional[Path] = None) -> Outcome:
     if why == "completed":
         return Outcome("completed", None, failures)
-    if why == "timeout":
+    if why == "timeout" and not failures:  # a failure recorded before the limit is the root cause (oom stays oom)
         return Outcome("timeout", timeout_error(cfg["run_timeout_s"]), failures)
     if why == "signal":  # SLURM ended the job: that is the root cause, whatever the ranks recorded since
         st = (read_json_dict(run_dir / "status.json") or {}) if run_dir is not None else {}

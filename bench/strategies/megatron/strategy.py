@@ -148,6 +148,16 @@ def _reset_full_cuda_graph() -> None:
     StaticBufferLoader.static_buffers = {"training": [], "validation": []}
 
 
+def _after_failed_capture(stream, n: int) -> None:
+    """An error inside the capture (out of memory: torch then raises AcceleratorError from capture_end,
+    before torch.cuda.graph makes the step's stream current again) leaves the capture's stream current:
+    restore it, so nothing after the failure runs on that stream, and leave the half-made graph alone
+    (never reset or replayed: the rank records the error and ends, bench/worker.py)."""
+    if torch.cuda.current_stream() != stream:
+        log.error("step %d: the CUDA graph capture failed (strategy.cuda_graph); this rank ends", n)
+        torch.cuda.set_stream(stream)
+
+
 def _optimizer_text(optimizer, fused_adam: bool) -> str:
     inner = getattr(optimizer, "chained_optimizers", [optimizer])
     return (f"{type(optimizer).__name__}[{', '.join(type(o).__name__ for o in inner)}] "
@@ -293,10 +303,16 @@ class MegatronModelParallel(Strategy):
             # the wrapper copies them into its input buffers on its own stream: after they are made,
             # and after the previous replay has read those buffers (megatron-core 0.16.1 omits this wait)
             self.forward_backward.static_loader.stream.wait_stream(torch.cuda.current_stream())
-        out = self.forward_backward(
-            forward_step_func=self._forward_step, data_iterator=data, model=self.model,
-            num_microbatches=len(micro), seq_length=self.plan.model["seq_len"],
-            micro_batch_size=self.plan.micro_batch_size, forward_only=False)
+        stream = torch.cuda.current_stream()
+        try:
+            out = self.forward_backward(
+                forward_step_func=self._forward_step, data_iterator=data, model=self.model,
+                num_microbatches=len(micro), seq_length=self.plan.model["seq_len"],
+                micro_batch_size=self.plan.micro_batch_size, forward_only=False)
+        except BaseException:
+            if self.plan.strategy["cuda_graph"]:
+                _after_failed_capture(stream, n)
+            raise
         ok, _grad_norm, _ = self.optimizer.step()
         loss = None
         if self.layout.counts_tokens(self.coord):  # (a graph's outputs: copied here, before the next replay)
