@@ -60,8 +60,8 @@ def check_split(plan: Plan) -> None:
 
 def check_torch_native(plan: Plan, shards_dtensors: bool) -> None:
     """torch-native TP / pipelining: no loss scaling across shards and stages, no embedding shared by two
-    pipeline stages, interleaved 1F1B's rounds, and DDP's replicas cannot hold DTensors (``shards_dtensors``:
-    FSDP2 can)."""
+    pipeline stages, 1F1B's micro-batch per stage, interleaved 1F1B's rounds, and DDP's replicas cannot hold
+    DTensors (``shards_dtensors``: FSDP2 can)."""
     s, m, tp, pp, dp = plan.strategy, plan.model, plan.tp, plan.pp, plan.dp_size
     if plan.cfg["precision"] == "fp16" and (tp > 1 or pp > 1):
         raise ConfigError("precision", "fp16", "loss scaling across tensor-parallel shards and pipeline stages is not "
@@ -76,7 +76,24 @@ def check_torch_native(plan: Plan, shards_dtensors: bool) -> None:
                           "its first and last stage; use model.tie_embeddings=false, strategy.pp=1, or "
                           "strategy.impl=megatron")
     sched = resolve_schedule(s.get("schedule", "auto"), s.get("virtual_pipeline", 1))
+    if pp > 1 and sched == "1f1b" and plan.grad_accum < pp:
+        _too_few_microbatches(plan)
     if sched == "interleaved_1f1b" and plan.grad_accum % max(1, plan.grad_accum // pp):
         raise ConfigError("strategy.microbatches", s["microbatches"],
                           f"torch's interleaved 1F1B needs the number of micro-batches ({plan.grad_accum}) to be a "
                           f"multiple of its rounds max(1, {plan.grad_accum} // pp)")
+
+
+def _too_few_microbatches(plan: Plan) -> None:
+    """torch's Schedule1F1B refuses fewer micro-batches than stages (its warm-up fills the pipeline): refused here,
+    before a process starts, with the counts that divide the per-rank batch."""
+    pp, n = plan.pp, plan.grad_accum
+    per_rank = plan.micro_batch_size * n
+    counts = [f'{k} ("p")' if k == pp else str(k) for k in range(pp, per_rank + 1) if per_rank % k == 0]
+    valid = (f"a count of at least {pp} dividing the per-data-parallel-rank batch {per_rank}: {', '.join(counts)}"
+             if counts else f"none: the per-data-parallel-rank batch is {per_rank}, raise model.global_batch to at "
+             f"least {pp} x dp {plan.dp_size}")
+    raise ConfigError("strategy.microbatches", plan.strategy.get("microbatches"),
+                      f"gives {n} micro-batch{'es' if n != 1 else ''} of {plan.micro_batch_size} a step, but torch's "
+                      f"1F1B schedule needs at least one per pipeline stage (strategy.pp={pp}); valid: {valid} "
+                      "(strategy.microbatches=..., or the shorthand microbatches=...), or strategy.schedule=gpipe")

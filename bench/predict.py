@@ -15,7 +15,9 @@ One optimizer step of the slowest rank, in seconds::
                / (link x link_eff) + 20 us x collectives + offload / PCIe
              bytes per kind from the strategy (StrategySpec.traffic, bench/traffic.py); the link is the bus
              bandwidth of the group each kind travels over (bench/topology.py: TP inside a node, a data-parallel
-             group across nodes costed hierarchically, pipeline sends at the network share once they cross nodes)
+             group across nodes costed hierarchically, HSDP's gradient and parameter traffic over its shard group and
+             the replicas' all-reduce over its replicate group, pipeline sends at the network share once they
+             cross nodes)
   bubble   = (compute + comm) x (pp - 1) / (virtual x micro-batches)
   host     = host factor x (1 + lockstep x [ranks > 1 and host hooks])
              x (launch x (per_layer x layer_host x layers x micro-batches
@@ -50,6 +52,7 @@ from typing import Optional
 import numpy as np
 
 from bench.hardware import HardwareConfig, match, resolve
+from bench.layout import dp_shard_size
 from bench.memory_model import MB, memory_plan
 from bench.metrics.flops import (float8_cast_elements_per_layer_token, float8_matmul_params, flops_per_token,
                                 hardware_flops_per_token)
@@ -108,7 +111,8 @@ def _peak(plan: Plan, hw: HardwareConfig) -> float:
 
 def plan_topology(plan: Plan, hardware: Optional[HardwareConfig] = None) -> Topology:
     """The plan's groups placed on the hardware's nodes (bench/topology.py)."""
-    return topology(plan.tp, plan.pp, plan.dp_size, device_hardware(plan, hardware))
+    shard = dp_shard_size(plan.dp_size, plan.strategy)
+    return topology(plan.tp, plan.pp, plan.dp_size, device_hardware(plan, hardware), plan.dp_size // shard)
 
 
 def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, float]:
@@ -118,7 +122,7 @@ def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, fl
     traffic = get_spec(plan.strategy["name"]).traffic(plan, float(mem["parameters_on_rank"]))
     topo = plan_topology(plan, hw)
     return {**_device_terms(plan, hw, mem), **_host_terms(plan, traffic),
-            **{f"{k}_s": traffic.get(k, 0.0) / topo.kind_bytes_per_s(k) for k in BYTE_KINDS if k != "offload"},
+            **{f"{k}_s": v for k, v in topo.seconds(traffic).items()},
             "offload_s": traffic.get("offload", 0.0) / (HOST_LINK_GBPS * 1e9),
             "collectives": traffic.get("collectives", 0.0)}
 

@@ -13,6 +13,11 @@ where ``network`` is one GPU's share of its node's adapters (every GPU of a node
 group at once).  Inside one node that is the intra-node bandwidth, with g = 1 the network share; nccl-tests calls it
 the bus bandwidth.  Pipeline sends cross nodes only at the stage boundaries between nodes; the step waits for the
 slowest, so a pipeline group that spans nodes sends at the network share.
+
+HSDP (``dp_replicate`` > 1) splits the data-parallel ranks into replicas (the outer index) of ``dp / dp_replicate``
+adjacent shards (bench/parallel/mesh.py ``hsdp_mesh``): a shard group fills a node before a replica group spans
+nodes.  Gradients and parameters travel over the shard group (the whole data-parallel group without replicas), the
+replicas' all-reduce of each gradient shard (byte kind ``grad_replicate``) over the replicate group.
 """
 from __future__ import annotations
 
@@ -23,9 +28,16 @@ from bench.hardware import HardwareConfig
 from bench.layout import Layout
 
 DEFAULT_LINK_GBPS = 25.0  # a preset without link figures (a bare hardware.name): what the prediction assumed before
-GROUPS = ("tp", "dp", "pp")  # the layout's dimensions (bench/layout.py Coord)
+# each group kind by the rank coordinates its members differ in (the data-parallel one: replica and shard)
+VARIES = {"tp": ("tp",), "dp": ("dp_replicate", "dp_shard"), "pp": ("pp",), "dp_shard": ("dp_shard",),
+          "dp_replicate": ("dp_replicate",)}
+HSDP_GROUPS = ("dp_shard", "dp_replicate")  # named in the plan only where there are replicas
 # what each kind of bytes (bench/traffic.py BYTE_KINDS) travels over; offload goes to the host, not a group
-KIND_GROUP = {"grad_reduce": "dp", "param_gather": "dp", "tail": "dp", "activation": "tp", "p2p": "pp"}
+KIND_GROUP = {"grad_reduce": "dp_shard", "grad_replicate": "dp_replicate", "param_gather": "dp_shard", "tail": "dp",
+              "activation": "tp", "p2p": "pp"}
+# the prediction's term a kind is part of: the replicas' all-reduce is issued in backward like the reduce-scatter
+# before it, and hides behind the same compute
+KIND_TERM = {"grad_replicate": "grad_reduce"}
 
 
 @dataclass(frozen=True)
@@ -69,9 +81,22 @@ class Topology:
         """Bytes/s at which the bytes of a traffic kind (bench/traffic.py) move."""
         return self.bus_gbps(KIND_GROUP[kind]) * 1e9
 
+    def seconds(self, traffic: dict) -> dict[str, float]:
+        """Seconds of a strategy's traffic (bench/traffic.py) per prediction term, each kind at its group's speed."""
+        out: dict[str, float] = {}
+        for kind in KIND_GROUP:
+            term = KIND_TERM.get(kind, kind)
+            out[term] = out.get(term, 0.0) + traffic.get(kind, 0.0) / self.kind_bytes_per_s(kind)
+        return out
+
+    def shown(self) -> dict:
+        """The groups a plan names: the shard and replicate groups only under HSDP (else they are the dp group)."""
+        hsdp = self.groups["dp_replicate"].size > 1
+        return {k: g for k, g in self.groups.items() if hsdp or k not in HSDP_GROUPS}
+
     def describe(self) -> str:
         """One line for the plan: the nodes and where each group of more than one rank lives."""
-        placed = [f"{name}={g.size} {g.where}" for name, g in self.groups.items() if g.size > 1]
+        placed = [f"{name}={g.size} {g.where}" for name, g in self.shown().items() if g.size > 1]
         net = f", network {self.network_gbps:g} GB/s a GPU" if self.nodes > 1 else ""
         return (f"{self.nodes} node{'s' if self.nodes > 1 else ''} x {self.gpus_per_node} GPUs (intra-node "
                 f"{self.intra_gbps:g} GB/s{net}); " + ("; ".join(placed) or "one rank"))
@@ -81,7 +106,7 @@ class Topology:
         return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "intra_node_gbps": self.intra_gbps,
                 "network_gbps_per_gpu": self.network_gbps,
                 "groups": {k: {"size": g.size, "nodes": g.nodes, "per_node": g.per_node,
-                               "bus_gbps": self.bus_gbps(k)} for k, g in self.groups.items()}}
+                               "bus_gbps": self.bus_gbps(k)} for k, g in self.shown().items()}}
 
 
 def network_gbps(hw: HardwareConfig) -> Optional[float]:
@@ -91,23 +116,32 @@ def network_gbps(hw: HardwareConfig) -> Optional[float]:
     return hw.inter_node_gbps
 
 
-def _group(layout: Layout, name: str, per_node: int) -> Group:
+def _coords(layout: Layout, rank: int, shard: int) -> dict:
+    """A rank's coordinates, its data-parallel index split into (replica, shard): replicas are the outer index."""
+    c = layout.coords(rank)
+    return {"tp": c.tp, "pp": c.pp, "dp_replicate": c.dp // shard, "dp_shard": c.dp % shard}
+
+
+def _group(coords: list[dict], name: str, per_node: int) -> Group:
     """The widest instance of a group kind: ranks sharing every other coordinate, on blocks of per_node ranks."""
     members: dict[tuple, list[int]] = {}
-    for rank in range(layout.world_size):
-        c = layout.coords(rank)
-        key = tuple(getattr(c, k) for k in GROUPS if k != name)
+    for rank, c in enumerate(coords):
+        key = tuple(v for k, v in c.items() if k not in VARIES[name])
         members.setdefault(key, []).append(rank // per_node)
     spans, fewest = max((len(set(nodes_of)), -min(nodes_of.count(n) for n in set(nodes_of)))
                         for nodes_of in members.values())  # the most nodes, then the fewest ranks on one
-    return Group(name, getattr(layout, name), spans, -fewest)
+    return Group(name, len(next(iter(members.values()))), spans, -fewest)
 
 
-def topology(tp: int, pp: int, dp: int, hw: HardwareConfig) -> Topology:
-    """Place a tp x pp x dp layout on nodes of ``hw.gpus_per_node`` GPUs (all on one node without that figure)."""
+def topology(tp: int, pp: int, dp: int, hw: HardwareConfig, dp_replicate: int = 1) -> Topology:
+    """Place a tp x pp x dp layout (dp as dp_replicate replicas of shards) on nodes of ``hw.gpus_per_node`` GPUs
+    (all on one node without that figure)."""
     layout = Layout(tp=tp, pp=pp, dp=dp)
+    if dp % dp_replicate:
+        raise ValueError(f"dp_replicate={dp_replicate} does not divide dp={dp}")
     per_node = min(hw.gpus_per_node or layout.world_size, layout.world_size)
     intra = float(hw.intra_node_gbps or DEFAULT_LINK_GBPS)
     net = float(network_gbps(hw) or intra)
     nodes = -(-layout.world_size // per_node)
-    return Topology(nodes, per_node, intra, net, {k: _group(layout, k, per_node) for k in GROUPS})
+    coords = [_coords(layout, r, dp // dp_replicate) for r in range(layout.world_size)]
+    return Topology(nodes, per_node, intra, net, {k: _group(coords, k, per_node) for k in VARIES})

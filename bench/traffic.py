@@ -23,8 +23,9 @@ counts per step
 
 Ring collectives: an all-reduce of B bytes over n ranks sends 2 B (n-1)/n per rank, an all-gather or a
 reduce-scatter B (n-1)/n.  Each byte kind travels over one group (bench/topology.py ``KIND_GROUP``: gradients and
-parameters over the data-parallel group, activations over the tensor-parallel one, sends along the pipeline), whose
-placement on nodes sets the bandwidth.  Nothing here names a strategy (bench/strategies/ hold each one's terms).
+parameters over the data-parallel group (its shard group under HSDP), the replicas' all-reduce of each gradient
+shard (HSDP, ``grad_replicate``) over the replicate group, activations over the tensor-parallel one, sends along the
+pipeline), whose placement on nodes sets the bandwidth.  Nothing here names a strategy (bench/strategies/ hold each one's terms).
 """
 from __future__ import annotations
 

@@ -118,3 +118,26 @@ def test_a_preset_never_overrides_the_command_lines_tuning(preset, choice):
     merged before the preset's values): the run said best and ran best. Presets choose it in their defaults list."""
     composed = cfg(f"+experiment={preset}", f"tuning={choice}")
     assert composed.tuning == choice, f"+experiment={preset} overrides tuning={choice}: choose it as '- override /tuning: X'"
+
+
+@pytest.mark.parametrize("overrides,value", [
+    (["strategy=fsdp", "strategy.pp=2", "world_size=2"], None),  # fsdp over a pipeline, null: one micro-batch
+    (["strategy=pp", "strategy.impl=torch", "world_size=2", "microbatches=1"], 1),  # the pp family, the shorthand
+    (["strategy=tp", "strategy.impl=torch", "strategy.tp=2", "strategy.pp=2", "world_size=4",
+      "strategy.microbatches=1"], 1),
+], ids=["fsdp-pp", "pp-shorthand", "tp-pp"])
+def test_torch_1f1b_with_fewer_micro_batches_than_stages_is_refused_before_launch(overrides, value):
+    """torch's Schedule1F1B raises at setup, in every rank, when micro-batches < stages: validation says it first."""
+    with pytest.raises(ConfigError) as e:
+        validate(cfg("device=cpu", *overrides), gpus=0)
+    assert (e.value.key, e.value.value) == ("strategy.microbatches", value)
+    assert "strategy.pp=2" in str(e.value) and 'batch 8: 2 ("p"), 4, 8' in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["strategy=fsdp", "strategy.pp=2", "world_size=2", "microbatches=p"],
+    ["strategy=fsdp", "strategy.pp=2", "world_size=2", "strategy.schedule=gpipe"],  # GPipe runs one micro-batch
+    ["strategy=pp", "strategy.impl=torch", "world_size=2", "microbatches=2"],
+])
+def test_torch_pipelines_with_a_micro_batch_per_stage_or_gpipe_are_valid(overrides):
+    assert validate(cfg("device=cpu", *overrides), gpus=0).pp == 2

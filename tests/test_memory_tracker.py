@@ -19,7 +19,7 @@ from bench.strategies.registry import get_spec
 from tests.conftest import REPO
 
 register_configs()
-BASE = ("device=cpu", "model=llama_tiny", "precision=bf16", "steps=3", "warmup_steps=1")
+BASE = ("device=cpu", "model=llama_tiny", "model.n_layers=2", "precision=bf16", "steps=3", "warmup_steps=1")
 
 
 def _tracked_peak(plan) -> float:
@@ -64,6 +64,8 @@ CASES = {
     "ddp accumulating": ["strategy=ddp", "world_size=2", "strategy.micro_batch_size=1"],
     "fsdp accumulating": ["strategy=fsdp", "world_size=4", "strategy.micro_batch_size=1"],
     "fsdp no reshard": ["strategy=fsdp", "world_size=4", "strategy.reshard_after_forward=false"],
+    "fsdp accumulating, synced every micro-batch": ["strategy=fsdp", "world_size=4", "strategy.micro_batch_size=1",
+                                                    "strategy.sync_every_microbatch=true"],
 }
 
 

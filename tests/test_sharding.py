@@ -157,7 +157,8 @@ def test_fsdp2_block_units_and_uneven_shards_match_single(tmp_path_factory):
 @pytest.mark.parametrize("strategy", [
     ("strategy=zero", "strategy.zero_stage=2"),
     ("strategy=fsdp", "strategy.reshard_after_forward=true", "strategy.prefetch=2"),
-], ids=["zero2", "fsdp2-prefetch2"])
+    ("strategy=fsdp", "strategy.sync_every_microbatch=true"),
+], ids=["zero2", "fsdp2-prefetch2", "fsdp2-sync-every-microbatch"])
 def test_gradient_accumulation_one_step_per_global_batch(strategy, tmp_path_factory, baseline):
     """global batch 8 over 2 ranks = 4 per rank, in micro-batches of 1: 4 accumulation steps,
     still one optimizer step (and the same loss) per global batch."""

@@ -5,11 +5,13 @@ from the model (its parameters counted on a meta-device build), not to the code'
 from __future__ import annotations
 
 import pytest
+import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 
 from bench.config import register_configs, validate
 from bench.layout import Layout
 from bench.model import build_model
+from bench.parallel.mesh import build_mesh, hsdp_mesh
 from bench.predict import plan_topology, predict, terms
 from bench.topology import topology
 from bench.hardware import PRESETS
@@ -95,3 +97,71 @@ def test_a_thin_network_slows_a_two_node_run_and_leaves_a_one_node_run_alone():
     thin = ("hardware.nics_per_node=1", "hardware.nic_gbps=25")
     assert predict(plan_for(*two, *thin))["tokens_per_s"] < predict(plan_for(*two))["tokens_per_s"]
     assert predict(plan_for(*one, *thin))["tokens_per_s"] == predict(plan_for(*one))["tokens_per_s"]
+
+
+def mesh_groups(layout: Layout, replicate: int, rank: int) -> dict:
+    """The ranks of ``rank``'s shard and replicate groups in the DeviceMesh an HSDP run builds (bench/parallel/mesh.py),
+    from one rank's view of a fake process group of the layout's size."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
+    try:
+        mesh = hsdp_mesh(build_mesh(layout, "cpu", rank), replicate)
+        return {k: mesh[k].mesh.flatten().tolist() for k in ("dp_shard", "dp_replicate")}
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("tp,pp,dp,replicate", [(1, 1, 16, 2), (2, 1, 8, 2), (1, 2, 8, 4), (1, 1, 16, 8)])
+def test_hsdp_groups_are_placed_where_the_runs_device_mesh_puts_their_ranks(tp, pp, dp, replicate):
+    """Every rank's shard and replicate groups as the run's DeviceMesh makes them, on nodes of 8: the nodes each
+    spans and its fewest ranks on one node are what the plan says (the groups of these layouts are alike)."""
+    layout = Layout(tp=tp, pp=pp, dp=dp)
+    topo = topology(tp, pp, dp, A100, replicate)
+    seen: dict[str, set] = {"dp_shard": set(), "dp_replicate": set()}
+    for rank in range(layout.world_size):
+        for name, ranks in mesh_groups(layout, replicate, rank).items():
+            nodes = [r // 8 for r in ranks]
+            seen[name].add((len(ranks), len(set(nodes)), min(nodes.count(n) for n in set(nodes))))
+    for name, placed in seen.items():
+        g = topo.groups[name]
+        assert placed == {(g.size, g.nodes, g.per_node)}, (name, placed, g)
+
+
+# HSDP on 2 nodes x 8 A100 with one 25 Gb/s adapter's share a GPU: llama3_1b, 4 micro-batches of 1 a step
+THIN = 3.125  # GB/s of network a GPU
+HSDP_BASE = ("model=llama3_1b", "strategy=fsdp", "world_size=16", "model.global_batch=64",
+             "strategy.micro_batch_size=1", "hardware=a100_80gb", f"hardware.inter_node_gbps={THIN}")
+
+
+@pytest.mark.parametrize("replicate", [1, 2])
+def test_hsdp_keeps_parameter_gathers_in_the_node_and_sends_only_the_gradient_shards_across(replicate):
+    """Plain FSDP over 16 ranks gathers parameters and reduce-scatters gradients across both nodes (hierarchically:
+    1/8 of each crosses); HSDP with a replica a node does both inside the node (the shard group is a node's 8 GPUs)
+    and sends across only the all-reduce of each rank's 1/8 gradient shard, between the two GPUs holding it."""
+    plan = plan_for(*HSDP_BASE, f"strategy.dp_replicate={replicate}")
+    t = terms(plan)
+    params = sum(p.numel() for p in build_model(plan.model, seed=0, device="meta").parameters())
+    grads, weights = 4.0 * params, 2.0 * params  # fp32 reduce_dtype (the default), bf16 gathers
+    gathers = 2 * plan.grad_accum  # reshard_after_forward: forward and backward, every micro-batch
+    assert plan.grad_accum == 4
+    if replicate == 1:
+        across = lambda b: gather_s(b, 8, 300.0) + gather_s(b / 8, 2, THIN)  # noqa: E731 (in the node, then 1/8 across)
+        assert t["grad_reduce_s"] == pytest.approx(across(grads), rel=1e-9)
+        assert t["param_gather_s"] == pytest.approx(gathers * across(weights), rel=1e-9)
+        topo = plan_topology(plan)  # no replicas: the plan names the dp group alone
+        assert "dp_shard" not in topo.describe() and "dp_replicate" not in topo.as_dict()["groups"]
+    else:
+        shard = grads / 8  # the gradient shard each rank holds after its node's reduce-scatter
+        assert t["grad_reduce_s"] == pytest.approx(gather_s(grads, 8, 300.0) + all_reduce_s(shard, 2, THIN), rel=1e-9)
+        assert t["param_gather_s"] == pytest.approx(gathers * gather_s(weights, 8, 300.0), rel=1e-9)
+        where = plan_topology(plan).describe()
+        assert "dp_shard=8 inside a node" in where and "dp_replicate=2 across 2 nodes (1 a node)" in where, where
+
+
+def test_on_a_thin_network_hsdp_is_predicted_faster_than_fsdp():
+    """Bytes one rank sends across nodes a step, in units of the parameter count: HSDP's all-reduce of its 1/8 of
+    the fp32 gradient, 0.5; FSDP's 1/16 of the fp32 gradient and of each of 8 bf16 gathers, 0.25 + 8 x 0.125."""
+    fsdp, hsdp = (predict(plan_for(*HSDP_BASE, f"strategy.dp_replicate={r}")) for r in (1, 2))
+    assert hsdp["tokens_per_s"] > fsdp["tokens_per_s"], (hsdp["breakdown"], fsdp["breakdown"])
+    assert hsdp["breakdown"]["exposed_comm_s"] < fsdp["breakdown"]["exposed_comm_s"], (hsdp, fsdp)

@@ -177,6 +177,7 @@ class FSDP2(DataParallel):
     autocast = False
     shards = True
     late_optimizer = True
+    sync_every_microbatch = False  # strategy.sync_every_microbatch, set by wrap
 
     def needs_mesh(self, plan) -> bool:
         return True
@@ -185,6 +186,8 @@ class FSDP2(DataParallel):
         return bool(plan.strategy.get("cpu_offload"))
 
     def wrap(self, chunks: list, plan, mesh, device: torch.device) -> tuple[list, dict]:
+        # strategy.sync_every_microbatch: reduce-scatter after every micro-batch, not only the last
+        self.sync_every_microbatch = bool(plan.strategy.get("sync_every_microbatch"))
         replicate = plan.strategy.get("dp_replicate", 1)
         dp_mesh = hsdp_mesh(mesh, replicate) if replicate > 1 else mesh["dp"]
         info: dict = {}
@@ -197,7 +200,7 @@ class FSDP2(DataParallel):
         return chunks, info
 
     def no_sync(self, model: nn.Module, last: bool):
-        model.set_requires_gradient_sync(last)
+        model.set_requires_gradient_sync(last or self.sync_every_microbatch)
         return contextlib.nullcontext()
 
     def scaler(self, plan, device: torch.device):

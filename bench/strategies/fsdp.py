@@ -10,7 +10,7 @@ from typing import Any
 from bench.layout import dp_shard_size
 from bench.layout_rules import check_torch_native
 from bench.schema import LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConfig, alias_default, knob
-from bench.strategies.registry import ModelStates, StrategySpec, register
+from bench.strategies.registry import FP32, ModelStates, Scheme, StrategySpec, register
 from bench.parallel.dp import FSDP2
 from bench.parallel.float8 import fsdp_float8_all_gather
 from bench.strategies.torch_native import torch_native
@@ -50,6 +50,12 @@ class FSDPConfig(StrategyConfig):
                              "(FSDP2 over a 2-D mesh, torchtitan's data_parallel_replicate_degree): states sharded "
                              "within a replica, gradient shards all-reduced across replicas; must divide dp "
                              "(= world_size / (tp x pp)); 1: plain FSDP", added=True)
+    sync_every_microbatch: bool = knob(False, "with gradient accumulation: reduce-scatter the gradients after every "
+                                       "micro-batch (torchtitan's default), keeping only sharded gradients, at m x "
+                                       "the reduce-scatters; false: gradient sync on the last micro-batch only, "
+                                       "FSDP2 then holds every parameter's unsharded gradient in the reduce dtype "
+                                       "between micro-batches (Llama-3 8B on 4 ranks: 30 GiB)", added=True,
+                                       tune=(False, True))
 
 
 def _float8_rules(plan: Plan) -> None:
@@ -82,6 +88,7 @@ def rules(plan: Plan) -> None:
         raise ConfigError("compile_mode", "reduce-overhead", "CUDA graphs of FSDP2's blocks ran 15-20x slower than "
                           "compile_mode=default; use compile_mode=default with strategy=fsdp "
                           "(strategy.blocks_per_unit > 1 cuts its host time instead)")
+    _replicate_rule(plan)  # the data-parallel mesh itself, before what torch's TP / pipelining need of it
     check_torch_native(plan, shards_dtensors=True)
     n = plan.model["n_layers"] // (plan.pp * s["virtual_pipeline"])
     if not 1 <= s["blocks_per_unit"] <= n:
@@ -93,7 +100,9 @@ def rules(plan: Plan) -> None:
                           f"must be 0..{units - 1} (0: FSDP2's implicit prefetching, k: the next k units explicitly): "
                           f"strategy.blocks_per_unit={s['blocks_per_unit']} makes {units} FSDP unit(s) of "
                           f"{n} blocks" + (", nothing to prefetch" if units == 1 else ""))
-    _replicate_rule(plan)
+    if s.get("sync_every_microbatch") and plan.pp > 1:
+        raise ConfigError("strategy.sync_every_microbatch", True, "applies to FSDP2 without a pipeline (strategy.pp=1): "
+                          "with pp > 1 torch's PipelineStage decides when gradients are reduced")
     if s["cpu_offload"] and (plan.tp > 1 or plan.pp > 1):
         raise ConfigError("strategy.cpu_offload", True, "is implemented for FSDP2 alone (strategy.tp=1, pp=1)")
     _float8_rules(plan)
@@ -102,13 +111,16 @@ def rules(plan: Plan) -> None:
 def model_states(cfg: dict) -> ModelStates:
     s = cfg["strategy"]
     reshard, off = s["reshard_after_forward"], s["cpu_offload"]
-    return ModelStates("fp32" if cfg["precision"] == "fp32" else "fsdp_mixed", stage=3, offload_optimizer=off,
+    # under bf16 / fp16 the fp32 shards are the master (4 + 4 + 8); + the gathered 16-bit parameters while gathered
+    mixed = Scheme("fsdp_mixed", 4, 4, 8)
+    return ModelStates(FP32 if cfg["precision"] == "fp32" else mixed, stage=3, offload_optimizer=off,
                        offload_grads=off, offload_param=off, unsharded_params_live=not reshard,
                        sixteen_bit_weights=True,  # MixedPrecisionPolicy gathers the parameters in 16 bit
                        # set_requires_gradient_sync(False) on all but the last micro-batch (bench/parallel/dp.py, and
                        # torch's PipelineStage): FSDP2 keeps every unsharded gradient, upcast to reduce_dtype
                        # (FSDPParam.to_accumulated_grad_if_needed); measured by tests/test_memory_tracker.py
-                       accum_grad_bytes=4 if cfg["precision"] == "fp32" or s["reduce_dtype"] == "fp32" else 2,
+                       accum_grad_bytes=0 if s.get("sync_every_microbatch") else
+                       4 if cfg["precision"] == "fp32" or s["reduce_dtype"] == "fp32" else 2,
                        note="FSDP2 reshard_after_forward=%s (%s analogue)" % (reshard, "ZeRO-3" if reshard else "ZeRO-2")
                        + (f"; HSDP: sharded over dp / {s['dp_replicate']}, replicated {s['dp_replicate']} times"
                           if s.get("dp_replicate", 1) > 1 else ""))
@@ -144,10 +156,13 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     gathers = m * (2 if s["reshard_after_forward"] else 1)
     grad_bytes = 4 if s["reduce_dtype"] == "fp32" or plan.cfg["precision"] == "fp32" else 2
     gather_bytes = 1 if fsdp_float8_all_gather(plan) else compute_bytes(plan)  # fp8: float8 (the root's too)
-    own = {"param_gather": gathers * all_gather(params * gather_bytes, dp),
-           "grad_reduce": sum(hsdp_grad_reduce(params * grad_bytes, dp, replicate)),
-           "collectives": units * (gathers + 1 + (replicate > 1)),
+    syncs = m if s.get("sync_every_microbatch") and plan.pp == 1 else 1  # reduce-scatters per step
+    scatter, across = (syncs * b for b in hsdp_grad_reduce(params * grad_bytes, dp, replicate))
+    own = {"param_gather": gathers * all_gather(params * gather_bytes, dp), "grad_reduce": scatter,
+           "collectives": units * (gathers + syncs * (1 + (replicate > 1))),
            "hooks": 4 * units * m + param_tensors(plan) * (gathers + 2)}
+    if replicate > 1:  # over the replicate group (bench/topology.py KIND_GROUP), the rest over the shard group
+        own["grad_replicate"] = across
     if s["cpu_offload"]:  # fp32 shards in (per gather) and gradients out, the AdamW step on the host
         own.update(offload=4 * params / dp * (gathers + 1), host_adam=params / dp)
     return merge(own, tp_activation(plan), pp_p2p(plan), torch_native_hooks(plan))

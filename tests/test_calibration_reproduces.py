@@ -1,0 +1,53 @@
+"""The shipped calibration (bench/calibration.json) is what ``python -m bench.calibrate results/`` computes from the
+recorded runs with today's code: its fitted constants, host factors, every error summary and the runs it used.  A
+change to the prediction, the plans it re-reads or results/ that moves any of them fails here until the
+calibration is rerun and committed (the docs quote its numbers)."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+REL = 1e-6  # float noise of the fit (summation order, BLAS), far below any change worth a recalibration
+
+
+def differences(shipped, fresh, path: str = "") -> list[str]:
+    """Where two JSON values differ: keys, lengths, strings and integers exactly, floats beyond REL."""
+    if isinstance(shipped, dict) and isinstance(fresh, dict):
+        out = [f"{path}/{k}: only in {'the shipped file' if k in shipped else 'the fresh fit'}"
+               for k in sorted(set(shipped) ^ set(fresh))]
+        return out + [d for k in shipped if k in fresh for d in differences(shipped[k], fresh[k], f"{path}/{k}")]
+    if isinstance(shipped, list) and isinstance(fresh, list):
+        if len(shipped) != len(fresh):
+            return [f"{path}: {len(shipped)} items shipped, {len(fresh)} fitted"]
+        return [d for i, (a, b) in enumerate(zip(shipped, fresh)) for d in differences(a, b, f"{path}[{i}]")]
+    if isinstance(shipped, float) or isinstance(fresh, float):
+        same = isinstance(fresh, (int, float)) and math.isclose(shipped, fresh, rel_tol=REL, abs_tol=1e-12)
+        return [] if same else [f"{path}: shipped {shipped!r}, fitted {fresh!r}"]
+    return [] if shipped == fresh else [f"{path}: shipped {shipped!r}, fitted {fresh!r}"]
+
+
+def test_differences_sees_a_moved_constant_a_new_key_and_a_count():
+    shipped = {"constants": {"e_max": 0.75}, "error": {"runs": 891}}
+    assert differences(shipped, json.loads(json.dumps(shipped))) == []
+    assert differences(shipped, {"constants": {"e_max": 0.75 * (1 + 1e-9)}, "error": {"runs": 891}}) == []
+    assert differences(shipped, {"constants": {"e_max": 0.7501}, "error": {"runs": 890}, "x": 1}) == [
+        "/x: only in the fresh fit", "/constants/e_max: shipped 0.75, fitted 0.7501",
+        "/error/runs: shipped 891, fitted 890"]
+
+
+@pytest.mark.slow
+def test_the_shipped_calibration_is_what_calibrate_computes_from_results(tmp_path):
+    out = tmp_path / "calibration.json"
+    p = subprocess.run([sys.executable, "-m", "bench.calibrate", "results/", "--out", str(out)], cwd=REPO,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    shipped = json.loads((REPO / "bench" / "calibration.json").read_text())
+    diff = differences(shipped, json.loads(out.read_text()))
+    assert not diff, ("bench/calibration.json is not what `python -m bench.calibrate results/` computes now; rerun "
+                      "it if the change is meant:\n" + "\n".join(diff[:40]))
