@@ -1,7 +1,8 @@
-"""Turn a collected results JSON (benchmarks/collect.py --out) back into run folders, one
-metrics.json each, so multirun_analysis can aggregate recorded GPU results.
+"""Turn a collected results JSON (benchmarks/collect.py --out; each results folder keeps its
+runs as ``results/<folder>/runs.json``) back into run folders, one metrics.json each, so
+multirun_analysis can aggregate recorded GPU results.
 
-    python benchmarks/unpack_runs.py results/*/..._runs.json --out /tmp/gpu_runs
+    python benchmarks/unpack_runs.py results/*/runs.json --out /tmp/gpu_runs
 """
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from multirun_analysis import answer
+from multirun_analysis import answer, versus
 from multirun_analysis.analyze import analyze
-from multirun_analysis.prediction import planned, planned_section
+from multirun_analysis.planned import planned_section
 from multirun_analysis.report import compact_table
 
 
@@ -21,12 +21,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="output folder (default: <first PATH>/analysis)")
     ap.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     ap.add_argument("--memory-budget-gib", type=float, default=None,
-                    help="rank only strategies whose measured peak memory per GPU fits this many GiB")
+                    help="rank only strategies whose measured peak memory per GPU (a dry run's: the memory it "
+                         "needs) fits this many GiB")
     a = ap.parse_args(argv)
     res = analyze(*a.paths, out_dir=a.out, plots=not a.no_plots, memory_budget_gib=a.memory_budget_gib)
-    plans = planned(a.paths)
-    if len(plans):  # a dry-run sweep: the answer before any GPU is spent
-        print("\n".join(planned_section(plans)))
+    plans = res.plans
+    if res.side_by_side is not None and len(res.side_by_side):  # plans and their measurement: one table
+        print("\n".join(versus.section(res.side_by_side)))
+    elif len(plans):  # a dry-run sweep: the answer before any GPU is spent
+        print("\n".join(planned_section(plans, a.memory_budget_gib)))
     if res.runs.empty and len(plans):
         print(f"wrote {res.report}")
         return 0
@@ -49,7 +52,7 @@ def main(argv=None) -> int:
     for name, (fig, note) in res.plots.items():
         if fig is None:
             print(f"plot {name}: {note}")
-    print(f"\nwrote {res.out_dir}/ (runs.csv, runs.parquet, summary.csv, prediction.csv, fixed_overhead.csv, failed_runs.csv, report.md, plots)")
+    print(f"\nwrote {res.out_dir}/ (runs.csv, runs.parquet, summary.csv, prediction.csv, [planned.csv, side_by_side.csv,] fixed_overhead.csv, failed_runs.csv, report.md, plots)")
     return 0
 
 

@@ -10,9 +10,12 @@ from pathlib import Path
 import pandas as pd
 
 from multirun_analysis.load import load_runs, problems_of
-from multirun_analysis.plots import make_plots
+from multirun_analysis.planned import planned
+from multirun_analysis.plots import NoDataError, make_plots
 from multirun_analysis.prediction import prediction_table
+from multirun_analysis.prediction_plot import plot_prediction
 from multirun_analysis.report import write_report
+from multirun_analysis.versus import side_by_side
 from multirun_analysis.summarize import failed_runs, fixed_overhead, summarize
 
 
@@ -27,6 +30,8 @@ class Analysis:
     plots: dict = field(default_factory=dict)
     report: Path | None = None
     prediction: pd.DataFrame | None = None
+    plans: pd.DataFrame | None = None  # a dry run's planned layouts (multirun_analysis/planned.py)
+    side_by_side: pd.DataFrame | None = None  # plans beside measurements, when both are analysed
 
 
 def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
@@ -70,6 +75,24 @@ def analyze(*paths, out_dir=None, plots: bool = True, memory_budget_gib: float |
     figs = make_plots(summary, out) if plots else {}
     prediction = prediction_table(paths)
     prediction.to_csv(out / "prediction.csv", index=False)
+    plans = planned(paths, memory_budget_gib)
+    both = side_by_side(plans, prediction)
+    if len(plans):
+        plans.to_csv(out / "planned.csv", index=False)
+    if len(both):
+        both.to_csv(out / "side_by_side.csv", index=False)
+    if plots:
+        figs["prediction"] = _prediction_figure(both if len(both) else prediction, out)
     report = write_report(out, [str(p) for p in paths], runs, summary, failed, figs, problems, overhead,
-                          memory_budget_gib, prediction)
-    return Analysis(out, runs, summary, failed, overhead, problems, figs, report, prediction)
+                          memory_budget_gib, prediction, plans, both)
+    return Analysis(out, runs, summary, failed, overhead, problems, figs, report, prediction, plans, both)
+
+
+def _prediction_figure(t: pd.DataFrame, out: Path) -> tuple:
+    """prediction.png (multirun_analysis/prediction_plot.py), or why there is none."""
+    try:
+        fig = plot_prediction(t, by="strategy" if "variant" not in t.columns else None)
+    except NoDataError as e:
+        return None, f"skipped: {e}"
+    fig.savefig(out / "prediction.png", dpi=120, bbox_inches="tight")
+    return fig, str(out / "prediction.png")

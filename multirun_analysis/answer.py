@@ -35,6 +35,7 @@ import pandas as pd
 from bench.runs import rerun_command
 from bench.strategies.registry import knob_text, specs
 from bench.schema import BenchConfig, fields_of
+from multirun_analysis import layouts
 from multirun_analysis.tables import fmt_value, key_columns, plain
 
 WORKLOAD = ("model", "world_size", "tokens_per_step")
@@ -132,7 +133,7 @@ def default_vs_best(summary: pd.DataFrame) -> pd.DataFrame:
         differ = [f"{c}={fmt_value(best[c])}" for c in tuned if c in g.columns and d is not None
                   and plain(best[c]) != plain(d[c])]
         rows.append({**{c: best.get(c) for c in WORKLOAD}, "strategy_id": _strategy_name(best, ident),
-                     "precision": best.get("precision"),
+                     "precision": best.get("precision"), "layout": layouts.text(layouts.of_summary_row(best)),
                      "default_tokens_per_s": d["tokens_per_s"] if d is not None else math.nan,
                      "best_tokens_per_s": best["tokens_per_s"], "best_label": best.get("label"),
                      "best_tokens_per_s_min": best.get("tokens_per_s_min", math.nan),
@@ -182,7 +183,8 @@ def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> 
         else:
             w = fits.iloc[0]
             tied = [r["strategy_id"] for _, r in fits.iloc[1:].iterrows() if ties_with(r, w)]
-            out.append(f"- {head}: use **{w['strategy_id']}** ({w['best_label']}), {w['best_tokens_per_s']:,.0f} "
+            out.append(f"- {head}: use **{w['strategy_id']}** ({w['best_label']}; {_layout(w)}), "
+                       f"{w['best_tokens_per_s']:,.0f} "
                        f"tokens/s, peak {_mib(w['best_mem_peak_mb'])} per device"
                        + (f" (within {memory_budget_gib:g} GiB)" if budget else "")
                        + (f"; ties with {', '.join(tied)} (the repeats overlap: their order is run-to-run noise)"
@@ -196,7 +198,7 @@ def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> 
                         if not math.isnan(r["default_tokens_per_s"]) else
                         f"best {r['best_tokens_per_s']:,.0f} (no default run to compare)")
                 tie = " (a tie: its repeats overlap the winner's)" if i > 1 and r["strategy_id"] in tied else ""
-                out.append(f"    {i}. {r['strategy_id']}: {100 * r['best_tokens_per_s'] / w['best_tokens_per_s']:.0f}% "
+                out.append(f"    {i}. {r['strategy_id']} ({_layout(r)}): {100 * r['best_tokens_per_s'] / w['best_tokens_per_s']:.0f}% "
                            f"of the winner{tie}; {gain}; peak {_mib(r['best_mem_peak_mb'])}; "
                            f"measured over {r['best_measured']}")
         for _, r in over.iterrows():
@@ -214,6 +216,11 @@ def _precision_note(g: pd.DataFrame) -> list[str]:
     return [f"    - note: the precision={FLOAT8} rows run torchao float8 matmuls: the same model and tokens, a "
             f"numerically different computation; compare their loss with the {', '.join(sorted(set(prec) - {FLOAT8}))} "
             "rows' before taking their speed"]
+
+
+def _layout(r: pd.Series) -> str:
+    """The layout and precision a ranked row ran (multirun_analysis/layouts.py)."""
+    return f"{r.get('layout')}, {fmt_value(r.get('precision'))}"
 
 
 def _num(x) -> float:

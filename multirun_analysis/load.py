@@ -226,12 +226,22 @@ def _status_from_metrics(m: dict, st: Any, row: dict, problems: list[str]) -> No
     if ver != SCHEMA_VERSION:
         problems.append(f"schema_version {ver!r} (this analysis reads {SCHEMA_VERSION}): loaded what is present")
     status = m.get("status")
+    if isinstance(status, dict):  # a status record in place of the word: said as a line, its word kept
+        problems.append("metrics.json's status is a record, not a word: " + readable(status))
+        status = status.get("status")
     if status not in STATUSES:
         problems.append(f"unknown status {status!r} in metrics.json")
         status = "incomplete" if status is None else str(status)
     row["status"] = status
     if st is not None and row["status_json"] not in (status, None):
         problems.append(f"status.json says {row['status_json']!r}, metrics.json says {status!r}")
+
+
+def readable(record: dict) -> str:
+    """A record as one line: its status first, then its scalar fields (``pending: model=tiny, world_size=2``)."""
+    rest = ", ".join(f"{k}={' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in record.items()
+                     if k != "status" and not isinstance(v, dict))
+    return f"{record.get('status', '?')}" + (f": {rest}" if rest else "")
 
 
 def _error_columns(m: dict, row: dict, problems: list[str]) -> None:

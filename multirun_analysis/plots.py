@@ -48,28 +48,38 @@ def _labels(s: pd.DataFrame) -> pd.Series:
     return s["label"] if "label" in s.columns else variant_labels(s)
 
 
-def _colors(labels) -> dict:
-    """One colour per label across all panels of a figure (same strategy, same colour)."""
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")  # 7 shapes against 10 colours: a pair repeats only after 70
+LINESTYLES = ("-", "--", ":", "-.")
+HATCHES = ("", "//", "..", "xx")
+
+
+def styles(labels) -> dict:
+    """One style per label across all panels of a figure (same strategy, same look): tab10's colours, and a
+    marker, line style and bar hatch that change where the colours repeat (beyond 10 series)."""
     names = sorted({str(x) for x in labels})
-    cmap = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"]
-    return {n: cmap(i % cmap.N) for i, n in enumerate(names)}
+    cmap = matplotlib.colormaps["tab10"]
+    return {n: {"color": cmap(i % 10), "marker": MARKERS[i % len(MARKERS)],
+                "linestyle": LINESTYLES[(i // 10) % len(LINESTYLES)], "hatch": HATCHES[(i // 10) % len(HATCHES)]}
+            for i, n in enumerate(names)}
 
 
 def _legend(fig, axes):
-    """Few entries: a legend in each panel; many: one legend under the figure (colours are
-    the same in every panel), so that no data point is hidden behind it."""
+    """One legend for the figure, outside the axes on the right (styles are the same in every panel), so that
+    no data point is hidden behind it; PNGs are saved with bbox_inches="tight", so it is never clipped."""
     entries = {}
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             entries.setdefault(lab, h)
-    if len(entries) <= 4:
-        for ax in axes:
-            ax.legend(fontsize="small")
-    else:
-        longest = max(len(k) for k in entries)  # long labels: fewer columns, so none is cut off
-        ncol = min(3 if longest <= 35 else 2 if longest <= 60 else 1, len(entries))
-        fig.set_figheight(fig.get_figheight() + 0.22 * math.ceil(len(entries) / ncol))
-        fig.legend(list(entries.values()), list(entries), loc="outside lower center", fontsize="small", ncol=ncol)
+    if entries:
+        ncol = 1 if len(entries) <= 16 else 2
+        longest = max(len(k) for k in entries)  # the legend's width is added to the figure's, not taken from the axes
+        fig.set_figwidth(fig.get_figwidth() + ncol * (0.065 * longest + 0.7))
+        fig.legend(list(entries.values()), list(entries), loc="outside right upper", fontsize="small", ncol=ncol)
+
+
+def number(v, _=None) -> str:
+    """An axis tick: thousands separated, small values (GiB on CPU runs) with their digits."""
+    return f"{v:,.0f}" if abs(v) >= 100 or v == 0 else f"{v:.3g}"
 
 
 def _gpu_axis(ax, ws):
@@ -91,7 +101,7 @@ def _panels(s: pd.DataFrame, col: str, what: str):
     d["_label"] = _labels(d)
     models = list(dict.fromkeys(d["model"].map(str)))
     fig, axes = _figure(len(models))
-    return d, models, _colors(d["_label"]), fig, axes
+    return d, models, styles(d["_label"]), fig, axes
 
 
 def _lines_vs_gpus(s: pd.DataFrame, col: str, ylabel: str, title: str, what: str, scale: float = 1.0,
@@ -107,14 +117,16 @@ def _lines_vs_gpus(s: pd.DataFrame, col: str, ylabel: str, title: str, what: str
             if minmax and f"{col}_min" in g.columns:
                 lo, hi = g[f"{col}_min"].astype(float) * scale, g[f"{col}_max"].astype(float) * scale
                 err = [(y - lo).clip(lower=0).fillna(0), (hi - y).clip(lower=0).fillna(0)]
-            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label, color=colors[str(label)])
+            st = colors[str(label)]
+            ax.errorbar(x, y, yerr=err, marker=st["marker"], ls=st["linestyle"], capsize=3, label=label,
+                        color=st["color"])
             top = max(top, (y + err[1] if err else y).max())
         if ideal is not None:
             ax.axhline(ideal, color="grey", ls="--", lw=1, label="ideal")
         _gpu_axis(ax, m["world_size"])
         if ideal is None:  # absolute quantities: from zero, so that differences are not exaggerated
             ax.set_ylim(0, 1.08 * top if top > 0 else None)
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.yaxis.set_major_formatter(FuncFormatter(number))
         ax.set(xlabel=GPU_AXIS, ylabel=ylabel, title=f"{title} — model {model}")
         ax.grid(alpha=0.3)
     _legend(fig, axes)
@@ -135,11 +147,11 @@ def plot_scaling_efficiency(summary: pd.DataFrame) -> Figure:
 
 
 def plot_memory(summary: pd.DataFrame) -> Figure:
-    """Peak memory per device vs GPUs (CUDA allocator peak; host RSS on CPU runs)."""
+    """Peak memory per device vs GPUs in GiB, as the report speaks (CUDA allocator peak; host RSS on CPU runs)."""
     d = _need(summary, "mem_peak_mb", "memory measurements")
     src = ", ".join(sorted({str(x) for x in d.get("mem_source", pd.Series(dtype=object)).dropna()})) or "?"
-    return _lines_vs_gpus(d, "mem_peak_mb", f"peak memory per device [MiB]\n({src})",
-                          "Peak memory vs GPUs", "memory measurements")
+    return _lines_vs_gpus(d, "mem_peak_mb", f"peak memory per device [GiB]\n({src})",
+                          "Peak memory vs GPUs", "memory measurements", scale=1 / 1024)
 
 
 def _bars(ax, cats: list[str], series: dict[str, dict[str, float]], ylabel: str, title: str,
@@ -147,12 +159,13 @@ def _bars(ax, cats: list[str], series: dict[str, dict[str, float]], ylabel: str,
     """Grouped bars: one group per category, one bar per series key."""
     n = max(len(series), 1)
     width = 0.8 / n
+    colors = colors or styles(series)
     for i, (name, vals) in enumerate(series.items()):
         xs = [j + (i - (n - 1) / 2) * width for j in range(len(cats))]
-        ax.bar(xs, [vals.get(c, math.nan) for c in cats], width, label=name,
-               color=(colors or {}).get(str(name)))
+        st = colors[str(name)]
+        ax.bar(xs, [vals.get(c, math.nan) for c in cats], width, label=name, color=st["color"], hatch=st["hatch"])
     ax.set_xticks(range(len(cats)), cats, rotation=20, ha="right")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.yaxis.set_major_formatter(FuncFormatter(number))
     ax.set(ylabel=ylabel, title=title)
     ax.grid(alpha=0.3, axis="y")
 
@@ -176,13 +189,14 @@ def plot_variants(summary: pd.DataFrame) -> Figure:
         raise NoDataError("no runs of a strategy with a variants figure (" + ", ".join(
             f"strategy={n}: {t}" for n, (_, t) in figures.items()) + ")")
     fig, axes = _figure(2 * len(panels), per_row=2)
+    look = styles({_gpus(w) for _, _, m in panels for w in m["world_size"]})  # one GPU count, one colour, everywhere
     for k, (title, model, m) in enumerate(panels):
         cats = sorted(m["_cat"].unique())
-        for ax, col, ylabel in ((axes[2 * k], "tokens_per_s", "throughput [tokens/s]"),
-                                (axes[2 * k + 1], "mem_peak_mb", "peak memory per device [MiB]")):
-            series = {_gpus(w): dict(zip(g["_cat"], g[col].astype(float)))
+        for ax, col, ylabel, scale in ((axes[2 * k], "tokens_per_s", "throughput [tokens/s]", 1.0),
+                                       (axes[2 * k + 1], "mem_peak_mb", "peak memory per device [GiB]", 1 / 1024)):
+            series = {_gpus(w): dict(zip(g["_cat"], g[col].astype(float) * scale))
                       for w, g in m.groupby("world_size")}
-            _bars(ax, cats, series, ylabel, f"{title}: {ylabel.split(' [')[0]} — model {model}")
+            _bars(ax, cats, series, ylabel, f"{title}: {ylabel.split(' [')[0]} — model {model}", look)
     _legend(fig, axes)
     return fig
 
@@ -197,15 +211,19 @@ def plot_pp_microbatches(summary: pd.DataFrame) -> Figure:
         raise NoDataError("no pipeline-parallel runs (pp > 1 with microbatches) in the summary")
     p["_label"] = variant_labels(p, exclude=("microbatches",))
     models = list(dict.fromkeys(p["model"].map(str)))
+    p["_series"] = [f"{lab} pp={int(float(pp))}, {_gpus(ws)}" for lab, pp, ws in zip(p["_label"], p["pp"], p["world_size"])]
+    look = styles(p["_series"])
     fig, axes = _figure(len(models))
     for ax, model in zip(axes, models):
         m = p[p["model"].map(str) == model]
-        for (label, ws, pp), g in m.groupby(["_label", "world_size", "pp"], sort=True):
+        for series, g in m.groupby("_series", sort=True):
             g = g.sort_values("n_microbatches")
-            ax.plot(g["n_microbatches"].astype(float), g["tokens_per_s"].astype(float), marker="o",
-                    label=f"{label} pp={int(pp)}, {_gpus(ws)}")
+            st = look[series]
+            ax.plot(g["n_microbatches"].astype(float), g["tokens_per_s"].astype(float), marker=st["marker"],
+                    ls=st["linestyle"], color=st["color"], label=series)
         mbs = sorted(m["n_microbatches"].astype(float).unique())
         ax.set_xticks(mbs, [f"{x:g}" for x in mbs])
+        ax.yaxis.set_major_formatter(FuncFormatter(number))
         ax.set(xlabel="microbatches per step", ylabel="throughput [tokens/s]",
                title=f"Pipeline microbatches — model {model}")
         ax.grid(alpha=0.3)
@@ -276,7 +294,7 @@ def make_plots(summary: pd.DataFrame, out_dir: str | Path | None = None, dpi: in
         note = ""
         if out_dir is not None:
             path = Path(out_dir) / f"{name}.png"
-            fig.savefig(path, dpi=dpi)
+            fig.savefig(path, dpi=dpi, bbox_inches="tight")
             note = str(path)
         out[name] = (fig, note)
     return out

@@ -10,7 +10,13 @@ files): writes ``prediction.csv`` and prints the four numbers bench's prediction
 3. throughput (bench/predict.py, where calibrated): median and 90th percentile of |predicted /
    measured - 1| over all runs and over runs whose step takes >= 100 ms;
 4. the winner: within each (device, model, GPU count, tokens per step) group of two or more
-   strategies, whether the predicted fastest is the measured fastest or within 5% of it.
+   strategies, whether the predicted fastest is the measured fastest or within 5% of it; the same over
+   layouts (strategy variant x tp x pp x dp x micro-batch x accumulation x recompute x precision), and the
+   Spearman rank correlation of predicted and measured tokens/s over each group's layouts.
+
+Every row carries its layout (multirun_analysis/layouts.py: what ran, from metrics.json's ``layout``) and
+its run ``key`` (bench.runs.run_key), by which a dry run's plan and its measurement are matched
+(multirun_analysis/versus.py).
 
 The fit verdict is checked against the memory of the GPU each run was measured on (its preset in
 bench/hardware.py).  ``python -m multirun_analysis DIR`` writes the same table for its runs.
@@ -26,9 +32,13 @@ from typing import Iterable, Optional
 
 import pandas as pd
 
+from multirun_analysis import layouts
+from multirun_analysis.planned import planned, planned_section  # noqa: F401  (the dry-run ranking, as before)
+
 COLUMNS = ["run", "model", "strategy", "world_size", "precision", "status", "measured_tokens_per_s",
            "predicted_tokens_per_s", "measured_peak_gib", "predicted_peak_gib", "predicted_fits"]
-EXTRA = ["predicted_tight", "peak_error_pct", "tokens_error_pct", "step_time_s", "tokens_per_step", "device", "folder",
+LAYOUT = ["variant", "tp", "pp", "dp", "micro_batch_size", "grad_accum", "recompute", "layout"]
+EXTRA = LAYOUT + ["key", "predicted_tight", "peak_error_pct", "tokens_error_pct", "step_time_s", "tokens_per_step", "device", "folder",
          "note"]
 GIB = 2**30
 
@@ -96,12 +106,17 @@ def row(folder: str, name: str, m: dict) -> dict:
            "step_time_s": (m.get("step_time_s") or {}).get("median")}
     peak = (m.get("memory") or {}).get("max_allocated_mb")
     out["measured_peak_gib"] = peak / 1024 if peak else None
+    _layout(out, m, None)
+    model = (m.get("config") or {}).get("model") or {}
+    if model.get("global_batch") and model.get("seq_len"):  # the workload, also where the re-plan fails
+        out["tokens_per_step"] = model["global_batch"] * model["seq_len"]
     if not m.get("config") or out["device"] is None:
         return {**out, "note": "no configuration or no GPU recorded"}
     try:
         plan, mem = replan(m)
     except Exception as e:  # noqa: BLE001  (a config the current code refuses: said, not fatal)
         return {**out, "note": f"not re-plannable: {type(e).__name__}: {str(e)[:120]}"}
+    _layout(out, m, plan)
     out["tokens_per_step"] = plan.model["global_batch"] * plan.model["seq_len"]
     out.update(predicted_peak_gib=mem["predicted_peak_allocated_mb"] / 1024, predicted_fits=mem["fits"],
                predicted_tight=mem["tight"], predicted_tokens_per_s=_predicted_tokens(plan, out["device"]))
@@ -112,18 +127,48 @@ def row(folder: str, name: str, m: dict) -> dict:
     return out
 
 
+def _layout(out: dict, m: dict, plan) -> None:
+    """The layout columns (what ran; the re-plan fills what an older record lacks) and the run key."""
+    from bench.runs import run_key
+
+    lay = layouts.from_record(m, plan)
+    out.update({c: lay[c] for c in layouts.COLUMNS}, layout=layouts.text(lay))
+    out["key"] = run_key(m["config"]) if isinstance(m.get("config"), dict) else None
+
+
 def prediction_table(paths: Iterable) -> pd.DataFrame:
     rows = [row(*r) for r in recorded(paths)]
     return pd.DataFrame(rows, columns=COLUMNS + EXTRA)
 
 
-def _winners(t: pd.DataFrame) -> tuple[int, int]:
-    """The calibration's winner agreement (bench/calibrate.py ``agreement``) over the table's runs."""
+GROUP = ["device", "model", "world_size", "tokens_per_step"]  # one workload on one GPU: what is ranked
+
+
+def _winners(t: pd.DataFrame, unit: str = "strategy") -> tuple[int, int]:
+    """The calibration's winner agreement (bench/calibrate.py ``agreement``) over the table's runs, between
+    strategies (``unit="strategy"``) or between layouts (``unit="layout"``: layouts.ident)."""
     from bench.calibrate import agreement
 
     ok = t[t["tokens_error_pct"].notna()]
-    return agreement((((r.model, r.world_size, r.tokens_per_step, r.device), r.strategy, r.measured_tokens_per_s,
-                       r.predicted_tokens_per_s) for r in ok.itertuples()))
+    names = ok["strategy"] if unit == "strategy" else ok.apply(layouts.ident, axis=1)
+    return agreement((((r.model, r.world_size, r.tokens_per_step, r.device), n, r.measured_tokens_per_s,
+                       r.predicted_tokens_per_s) for r, n in zip(ok.itertuples(), names)))
+
+
+def rank_correlation(t: pd.DataFrame) -> pd.DataFrame:
+    """Per workload group with 3 or more measured layouts: the Spearman rank correlation of predicted and
+    measured tokens/s over its layouts (each at its fastest measured run), pandas' corr(method="spearman")."""
+    ok = t[t["tokens_error_pct"].notna()].copy() if len(t) else t
+    if ok.empty:
+        return pd.DataFrame(columns=GROUP + ["layouts", "spearman"])
+    ok["_layout"] = ok.apply(layouts.ident, axis=1)
+    rows = []
+    for keys, g in ok.groupby(GROUP, sort=True, dropna=False):
+        per = g.groupby("_layout")[["measured_tokens_per_s", "predicted_tokens_per_s"]].max()
+        if len(per) >= 3:
+            rho = per.astype(float).corr(method="spearman").iloc[0, 1]
+            rows.append({**dict(zip(GROUP, keys)), "layouts": len(per), "spearman": rho})
+    return pd.DataFrame(rows, columns=GROUP + ["layouts", "spearman"])
 
 
 def accuracy(t: pd.DataFrame) -> dict:
@@ -135,6 +180,8 @@ def accuracy(t: pd.DataFrame) -> dict:
     slow = thr[thr["step_time_s"] >= 0.1]
     q = lambda s, p: float(s.abs().quantile(p)) if len(s) else math.nan  # noqa: E731
     agree, groups = _winners(t)
+    lagree, lgroups = _winners(t, "layout")
+    rho = rank_correlation(t)["spearman"]
     return {
         "memory_runs": len(done), "memory_within_10pct_share": float((err <= 10).mean()) if len(done) else math.nan,
         "memory_within_15pct_all": bool((err <= 15).all()), "memory_worst_pct": float(err.max()) if len(done) else None,
@@ -144,7 +191,9 @@ def accuracy(t: pd.DataFrame) -> dict:
         "throughput_runs": len(thr), "throughput_median_pct": q(thr["tokens_error_pct"], 0.5),
         "throughput_p90_pct": q(thr["tokens_error_pct"], 0.9), "throughput_runs_ge_100ms": len(slow),
         "throughput_median_ge_100ms_pct": q(slow["tokens_error_pct"], 0.5),
-        "winner_agreement": f"{agree}/{groups}", "not_replanned": int(t["note"].notna().sum()),
+        "winner_agreement": f"{agree}/{groups}", "layout_winner_agreement": f"{lagree}/{lgroups}",
+        "spearman_groups": len(rho), "spearman_median": float(rho.median()) if len(rho) else math.nan,
+        "not_replanned": int(t["note"].notna().sum()),
     }
 
 
@@ -161,7 +210,11 @@ def lines(acc: dict) -> list[str]:
         f"{acc['throughput_runs_ge_100ms']} runs with steps >= 100 ms" if acc["throughput_runs"]
         else "throughput: no prediction (bench/predict.py not calibrated)",
         f"winner: predicted fastest strategy is the measured fastest or within 5% in {acc['winner_agreement']} "
-        "groups (device, model, GPUs, tokens per step)",
+        "groups (device, model, GPUs, tokens per step); predicted fastest layout (strategy variant, tp, pp, dp, "
+        f"micro-batch x accumulation, recompute, precision) likewise in {acc['layout_winner_agreement']} groups",
+        f"rank correlation (Spearman, predicted vs measured tokens/s over each group's layouts): median "
+        f"{acc['spearman_median']:.2f} over {acc['spearman_groups']} groups of 3 or more layouts"
+        if acc["spearman_groups"] else "rank correlation: no group of 3 or more measured layouts",
         f"not re-planned (no config / GPU, or refused by the current code): {acc['not_replanned']} run(s)",
     ] + _held_out()
 
@@ -202,90 +255,6 @@ def report_section(t: pd.DataFrame) -> list[str]:
             "`python -m multirun_analysis.prediction DIR` prints the same): memory = the plan's allocated peak "
             "against `torch.cuda.max_memory_allocated`, error = predicted / measured - 1.", ""] + \
         [f"- {line}" for line in lines(accuracy(t))] + [""]
-
-
-def _plan_records(paths: Iterable) -> list[tuple[dict, str]]:
-    """(record, where) of every single dry run's ``plan.json`` and every dry-run sweep's ``plans.json``."""
-    out = []
-    for path in map(Path, paths):
-        files = [path] if path.is_file() else sorted([*path.rglob("plan.json"), *path.rglob("plans.json")])
-        for f in files:
-            try:
-                d = json.loads(f.read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(d, dict):
-                out.append((d, str(f.parent)))
-            elif isinstance(d, list):
-                out += [(r, f"{f.parent}/{r.get('dir') or r.get('num')}") for r in d if isinstance(r, dict)]
-    return out
-
-
-def planned(paths: Iterable) -> pd.DataFrame:
-    """A dry-run sweep's answer before any GPU is spent: every ``plan.json`` under ``paths`` (its layout, fit
-    verdict and predicted tokens/s), fastest first per (model, GPU count, tokens per step); predicted, not
-    measured."""
-    rows = []
-    for d, where in _plan_records(paths):
-        cfg, mem, pred = d.get("config") or {}, d.get("memory") or {}, d.get("prediction") or {}
-        if not mem:  # invalid: nothing planned
-            continue
-        lay = mem.get("layout") or {}
-        rows.append({"run": where, "model": (cfg.get("model") or {}).get("name"),
-                     "world_size": cfg.get("world_size"), "tokens_per_step": (cfg.get("model") or {}).get(
-                         "global_batch", 0) * (cfg.get("model") or {}).get("seq_len", 0),
-                     "strategy": _strategy_label(cfg.get("strategy") or {}),
-                     "layout": f"tp={lay.get('tp')} pp={lay.get('pp')} dp={lay.get('dp')} "
-                               f"mb={lay.get('micro_batch_size')}x{lay.get('microbatches')} rc={lay.get('recompute')}",
-                     "fits": "no" if mem.get("fits") is False else ("tight" if mem.get("tight") else
-                                                                     ("yes" if mem.get("fits") else "unknown")),
-                     "predicted_peak_gib": (mem.get("predicted_peak_allocated_mb") or 0) / 1024,
-                     "predicted_tokens_per_s": pred.get("tokens_per_s"),
-                     "predicted_step_ms": 1000 * pred["step_time_s"] if pred.get("step_time_s") else None})
-    t = pd.DataFrame(rows)
-    if t.empty:
-        return t
-    t["_out"] = t["fits"] == "no"  # listed after the ranked layouts of their group
-    t = t.sort_values(["model", "world_size", "tokens_per_step", "_out", "predicted_tokens_per_s"],
-                      ascending=[True, True, True, True, False], na_position="last")
-    return t.drop(columns="_out").reset_index(drop=True)
-
-
-def _strategy_label(strategy: dict) -> str:
-    """The strategy as the measured analysis names it (StrategySpec.label: ZeRO's stage, offloads), so that a
-    dry run's rows (a search's four ZeRO stages among them) tell apart what the measured report does."""
-    from bench.strategies.registry import get_spec
-
-    name = str(strategy.get("name"))
-    try:
-        return " ".join(get_spec(name).label(name, strategy))
-    except (KeyError, ValueError):  # a strategy this code no longer knows: its recorded name
-        return name
-
-
-def planned_section(t: pd.DataFrame) -> list[str]:
-    """report.md's predicted ranking of a dry-run sweep, said to be predicted."""
-    if t is None or t.empty:
-        return []
-    err = ""
-    try:
-        from bench.predict import load_calibration
-
-        e = load_calibration().get("error") or {}
-        err = (f" Measured error of such predictions: median {100 * e['median_abs']:.0f}%, 90th percentile "
-               f"{100 * e['p90_abs']:.0f}% ({e.get('method')}).")
-    except (ImportError, KeyError, TypeError):
-        pass
-    out = ["## Predicted ranking (dry run: planned, nothing measured)", "",
-           "Each planned layout's fit verdict and predicted throughput (bench/predict.py), fastest first per "
-           "model, GPU count and tokens per step; layouts that do not fit are listed, not ranked." + err, ""]
-    cols = ["model", "world_size", "strategy", "layout", "fits", "predicted_peak_gib", "predicted_tokens_per_s"]
-    out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in t.iterrows():
-        cells = [r[c] if not isinstance(r[c], float) else (f"{r[c]:,.0f}" if c == "predicted_tokens_per_s"
-                                                            else f"{r[c]:.1f}") for c in cols]
-        out.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return out + [""]
 
 
 def main(argv=None) -> int:

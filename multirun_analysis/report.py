@@ -12,17 +12,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from multirun_analysis.prediction import by_strategy, planned, planned_section, report_section
-from multirun_analysis import answer, breakdown
+from multirun_analysis.planned import planned_section
+from multirun_analysis.prediction import by_strategy, rank_correlation, report_section
+from multirun_analysis import answer, breakdown, versus
 from multirun_analysis.tables import fmt_value, md_table, table_rows
 from multirun_analysis.summarize import DEFINITIONS
 
 COMPACT = [("model", "model", str), ("label", "strategy", str), ("world_size", "GPUs", "{:g}"),
            ("n_runs", "n", "{:g}"), ("tokens_per_s", "tokens/s", "{:,.0f}"), ("time_s", "time s", "{:.3f}"),
-           ("mem_peak_mb", "peak MiB", "{:,.0f}"), ("mfu", "MFU %", "pct"),
+           ("mem_peak_mb", "peak GiB", lambda v: _gib(v)), ("mfu", "MFU %", "pct"),
            ("scaling_efficiency_pct", "eff %", "{:.1f}"), ("overhead_pct", "overhead %", "{:+.1f}"),
            ("memory_ratio", "mem ×", "{:.2f}")]
-SUMMARY_MD = COMPACT[:7] + [("mem_mean_mb", "mean MiB", "{:,.0f}"), ("mem_total_mb", "total MiB", "{:,.0f}"),
+SUMMARY_MD = COMPACT[:7] + [("mem_mean_mb", "mean GiB", lambda v: _gib(v)), ("mem_total_mb", "total GiB", lambda v: _gib(v)),
                             ("gpu_util_mean_pct", "util %", "{:.1f}"), ("mfu", "MFU %", "pct"),
                             ("tokens_per_s_min", "tokens/s min", "{:,.0f}"),
                             ("tokens_per_s_max", "tokens/s max", "{:,.0f}"), ("n_failed", "failed", "{:g}")]
@@ -36,6 +37,11 @@ OVERHEAD_MD = [("strategy", "strategy", str), ("impl", "impl", str), ("world_siz
                ("setup_s", "rank-0 setup s", "{:.1f}"), ("setup_phases", "its parts (median)", str)]
 FAILED_MD = [("status", "status", str), ("model", "model", str), ("strategy", "strategy", str),
              ("world_size", "GPUs", "{:g}"), ("reason", "reason", str), ("run_dir", "run", str)]
+
+
+def _gib(mb) -> str:
+    """A memory cell in GiB (the report's one unit); the tables keep MiB columns (*_mb) as measured."""
+    return f"{float(mb) / 1024:,.2f}"
 
 
 def compact_table(summary: pd.DataFrame) -> str:
@@ -74,23 +80,61 @@ def environment(runs: pd.DataFrame) -> list[str]:
 DEFAULT_BEST_MD = [("model", "model", str), ("world_size", "GPUs", "{:g}"), ("tokens_per_step", "tokens/step", "{:,.0f}"),
                    ("strategy_id", "strategy", str), ("default_tokens_per_s", "default tokens/s", "{:,.0f}"),
                    ("best_tokens_per_s", "best tokens/s", "{:,.0f}"), ("gain", "gain ×", "{:.2f}"),
-                   ("knobs_that_differ", "best differs in", str), ("best_mem_peak_mb", "best peak MiB", "{:,.0f}"),
+                   ("knobs_that_differ", "best differs in", str), ("best_mem_peak_mb", "best peak GiB", lambda v: _gib(v)),
+                   ("layout", "best layout", str),
                    ("best_measured", "best measured over", str), ("n_settings", "settings run", "{:g}")]
 PREDICTION_MD = [("strategy", "strategy", str), ("runs", "runs", "{:g}"), ("median_error_pct", "median error %", "{:+.1f}"),
                  ("min_error_pct", "min %", "{:+.1f}"), ("max_error_pct", "max %", "{:+.1f}"),
                  ("within_10pct", "within ±10%", "{:g}"),
                  ("tokens_median_abs_error_pct", "throughput median abs error %", "{:.1f}")]
+SPEARMAN_MD = [("device", "device", str), ("model", "model", str), ("world_size", "GPUs", "{:g}"),
+               ("tokens_per_step", "tokens/step", "{:,.0f}"), ("layouts", "layouts", "{:g}"),
+               ("spearman", "Spearman ρ", "{:+.2f}")]
+
+
+def _head(inputs, runs, summary, failed) -> list[str]:
+    n_ok = int(runs["usable"].astype(bool).sum()) if len(runs) else 0
+    return ["# Benchmark analysis", "",
+            f"Generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC} from "
+            + ", ".join(f"`{p}`" for p in inputs) + f": {len(runs)} run folder(s), {n_ok} usable, "
+            f"{len(failed)} failed or incomplete, {len(summary)} experiment(s).", ""]
+
+
+def dry_run_report(inputs, plans: pd.DataFrame, problems, memory_budget_gib=None) -> list[str]:
+    """A folder of plans only: the predicted ranking first, and that nothing was measured."""
+    return ["# Benchmark analysis: a dry run (predicted, nothing measured)", "",
+            f"Generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC} from "
+            + ", ".join(f"`{p}`" for p in inputs) + f": {len(plans)} planned layout(s). No run was measured: "
+            "every number below is a prediction. Run the top layouts (their commands are in the table) and "
+            "analyse their folder together with this one for predicted beside measured.", ""] \
+        + planned_section(plans, memory_budget_gib) + ["", "## Problems", ""] \
+        + ([f"- `{d or '(input)'}`: {p}" for d, p in problems] or ["None."])
+
+
+def prediction_md(prediction: pd.DataFrame, plots: dict) -> list[str]:
+    """Prediction against measurement: the numbers, per strategy, the rank correlation per group, the scatter."""
+    if prediction is None or not prediction["peak_error_pct"].notna().any():
+        return []
+    md = report_section(prediction) + [md_table(by_strategy(prediction), PREDICTION_MD)]
+    rho = rank_correlation(prediction)
+    if len(rho):
+        md += ["Rank correlation per group (Spearman, pandas `corr(method=\"spearman\")`, over the group's layouts "
+               "at their fastest measured run; 1 = the predicted order is the measured order):", "",
+               md_table(rho, SPEARMAN_MD)]
+    fig, note = plots.get("prediction", (None, "not drawn"))
+    return md + (["![prediction](prediction.png)", ""] if fig is not None else [f"- prediction plot: {note}", ""])
 
 
 def write_report(out_dir: Path, inputs, runs: pd.DataFrame, summary: pd.DataFrame, failed: pd.DataFrame,
                  plots: dict, problems: list[tuple[str, str]], overhead: pd.DataFrame | None = None,
-                 memory_budget_gib: float | None = None, prediction: pd.DataFrame | None = None) -> Path:
+                 memory_budget_gib: float | None = None, prediction: pd.DataFrame | None = None,
+                 plans: pd.DataFrame | None = None, both: pd.DataFrame | None = None) -> Path:
     """Write report.md next to the tables and PNGs; returns its path."""
-    n_ok = int(runs["usable"].astype(bool).sum()) if len(runs) else 0
-    md = ["# Benchmark analysis", "",
-          f"Generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC} from "
-          + ", ".join(f"`{p}`" for p in inputs) + f": {len(runs)} run folder(s), {n_ok} usable, "
-          f"{len(failed)} failed or incomplete, {len(summary)} experiment(s).", "",
+    path = Path(out_dir) / "report.md"
+    if runs.empty and plans is not None and len(plans):
+        path.write_text("\n".join(dry_run_report(inputs, plans, problems, memory_budget_gib)) + "\n")
+        return path
+    md = _head(inputs, runs, summary, failed) + [
           "## Answer: the fastest strategy at its best settings, per model, GPU count and tokens per step", "",
           "Runs of different models, GPU counts or tokens per step are never ranked together."
           + (f" Only strategies whose measured peak fits {memory_budget_gib:g} GiB per GPU are ranked."
@@ -105,12 +149,14 @@ def write_report(out_dir: Path, inputs, runs: pd.DataFrame, summary: pd.DataFram
            "of the same strategy and workload among those measured over the most timed steps (a setting measured "
            "more than once, e.g. at two rungs of a search, at its longest run; one measured only shorter is not "
            "ranked against them).", "", md_table(answer.default_vs_best(summary), DEFAULT_BEST_MD)]
-    md += planned_section(planned(inputs))
-    if prediction is not None and prediction["peak_error_pct"].notna().any():
-        md += report_section(prediction) + [md_table(by_strategy(prediction), PREDICTION_MD)]
+    if both is not None and len(both):  # a dry run analysed with its measurement: one table, not two
+        md += versus.section(both)
+    elif plans is not None and len(plans):
+        md += planned_section(plans, memory_budget_gib)
+    md += prediction_md(prediction, plots)
     md += ["", "## Summary (median over repeats)", "", md_table(summary, SUMMARY_MD),
            "## Comparison with the single-device baseline", "", md_table(summary, BASELINE_MD), "## Plots", ""]
-    for name, (fig, note) in plots.items():
+    for name, (fig, note) in ((k, v) for k, v in plots.items() if k != "prediction"):
         md += [f"![{name}]({name}.png)", ""] if fig is not None else [f"- {name}: {note}", ""]
     md += breakdown.report_section(summary, runs)  # profiled runs only
     if overhead is not None:
@@ -123,6 +169,5 @@ def write_report(out_dir: Path, inputs, runs: pd.DataFrame, summary: pd.DataFram
     md += ["", "## Definitions", "", "```text", (DEFINITIONS or "").strip(), "```", "",
            "Files: `runs.csv`/`runs.parquet` (one row per run), `summary.csv` (one row per experiment), "
            "`fixed_overhead.csv`, `failed_runs.csv`, the PNG plots."]
-    path = Path(out_dir) / "report.md"
     path.write_text("\n".join(md) + "\n")
     return path

@@ -36,6 +36,8 @@ Per experiment (summary.csv; one row per experiment with >= 1 usable run), over 
   ranks), mfu (flops.mfu), mfu_vs_measured_peak, achieved_tflops_per_device, loss_last,
   joules_per_token, n_microbatches (layout.microbatches: the resolved micro-batch count of
   tp/pp/megatron runs, where the ``microbatches`` key column holds the setting: p, 4p, 8, ...),
+  layout_tp, layout_pp, layout_dp, layout_micro_batch_size, layout_grad_accum (layout.*: the layout
+  that ran, micro-batch size and accumulation steps resolved; multirun_analysis/layouts.py),
   startup_s, teardown_s, fixed_overhead_s (job.*: see fixed_overhead below), setup_s
   (rank 0's strategy setup), prof_compute_ms, prof_communication_ms, prof_overlapped_ms,
   prof_idle_ms, prof_wall_ms (profiled runs only, metrics.profile_steps > 0: per run the mean
@@ -105,6 +107,7 @@ MEASURES = {
     "achieved_tflops_per_device": ("flops.achieved_tflops_per_device", False),
     "loss_last": ("loss.last", False), "joules_per_token": ("energy.joules_per_token", False),
     "n_microbatches": ("layout.microbatches", False),
+    **{f"layout_{k}": (f"layout.{k}", False) for k in ("tp", "pp", "dp", "micro_batch_size", "grad_accum")},
     "startup_s": ("job.startup_s", False), "teardown_s": ("job.teardown_s", False),
     "fixed_overhead_s": ("job.overhead_s", True), "setup_s": ("rank0.setup_s", False),
     **breakdown.MEASURES,  # prof_<part>_ms: profiled runs' time breakdown (multirun_analysis/breakdown.py)

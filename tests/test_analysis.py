@@ -316,7 +316,9 @@ def test_pipeline_microbatch_settings_p_and_4p_are_plotted_by_their_counts(tmp_p
     s = ma.summarize(ma.load_runs(d))
     assert sorted(s["microbatches"]) == ["4p", "p"]
     assert dict(zip(s["microbatches"], s["n_microbatches"])) == {"p": 2, "4p": 8}
-    assert isinstance(ma.plot_pp_microbatches(s), Figure)
+    fig = ma.plot_pp_microbatches(s)
+    assert isinstance(fig, Figure)
+    _legend_outside_the_axes(fig)
 
 
 def test_runs_differing_only_in_their_deadlines_or_bench_version_are_repeats(tmp_path):
@@ -347,3 +349,57 @@ def test_runs_differing_only_in_their_deadlines_or_bench_version_are_repeats(tmp
     assert "autocast" not in runs.columns  # a ZeRO knob: not given to single's runs
     s = ma.summarize(runs)
     assert len(s) == 1 and s.iloc[0]["n_runs"] == 4
+
+
+# ------------------------------------------------------------------------------ units, legends, styles
+def _legend_outside_the_axes(fig) -> None:
+    """Every legend of the figure lies inside the figure (nothing clipped) and overlaps no axes (no data hidden)."""
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    assert legends
+    for leg in legends:
+        box = leg.get_window_extent(r)
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1
+        for ax in fig.axes:
+            assert not box.overlaps(ax.get_window_extent(r)), (box, ax.get_title())
+
+
+def test_memory_is_in_gib_throughout_and_legends_sit_outside(analysed, sweep):
+    import multirun_analysis as ma
+
+    _, out = analysed
+    s = pd.read_csv(out / "summary.csv")
+    md = (out / "report.md").read_text()
+    assert "MiB" not in md and "| peak GiB |" in md
+    for strategy, ws in (("single", 1), ("ddp", 2)):
+        gib = expected(job(sweep, strategy, ws))["mem_peak_mb"] / 1024
+        assert f" {gib:,.2f} |" in md  # the summary table's cell
+    fig = ma.plot_memory(ma.summarize(ma.load_runs(sweep)))
+    assert all("[GiB]" in ax.get_ylabel() for ax in fig.axes)
+    plotted = sorted(y for c in fig.axes[0].containers for y in c.lines[0].get_ydata())  # errorbar: (data, caps, bars)
+    assert plotted == pytest.approx(sorted(s["mem_peak_mb"] / 1024))
+    _legend_outside_the_axes(fig)
+
+
+def test_thirteen_series_are_told_apart_where_colours_repeat():
+    from multirun_analysis.plots import styles
+
+    st = styles([f"series {i:02d}" for i in range(13)])
+    looks = {(v["color"], v["marker"], v["linestyle"]) for v in st.values()}
+    assert len({v["color"] for v in st.values()}) == 10 and len(looks) == 13  # colours repeat, looks do not
+
+
+def test_a_status_record_in_metrics_json_is_printed_as_a_line(sweep, tmp_path):
+    import multirun_analysis as ma
+
+    d = tmp_path / "r"
+    shutil.copytree(job(sweep, "ddp", 2), d)
+    m = json.loads((d / "metrics.json").read_text())
+    m["status"] = {"status": "pending", "model": "tiny", "strategy": "zero", "world_size": 2,
+                   "overrides": ["strategy=zero", "world_size=2"]}
+    (d / "metrics.json").write_text(json.dumps(m))
+    row, _ = ma.read_run(d)
+    assert "status is a record, not a word: pending: model=tiny, strategy=zero, world_size=2, " \
+           "overrides=strategy=zero world_size=2" in row["problems"]
+    assert "{" not in row["problems"] and row["status"] == "pending"

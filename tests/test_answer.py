@@ -93,3 +93,24 @@ def test_a_strategys_name_in_the_answer_prints_its_knobs_as_typed():
     assert _strategy_name(fsdp, cols) == "fsdp tp=2 recompute=full"
     zero = pd.Series({"strategy": "zero", "zero_stage": 3.0, "offload_optimizer": "cpu", "tp": None})
     assert _strategy_name(zero, cols) == "zero-3 offload_optimizer=cpu"
+
+
+def test_every_ranked_row_carries_the_layout_it_ran(sweep):
+    """The answer names each strategy's layout (tp, pp, dp, micro-batch x accumulation, recompute) and precision,
+    as the runs' own metrics.json recorded them."""
+    import json
+
+    import multirun_analysis as ma
+
+    s = ma.summarize(ma.load_runs(sweep))
+    t = ma.default_vs_best(s)
+    for _, r in t.iterrows():
+        m = next(json.loads(f.read_text()) for f in sorted(sweep.glob("*/metrics.json"))
+                 if json.loads(f.read_text())["config"]["model"]["global_batch"] * 128 == r["tokens_per_step"])
+        lay = m["layout"]
+        want = (f"tp={lay['tp']} pp={lay['pp']} dp={lay['dp']} mb={lay['micro_batch_size']}x{lay['grad_accum']} "
+                f"rc={m['config']['recompute']}")
+        assert r["layout"] == want and lay["dp"] == 2, (r["layout"], want)
+        text = "\n".join(ma.ranked(s))
+        assert f"; {want}, fp32), " in text and f"1. ddp ({want}, fp32): 100% of the winner" in text, text
+    assert {r["layout"] for _, r in t.iterrows()} == {"tp=1 pp=1 dp=2 mb=4x1 rc=none", "tp=1 pp=1 dp=2 mb=8x1 rc=none"}

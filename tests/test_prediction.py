@@ -3,8 +3,11 @@ configurations with the current code, the prediction.csv columns, and the four n
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
+
+import pytest
 
 from multirun_analysis.prediction import COLUMNS, accuracy, prediction_table
 from tests.conftest import REPO
@@ -62,11 +65,16 @@ def test_a_dry_run_sweep_for_a_node_one_does_not_have_is_ranked_as_predicted(tmp
     a = subprocess.run([sys.executable, "-m", "multirun_analysis", str(sweep), "--no-plots"], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
     assert a.returncode == 0, a.stderr[-2000:]
-    rows = [line.split(" | ") for line in a.stdout.splitlines() if line.startswith("| llama3_8b")]
+    rows = [line.split(" | ") for line in a.stdout.splitlines() if " | llama3_8b | " in line]
     assert "Predicted ranking (dry run: planned, nothing measured)" in a.stdout and "median" in a.stdout
-    fits = [r[4] for r in rows]
+    fits = [r[6] for r in rows]
     assert fits[-1] == "no" and "no" not in fits[:2], rows  # DDP's replicated 8B states do not fit on 80 GB
-    assert (sweep / "analysis" / "report.md").read_text().count("| llama3_8b |") == 3
+    assert [r[0] for r in rows] == ["| 1", "| 2", "| –"]  # ranked, ranked, listed
+    md = (sweep / "analysis" / "report.md").read_text()
+    assert md.count("| llama3_8b |") == 3
+    # a dry-run-only folder's report opens with the predicted ranking and says nothing was measured
+    assert md.startswith("# Benchmark analysis: a dry run (predicted, nothing measured)") and "No run was measured" in md
+    assert md.index("## Predicted ranking") < 800 and "No run completed" not in md and "0 run folder(s)" not in md
 
 
 def test_a_dry_run_prints_the_prediction_beside_its_error(tmp_path):
@@ -76,6 +84,139 @@ def test_a_dry_run_prints_the_prediction_beside_its_error(tmp_path):
                   run_dir=tmp_path / "r", timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     line = next(x for x in (p.stdout + p.stderr).splitlines() if "prediction:" in x)
-    assert "tokens/s" in line and "measured error of such predictions: median" in line
+    assert "tokens/s" in line and "median" in line and "90th percentile" in line  # beside its measured error
     plan = json.loads((tmp_path / "r" / "plan.json").read_text())
     assert plan["prediction"]["step_time_s"] > 0
+
+
+# ------------------------------------------------------------------------------ per layout
+LLAMA8B = REPO / "results" / "2026-11-26-h200x4-llama8b"  # 14 recorded runs, 4 x H200: fsdp / TP / PP / ZeRO layouts
+
+
+def _recorded_layout(m: dict) -> tuple:
+    """What a recorded run says it ran (metrics.json's own layout section and config): the reference."""
+    lay, cfg = m["layout"], m["config"]
+    accum = lay.get("grad_accum", lay.get("microbatches"))
+    prec = cfg["precision"] + (f" {cfg['fp8_recipe']}" if cfg["precision"] == "fp8" else "")
+    return lay.get("tp", 1), lay.get("pp", 1), lay["dp"], lay["micro_batch_size"], accum, cfg["recompute"], prec
+
+
+def test_prediction_csv_carries_the_layout_each_run_ran(tmp_path):
+    runs = json.loads((LLAMA8B / "runs.json").read_text())
+    t = prediction_table([LLAMA8B])
+    for c in ("tp", "pp", "dp", "micro_batch_size", "grad_accum", "recompute", "precision", "variant", "layout"):
+        assert c in t.columns
+    assert len(t) == len(runs)
+    for (_, r), m in zip(t.iterrows(), runs):
+        got = (r["tp"], r["pp"], r["dp"], r["micro_batch_size"], r["grad_accum"], r["recompute"], r["precision"])
+        assert got == _recorded_layout(m), (r["run"], got, _recorded_layout(m))
+        assert r["tp"] * r["pp"] * r["dp"] == m["config"]["world_size"]
+    layouts = set(t["layout"])
+    assert "tp=2 pp=2 dp=1 mb=4x4 rc=none" in layouts and "tp=1 pp=1 dp=4 mb=2x2 rc=none" in layouts  # PP, ZeRO-3
+    assert {"bf16", "fp8 tensorwise"} <= set(t["precision"]) and "zero-3" in set(t["variant"])
+
+
+def test_the_winner_check_compares_layouts_not_only_strategies(tmp_path):
+    """The fp8 FSDP layout is the predicted fastest; recorded 2x slower than measured, it is no longer the
+    measured fastest layout (layouts disagree) while FSDP stays the fastest strategy (strategies agree)."""
+    runs = json.loads((LLAMA8B / "runs.json").read_text())
+    fp8 = next(m for m in runs if m["config"]["precision"] == "fp8")
+    fp8["throughput"]["tokens_per_s"] /= 2
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "runs.json").write_text(json.dumps(runs))
+    before, after = accuracy(prediction_table([LLAMA8B])), accuracy(prediction_table([tmp_path]))
+    assert before["winner_agreement"] == after["winner_agreement"] == "1/1"
+    assert before["layout_winner_agreement"] == "1/1" and after["layout_winner_agreement"] == "0/1"
+
+
+def _spearman_by_hand(xs, ys) -> float:
+    """1 - 6 sum d^2 / (n (n^2 - 1)) over ranks (no ties): the textbook formula, not pandas."""
+    rank = lambda v: {x: i for i, x in enumerate(sorted(v))}  # noqa: E731
+    rx, ry = rank(xs), rank(ys)
+    n = len(xs)
+    return 1 - 6 * sum((rx[x] - ry[y]) ** 2 for x, y in zip(xs, ys)) / (n * (n * n - 1))
+
+
+def test_rank_correlation_per_group_of_layouts():
+    from multirun_analysis.layouts import ident
+    from multirun_analysis.prediction import rank_correlation
+
+    t = prediction_table([LLAMA8B])
+    rho = rank_correlation(t)
+    assert len(rho) == 1 and rho.iloc[0]["model"] == "llama3_8b" and rho.iloc[0]["world_size"] == 4
+    ok = t[t["tokens_error_pct"].notna()].assign(_id=lambda d: d.apply(ident, axis=1))
+    best = ok.groupby("_id")[["measured_tokens_per_s", "predicted_tokens_per_s"]].max()
+    assert rho.iloc[0]["layouts"] == len(best) >= 8
+    expect = _spearman_by_hand(list(best["measured_tokens_per_s"]), list(best["predicted_tokens_per_s"]))
+    assert abs(rho.iloc[0]["spearman"] - expect) < 1e-9 and rho.iloc[0]["spearman"] > 0.5
+
+
+# ------------------------------------------------------------------------------ the dry-run ranking
+def test_a_tight_or_over_budget_layout_never_ranks_above_one_that_fits(tmp_path):
+    """Llama-3 8B FSDP planned against 51..59 GiB: without recompute it needs more than with, so across these
+    memories it is planned to fit, to be tight and not to fit, beside full recompute that fits everywhere but
+    is slower; bf16 and fp8 rows are told apart; the budget makes the memory-hungry layouts unranked."""
+    from multirun_analysis.planned import planned
+    from tests.conftest import run_bench
+
+    sweep = tmp_path / "dry"
+    p = run_bench("model=llama3_8b", "world_size=4", "strategy=fsdp", "hardware=h200_141gb", "dry_run=true",
+                  "compile=true", "recompute=none,full", "precision=bf16,fp8",
+                  "memory_gib=51,53,55,57,59", run_dir=sweep, multirun=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    t = planned([sweep])
+    assert len(t) == 20 and set(t["fits"]) >= {"yes", "tight", "no"}, t["fits"].value_counts()
+    order = {"yes": 0, "tight": 1, "no": 4}
+    assert list(t["fits"].map(order)) == sorted(t["fits"].map(order))  # every fit first, then tight, then no
+    assert list(t["rank"].dropna()) == list(range(1, int(t["fits"].isin(["yes", "tight"]).sum()) + 1))
+    assert t[t["fits"] == "no"]["rank"].isna().all()
+    tight, fits = t[t["fits"] == "tight"], t[t["fits"] == "yes"]
+    assert tight["predicted_tokens_per_s"].max() > fits["predicted_tokens_per_s"].min()  # faster, yet below
+    assert set(t["precision"]) == {"bf16", "fp8 tensorwise"} and set(t["recompute"]) == {"none", "full"}
+    for _, r in t.iterrows():
+        assert r["command"].startswith("python -m bench ") and "dry_run" not in r["command"]
+        assert f"memory_gib={r['device_memory_gib']:g}" in r["command"] and f"recompute={r['recompute']}" in r["command"]
+    budget = planned([sweep], memory_budget_gib=45)
+    over = budget[budget["needed_gib"] > 45]
+    assert len(over) and set(over["fits"]) <= {"over budget", "no"} and over["rank"].isna().all()
+    assert budget[budget["rank"].notna()]["needed_gib"].max() <= 45
+
+
+def test_a_dry_run_and_its_measurement_analysed_together_give_one_table(tmp_path):
+    """The 8B four-GPU layouts planned here on the CPU (hardware=h200_141gb) beside their recorded H200 runs
+    (results/ turned back into run folders by benchmarks/unpack_runs.py): one side-by-side table, matched per
+    layout; the scatter plot of predicted against measured is written; memory in GiB."""
+    from tests.conftest import run_bench
+
+    dry, meas = tmp_path / "dry", tmp_path / "measured"
+    p = run_bench("+experiment=gpu_llama8b_x4", "world_size=4", "+experiment/arm=fsdp,megatron_tp2_pp2",
+                  "recompute=none,full", "hardware=h200_141gb", "dry_run=true", run_dir=dry, multirun=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    u = subprocess.run([sys.executable, "benchmarks/unpack_runs.py", str(LLAMA8B / "runs.json"), "--out", str(meas)],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert u.returncode == 0 and "14 runs" in u.stdout, u.stderr
+    from multirun_analysis import analyze
+
+    res = analyze(dry, meas, out_dir=tmp_path / "a")  # what the CLI runs (python -m multirun_analysis DRY MEASURED)
+    md = res.report.read_text()
+    assert md.count("## Predicted against measured, per layout") == 1 and "## Predicted ranking" not in md
+    import pandas as pd
+
+    t = pd.read_csv(tmp_path / "a" / "side_by_side.csv")
+    planned_rows = t[t["predicted_by"] == "dry run"]
+    assert len(planned_rows.drop_duplicates(["strategy", "layout", "precision"])) == 4  # one row per planned layout
+    runs = json.loads((LLAMA8B / "runs.json").read_text())
+    for lay, want in (("tp=1 pp=1 dp=4 mb=4x1 rc=none", ("fsdp", "bf16", 4, 1, "none")),
+                      ("tp=2 pp=2 dp=1 mb=4x4 rc=none", ("megatron", "bf16", 4, 4, "none"))):
+        r = planned_rows[planned_rows["layout"] == lay].iloc[0]
+        same = [m["throughput"]["tokens_per_s"] for m in runs if m["config"]["strategy"]["name"] == want[0]
+                and m["config"]["precision"] == want[1] and m["config"].get("tuning") == "best"
+                and m["config"]["recompute"] == want[4] and m["layout"]["micro_batch_size"] == want[2]
+                and m["layout"].get("grad_accum", m["layout"].get("microbatches")) == want[3]
+                and m["layout"].get("tp", 1) == int(lay[3])]
+        assert same and r["measured_tokens_per_s"] == pytest.approx(statistics.median(same)), (lay, same)
+        assert r["predicted_tokens_per_s"] > 0 and r["status"] == "completed" and r["rank"] >= 1
+    assert (t[t["predicted_by"] != "dry run"]["measured_runs"] >= 1).all()  # measured, no plan: re-planned
+    png = (tmp_path / "a" / "prediction.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and "![prediction](prediction.png)" in md
+    assert "Spearman" in md and "peak GiB" in md and "MiB" not in md
