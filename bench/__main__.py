@@ -1,4 +1,10 @@
-"""``python -m bench k=v ...``: the Hydra entry point, nothing else."""
+"""``python -m bench k=v ...``: the Hydra entry point.
+
+A run submitted to SLURM goes through the sweeper and its launcher even when it is one run: Hydra runs a
+single run without any launcher, so ``hydra/launcher=slurm`` (or ``submit=slurm``) on the command line
+without ``--multirun`` is made a one-job sweep here, and both spellings set the other (``submit`` tells
+validation that the run's GPUs are the cluster's, not this machine's: bench/hardware_rules.py).
+"""
 import sys
 from pathlib import Path
 
@@ -14,6 +20,48 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if (Path(_ROOT) / "hydra_plugins" / "bench_plugins").is_dir() and _ROOT not in sys.path:
     sys.path.append(_ROOT)
 
+SUBMITTERS = ("slurm",)  # conf/hydra/launcher options that submit jobs (the schema's submit choices)
+SINGLE_RUN_EXIT = "hydra_plugins.bench_plugins.callbacks.SingleRunSweepCallback"  # exits as a single run does
+# Hydra's own commands: with one of them given, no --multirun is added
+_COMMANDS = {"-m", "--multirun", "-r", "--run", "-c", "--cfg", "-i", "--info", "-h", "--help", "--hydra-help",
+             "-sc", "--shell-completion"}
+
+
+def _value(argv: list[str], key: str) -> str | None:
+    """The last ``key=value`` of the command line (``+key=`` / ``++key=`` too)."""
+    found = None
+    for a in argv:
+        k, eq, v = a.lstrip("+").partition("=")
+        if eq and k == key:
+            found = v
+    return found
+
+
+def submit_argv(argv: list[str]) -> list[str]:
+    """The command line with a submission made whole: ``hydra/launcher=slurm`` adds ``submit=slurm`` and
+    ``submit=slurm`` adds ``hydra/launcher=slurm``; either adds ``--multirun`` unless a Hydra command is given.
+    A contradiction (``submit=slurm hydra/launcher=local_tasks``) exits with one line."""
+    launcher, submit = _value(argv, "hydra/launcher"), _value(argv, "submit")
+    if submit in (None, "null") and launcher not in SUBMITTERS:
+        return argv
+    out = list(argv)
+    if submit in (None, "null"):
+        if submit == "null":
+            sys.exit(f"invalid config: submit=null contradicts hydra/launcher={launcher}, which submits; "
+                     "drop one of them")
+        out.append(f"submit={launcher}")
+    elif launcher is None:
+        if submit not in SUBMITTERS:
+            sys.exit(f"invalid config: submit={submit}: valid: null, {', '.join(SUBMITTERS)}")
+        out.append(f"hydra/launcher={submit}")
+    elif launcher != submit:
+        sys.exit(f"invalid config: submit={submit} contradicts hydra/launcher={launcher}; set only one of them")
+    if not _COMMANDS & set(a.split("=", 1)[0] for a in argv):
+        out.insert(0, "--multirun")  # one run or a sweep: the sweeper plans, submits and waits for it
+        out.append(f"hydra.callbacks.bench_sweep._target_={SINGLE_RUN_EXIT}")
+    return out
+
+
 register_configs()
 
 
@@ -23,4 +71,5 @@ def main(cfg):
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = submit_argv(sys.argv[1:])
     main()

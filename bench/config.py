@@ -16,8 +16,8 @@ from typing import Any, Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench.hardware import (HardwareConfig, check as check_hardware, match as match_hardware, preset_nodes,
-                            resolve as resolve_hardware)
+from bench.hardware import HardwareConfig, check as check_hardware, preset_nodes
+from bench.hardware_rules import compute_capability, cuda_device_count, planned_device_name, planned_gpus
 from bench.hf_config import resolve_model
 from bench.layout_rules import check_split
 from bench.loggers import check as check_logger
@@ -46,12 +46,6 @@ def register_configs() -> None:
         cs.store(group="strategy", name=name, node=spec.schema)
     for name, node in preset_nodes().items():
         cs.store(group="hardware", name=name, node=node)
-
-
-def cuda_device_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def strategy_spec(c: dict) -> StrategySpec:
@@ -141,22 +135,11 @@ def validate(cfg: DictConfig | dict, gpus: Optional[int] = None, explicit: Itera
         _check_choices(c, spec)
         # each trial is checked on a copy: a setting such as micro_batch_size=auto stays what was set until the end
         c, record = apply_profile(c, spec, lambda trial: _validate(copy.deepcopy(trial), spec, gpus), explicit,
-                                  device=_device_name(c, gpus))
+                                  device=planned_device_name(c, gpus))
         plan = _validate(c, spec, gpus)
         plan.tuning = record
         return plan
     return _validate(c, spec, gpus)
-
-
-def _device_name(c: dict, gpus: int) -> Optional[str]:
-    """The GPU a run is on, as nvidia-smi names it (a dry run with a hardware preset: the preset's); None on
-    CPU: tuning=best looks up measured bests by it (bench/bests.py)."""
-    if c.get("device") == "cpu":
-        return None
-    preset = resolve_hardware(c)
-    if preset is not None and preset.gpu and (c.get("dry_run") or not gpus):
-        return preset.gpu
-    return _visible_gpu_name()
 
 
 def _validate(c: dict, spec: StrategySpec, gpus: int) -> Plan:
@@ -213,37 +196,9 @@ def _shared_rules(c: dict) -> None:
         raise ConfigError("memory_gib", c["memory_gib"], "must be a positive number of GiB or null")
 
 
-def _planned_hardware(c: dict, gpus: int) -> int:
-    """A named ``hardware`` preset: a dry run plans for it on any machine (as if its GPUs were there); a run
-    must be on that GPU.  Returns the GPUs the layout may use."""
-    h = c["hardware"]
-    preset = resolve_hardware(c)  # complete: bench.hardware.check has passed
-    if c["dry_run"]:
-        if c["device"] == "cpu":
-            raise ConfigError("device", "cpu", f"contradicts hardware={h['name']} (a GPU); use device=auto or cuda")
-        return max(gpus, c["world_size"])
-    name = _visible_gpu_name()
-    if name is None:
-        raise ConfigError("hardware", h["name"], "describes a GPU this machine does not have: add dry_run=true to "
-                          "plan for it here, or use hardware=auto to run on what is here")
-    if preset.gpu and name.lower() != preset.gpu.lower() and match_hardware(name) is not match_hardware(preset.gpu):
-        raise ConfigError("hardware", h["name"], f"is {preset.gpu}, but this run would be on {name}: a run is "
-                          "labelled with its real hardware; use hardware=auto (or dry_run=true to plan)")
-    return gpus
-
-
-def _visible_gpu_name() -> Optional[str]:
-    if not cuda_device_count():
-        return None
-    import torch
-
-    return torch.cuda.get_device_name(0)
-
-
 def _device(c: dict, gpus: int) -> str:
     device = c["device"]
-    if c["hardware"].get("name", "auto") != "auto":
-        gpus = _planned_hardware(c, gpus)
+    gpus = planned_gpus(c, gpus)  # hardware=: planned here, for a dry run, or for the job being submitted
     if device == "auto":
         device = "cuda" if gpus > 0 else "cpu"
     if device == "cuda" and gpus == 0:
@@ -350,27 +305,13 @@ def _float8_rules(plan: Plan, spec: StrategySpec) -> None:
         raise ConfigError("precision", "fp8", "needs a GPU with float8 tensor cores (compute capability >= "
                           f"{FLOAT8_MIN_CC}: H100, H200, L40S) and this run is on the CPU; use precision=bf16 (or "
                           "fp32) here, or plan for such a GPU with dry_run=true hardware=h100_sxm_80gb")
-    cc, where = _compute_capability(c)
+    cc, where = compute_capability(c)
     if cc is not None and cc < FLOAT8_MIN_CC:
         raise ConfigError("precision", "fp8", f"needs float8 tensor cores (compute capability >= {FLOAT8_MIN_CC}: "
                           f"H100, H200, L40S), and {where} has {cc}; use precision=bf16")
     if not c["compile"]:
         raise ConfigError("compile", False, "with precision=fp8: torchao's float8 is fast only compiled (eager, its "
                           "scaling and casts are separate kernels, slower than bf16); add compile=true")
-
-
-def _compute_capability(c: dict) -> tuple[Optional[float], str]:
-    """The planned GPU's compute capability: the hardware preset's on a dry run, else the visible GPU's (else the
-    preset's); (None, "") where neither is known (planned on a machine without one): not checked then."""
-    preset = resolve_hardware(c)
-    if preset is not None and preset.compute_capability and (c["dry_run"] or not cuda_device_count()):
-        return float(preset.compute_capability), f"hardware={preset.name}"
-    if cuda_device_count():
-        import torch
-
-        major, minor = torch.cuda.get_device_capability(0)
-        return major + minor / 10, torch.cuda.get_device_name(0)
-    return None, ""
 
 
 def _float8_alternative(c: dict, able: list[str]) -> str:

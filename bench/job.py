@@ -169,6 +169,10 @@ def main_task(cfg: DictConfig) -> str:
     overrides = list(hc.overrides.task)
     command = [sys.executable, "-m", "bench", *overrides]
     explicit = [o.split("=", 1)[0].lstrip("+~") for o in overrides]  # with tuning=best these win
+    if cfg.get("submit") and hc.mode == RunMode.RUN and not os.environ.get("SUBMITIT_EXECUTOR"):
+        log.error("invalid config: submit=%s: a single run is submitted through the sweeper; name it on the command "
+                  "line (python -m bench submit=%s ..., or hydra/launcher=%s) without --run", *[cfg.submit] * 3)
+        raise SystemExit(2)
     try:
         if cfg.get("dry_run"):
             status = dry_run(cfg, run_dir, explicit)

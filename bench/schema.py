@@ -209,10 +209,15 @@ class BenchConfig:
     cpu_affinity: str = knob("none", "none (the OS places the ranks) | split (each local rank pinned to its own CPUs)",
                              choices=("none", "split"), added=True)
     dry_run: bool = knob(False, "validate and print the memory plan; start no process", volatile=True)
+    submit: Optional[str] = knob(None, "slurm: submit the run(s) as SLURM jobs, planned here for hardware= (the "
+                                 "cluster's GPU; the job checks the GPU it lands on); set by hydra/launcher=slurm, "
+                                 "which then needs no --multirun | null: run on this machine",
+                                 choices=(None, "slurm"), volatile=True)
     memory_gib: Optional[float] = knob(None, "device memory the plan checks against (default: hardware's, else the "
                                        "visible GPU's)", volatile=True)
     hardware: Any = knob(MISSING, "the GPU and node a run is planned for: auto (the visible device) | a preset "
-                         "(conf group hardware: bench/hardware.py); with a preset dry_run=true plans on any machine",
+                         "(conf group hardware: bench/hardware.py); with a preset dry_run=true or submit=slurm plans on "
+                         "any machine",
                          volatile=True)
     force_run: bool = knob(False, "run even when the memory plan predicts an out-of-memory", volatile=True)
     resume: bool = knob(False, "sweeps: skip runs already completed in the sweep folder; run an interrupted one "

@@ -1,7 +1,9 @@
 """The SLURM code path on this machine: hydra/launcher=local_tasks (submitit's local executor, one
 task per rank, bench/launch/slurm/). Each task is a rank: rank, world size and master address come from
 submitit's environment (no torchrun, no elastic agent); rank 0 writes metrics.json and status.json.
-Also hydra/launcher=slurm's refusal, before sbatch, of a time limit SLURM's warning could precede."""
+Also hydra/launcher=slurm's refusal, before sbatch, of a time limit SLURM's warning could precede, and the
+planning side of a submission from a machine without GPUs (a login node): hardware=<preset> planned for, a GPU
+run without hardware= refused, one run submitted without --multirun (a fake sbatch: no cluster here)."""
 from __future__ import annotations
 
 import json
@@ -129,3 +131,112 @@ def test_slurm_job_the_warning_could_end_at_its_start_is_not_submitted(tmp_path)
     assert st["status"] == m["status"] == "failed", st
     assert "invalid config: hydra.launcher.timeout_min=1: with hydra.launcher.signal_delay_s=120" in st["reason"]
     assert "invalid config: hydra.launcher.timeout_min=1" in out and "SUMMARY" in out
+
+
+# ------------------------------------------------------------------ planning on a login node (no cluster)
+def _cfg(*overrides: str) -> dict:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from bench.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
+
+
+def _gpu_visible() -> bool:
+    from bench.config import cuda_device_count
+
+    return cuda_device_count() > 0
+
+
+@pytest.mark.skipif(_gpu_visible(), reason="the login node of this test has no GPU")
+def test_a_run_submitted_to_slurm_is_planned_for_the_preset_on_a_machine_without_gpus(monkeypatch):
+    """submit=slurm (what hydra/launcher=slurm sets) with hardware=a100_80gb on this CPU machine: planned for
+    the A100 (device, memory, peak, tuning=best's GPU), as the sweeper plans it (GPUs: its world size); a run
+    here, or the submitted job where it lands without that GPU, is refused naming it."""
+    from bench.config import validate
+    from bench.hardware_rules import planned_device_name
+    from bench.memory_model import memory_plan
+    from bench.predict import terms
+    from bench.schema import ConfigError
+
+    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+    c = _cfg("submit=slurm", "hardware=a100_80gb", "strategy=ddp", "world_size=2", "tuning=best")
+    plan = validate(c, gpus=2)
+    assert plan.device == "cuda" and plan.backend == "nccl" and plan.cfg["precision"] == "bf16"
+    mem = memory_plan(plan)
+    assert mem["device_memory_gib"] == 79.2 and mem["device_memory_source"] == "hardware=a100_80gb"
+    assert terms(plan)["peak"] == pytest.approx(312e12)  # the A100's dense bf16 datasheet peak
+    assert planned_device_name(c, 2) == "NVIDIA A100-SXM4-80GB"
+    assert "CPU run" not in str(plan.tuning)  # tuning=best looked up the A100, not this CPU
+    with pytest.raises(ConfigError, match=r"describes NVIDIA A100-SXM4-80GB, and this machine .* has no GPU"):
+        validate({**c, "submit": None}, gpus=0)  # a run here
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")  # the job, on a node without that GPU
+    with pytest.raises(ConfigError, match=r"describes NVIDIA A100-SXM4-80GB, and this job's node .* has no GPU"):
+        validate(c, gpus=0)
+
+
+@pytest.mark.skipif(_gpu_visible(), reason="the login node of this test has no GPU")
+def test_a_gpu_run_submitted_without_hardware_from_a_machine_without_gpus_is_refused(monkeypatch):
+    from bench.config import validate
+    from bench.schema import ConfigError
+
+    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+    with pytest.raises(ConfigError) as e:
+        validate(_cfg("submit=slurm"), gpus=1)
+    assert (e.value.key, e.value.value) == ("hardware", "auto")
+    assert "name the cluster's GPU, hardware=<preset> or a probe profile" in str(e.value)
+    assert "a100_80gb" in str(e.value) and "device=cpu" in str(e.value)
+    assert validate(_cfg("submit=slurm", "device=cpu"), gpus=0).device == "cpu"  # CPU nodes: planned as CPU
+    with pytest.raises(ConfigError, match="device='cpu': contradicts hardware=h100_sxm_80gb"):
+        validate(_cfg("submit=slurm", "hardware=h100_sxm_80gb", "device=cpu"), gpus=0)
+
+
+def test_hydra_launcher_slurm_without_multirun_is_a_one_job_submission():
+    from bench.__main__ import SINGLE_RUN_EXIT, submit_argv
+
+    exit_cb = f"hydra.callbacks.bench_sweep._target_={SINGLE_RUN_EXIT}"
+    assert submit_argv(["hydra/launcher=slurm", "steps=2"]) == [
+        "--multirun", "hydra/launcher=slurm", "steps=2", "submit=slurm", exit_cb]
+    assert submit_argv(["submit=slurm"]) == ["--multirun", "submit=slurm", "hydra/launcher=slurm", exit_cb]
+    assert submit_argv(["-m", "hydra/launcher=slurm"]) == ["-m", "hydra/launcher=slurm", "submit=slurm"]
+    assert submit_argv(["--cfg", "job", "submit=slurm"]) == ["--cfg", "job", "submit=slurm", "hydra/launcher=slurm"]
+    assert submit_argv(["hydra/launcher=local_tasks", "x=1"]) == ["hydra/launcher=local_tasks", "x=1"]
+    with pytest.raises(SystemExit, match="submit=slurm contradicts hydra/launcher=local_tasks"):
+        submit_argv(["submit=slurm", "hydra/launcher=local_tasks"])
+
+
+def test_one_run_is_submitted_without_multirun(tmp_path):
+    """``python -m bench hydra/launcher=slurm hardware=a100_80gb`` on this CPU machine: planned for the A100 and
+    handed to sbatch as a one-job sweep (one GPU asked for; this fake sbatch refuses it: the run is recorded
+    failed, exit 1); without hardware= it is refused before sbatch, in one line, exit 2 as a single run."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    script = tmp_path / "sbatch_script"
+    (fake / "sbatch").write_text(f'#!/bin/sh\ncat "$@" > {script}\necho "sbatch: error: no such cluster" >&2\nexit 1\n')
+    (fake / "sbatch").chmod(0o755)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "",
+           "PATH": f"{fake}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("SUBMITIT_EXECUTOR", None)
+
+    def submit(sweep, *overrides: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "bench", "hydra/launcher=slurm", "steps=2", "warmup_steps=1",
+                               *overrides, f"hydra.sweep.dir={sweep}"], cwd=REPO, capture_output=True, text=True,
+                              timeout=240, env=env)
+
+    p = submit(tmp_path / "a100", "hardware=a100_80gb")
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out[-4000:]
+    assert "#SBATCH --gpus-per-node=1" in script.read_text()
+    st = json.loads((tmp_path / "a100" / "0" / "status.json").read_text())
+    assert st["status"] == "failed" and "could not be submitted" in st["reason"] and st["precision"] == "bf16", st
+    assert "[sweep] SUMMARY 1 runs" in out
+    script.unlink()
+    p = submit(tmp_path / "auto")
+    out = p.stdout + p.stderr
+    assert p.returncode == 2, out[-4000:]
+    assert not script.exists()
+    st = json.loads((tmp_path / "auto" / "0" / "status.json").read_text())
+    assert st["status"] == "invalid" and "name the cluster's GPU" in st["reason"], st

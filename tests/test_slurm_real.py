@@ -16,8 +16,13 @@ Two sweeps run side by side through sbatch/srun (CPU, tiny model, a few steps):
   before bench could handle it (bench refuses such a job: tests/test_slurm.py);
 * C: one hanging run, and Ctrl-C (SIGINT) to the sweep process while it runs: the job is cancelled, the
   run stays ``interrupted`` (resume=true runs it again), the sweep exits 130.
-* D: ``device=cuda``: the cluster has no GPUs (no GRES), sbatch refuses the job: the run is ``failed``
-  with sbatch's error, the sweep goes on and ends with its summary.
+* D: ``device=cuda hardware=a100_80gb``: planned for the A100 here (no GPU), but the cluster has no GPUs (no
+  GRES), sbatch refuses the job: the run is ``failed`` with sbatch's error, the sweep goes on and ends with
+  its summary.
+
+A second test submits single runs without ``--multirun`` from a process that sees no GPU, planned for a probe
+profile of this machine's CPU (``python -m bench.probe``): it completes; planned for another CPU's profile, the
+job refuses where it landed (``invalid``, naming both).
 
 Then: every run's status.json / metrics.json, the summaries, and no SLURM job left in squeue and no
 process of the test's jobs left on the machine.  The test waits on SLURM's own job states (squeue),
@@ -105,7 +110,7 @@ def test_real_slurm_sweep(slurm, sweep, tmp_path):
     pc.send_signal(signal.SIGINT)
 
     refused = tmp_path / "refused"
-    pd = sweep(refused, env, "strategy=single", "device=cuda")
+    pd = sweep(refused, env, "strategy=single", "device=cuda", "hardware=a100_80gb")  # planned for it, here
     out_d = _wait(pd, refused.with_suffix(".log"), 180)
     out_c = _wait(pc, stop.with_suffix(".log"), 120)
     out_a = _wait(pa, good.with_suffix(".log"), 300)
@@ -174,3 +179,38 @@ def test_real_slurm_sweep(slurm, sweep, tmp_path):
     assert not slurm.jobs(), subprocess.run(["squeue"], env=slurm.env, capture_output=True, text=True).stdout
     assert not processes_left(tag, wait_s=10)
     print(f"real SLURM sweeps: {elapsed:.0f} s")
+
+
+def test_single_runs_submitted_from_a_machine_without_gpus(slurm, tmp_path):
+    """``python -m bench hydra/launcher=slurm hardware=<profile> ...`` without --multirun, CUDA hidden: the run is
+    planned here for the profile (a CPU node's, written by bench.probe), submitted, and checked again in the job
+    on the node it landed on: this CPU's profile completes, another CPU's is refused there (invalid, exit 2)."""
+    cfg = tmp_path / "conf"
+    here, other = cfg / "hardware" / "this_node.yaml", cfg / "hardware" / "other_node.yaml"
+    p = subprocess.run([sys.executable, "-m", "bench.probe", "--out", str(here), "--world-size", "1", "--quick"],
+                       cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = here.read_text().splitlines()
+    this_cpu = next(ln.split(": ", 1)[1].strip("'") for ln in lines if ln.startswith("gpu: "))
+    other.write_text("\n".join("gpu: 'CPU: another CPU (64 logical CPUs)'" if ln.startswith("gpu: ") else
+                               "name: other_node" if ln.startswith("name: ") else ln for ln in lines) + "\n")
+    env = {**slurm.env, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
+    procs = {}
+    for name in ("this_node", "other_node"):
+        args = [sys.executable, "-m", "bench", "--config-dir", str(cfg), "hydra/launcher=slurm", f"hardware={name}",
+                *FAST, f"hydra.sweep.dir={tmp_path / name}"]
+        with open(tmp_path / f"{name}.log", "w") as log:
+            procs[name] = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        out = {name: _wait(procs[name], tmp_path / f"{name}.log", 240) for name in procs}
+    finally:
+        stop_all(list(procs.values()))
+    st, m = _json(tmp_path / "this_node" / "0" / "status.json"), _json(tmp_path / "this_node" / "0" / "metrics.json")
+    assert procs["this_node"].returncode == 0, out["this_node"][-4000:]
+    assert st["status"] == m["status"] == "completed" and st["submitit_job_id"], (st, m.get("error"))
+    assert m["config"]["submit"] == "slurm" and m["config"]["hardware"]["gpu"] == this_cpu
+    assert m["memory"]["plan"]["device_memory_source"] == "hardware=this_node"
+    assert procs["other_node"].returncode == 2, out["other_node"][-4000:]
+    st = _json(tmp_path / "other_node" / "0" / "status.json")
+    assert st["status"] == "invalid" and st["submitit_job_id"], st  # refused in the job, where it landed
+    assert f"is CPU: another CPU (64 logical CPUs), but this run is on {this_cpu} (this job's node" in st["reason"]

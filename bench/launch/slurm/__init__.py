@@ -40,6 +40,12 @@ per job), ``collect`` (when a job is over, and its run's status), ``interrupt`` 
 (a run's folder and the status bench gives it), ``launchers`` (the two launcher classes, registered
 in hydra_plugins/bench_plugins/launchers.py).
 
+Planning side.  The sweeper plans every job on the machine that submits (a login node, often without a GPU):
+``submit=slurm`` (set with hydra/launcher=slurm by bench/__main__.py, which also makes one run a one-job
+sweep) tells validation that the run's GPUs are the allocation's, so ``hardware=<preset>`` is planned for
+here and ``hardware=auto`` without a visible GPU is refused (bench/hardware_rules.py); the job checks the
+device it landed on against the preset when it validates again on its node.
+
 Task side (bench/job.py ``run_task``, bench/launch/task.py ``launch_task_rank``).  Under submitit there is
 no torchrun: the task function runs in every task; when the job
 has world_size tasks, this process IS a rank: it exports the torch.distributed environment from

@@ -1,0 +1,132 @@
+"""Which hardware a run is planned for, and whether it is on it: the ``hardware=`` rule of validation.
+
+A plan is made either for the device where the run will be (``hardware=auto``: the visible GPU, else the
+CPU; a preset or probe profile: checked against the device the run is on - a run is labelled with its real
+hardware), or for hardware that is elsewhere: ``dry_run=true`` (nothing runs) and ``submit=slurm`` on the
+machine that submits (a login node: the cluster's GPUs are the job's, not this machine's).  Inside the
+submitted job (submitit sets ``SUBMITIT_EXECUTOR`` in every task) the same config is checked again where it
+landed, so a job on another GPU than the preset's is recorded ``invalid`` naming both.  The process'
+environment decides which side this is because every caller (the sweeper, the run, the planner's
+re-validations) passes the config, not who it is.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Optional
+
+from bench.hardware import HardwareConfig, PRESETS, match, resolve
+from bench.schema import ConfigError
+
+
+def cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def visible_gpu_name() -> Optional[str]:
+    if not cuda_device_count():
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(0)
+
+
+def in_submitted_job() -> bool:
+    """This process is a task of a submitit job (SLURM or local tasks), on the node the run is on."""
+    return bool(os.environ.get("SUBMITIT_EXECUTOR"))
+
+
+def submitting(c: dict) -> bool:
+    """``submit=slurm`` on the machine that submits: the run's devices are the job's, elsewhere."""
+    return bool(c.get("submit")) and not in_submitted_job()
+
+
+def planned_elsewhere(c: dict) -> bool:
+    """The plan is for hardware this process does not run on: a dry run, or a job being submitted."""
+    return bool(c.get("dry_run")) or submitting(c)
+
+
+def is_cpu_profile(preset: HardwareConfig) -> bool:
+    """A probe profile of CPU ranks (gloo through host memory: bench.probe on a machine without a GPU)."""
+    return preset.intra_node_link == "host"
+
+
+def planned_gpus(c: dict, gpus: int) -> int:
+    """The GPUs the layout may use under ``hardware=`` (module docstring); ConfigError where the plan would be
+    for the wrong device: a preset this run is not on, or a submitted GPU job planned for this machine's CPU."""
+    preset = resolve(c)  # complete: bench.hardware.check has passed
+    if preset is None:
+        if submitting(c) and c["device"] != "cpu" and not cuda_device_count():
+            raise ConfigError("hardware", "auto", "means this machine's device, and this machine has no GPU: name the "
+                              "cluster's GPU, hardware=<preset> or a probe profile (python -m bench.probe, in a "
+                              f"--config-dir); valid presets: {', '.join(PRESETS)} (or device=cpu for CPU nodes)")
+        return gpus
+    cpu = is_cpu_profile(preset)
+    if planned_elsewhere(c):
+        if c["device"] == "cpu" and not cpu:
+            raise ConfigError("device", "cpu", f"contradicts hardware={preset.name} (a GPU); use device=auto or cuda")
+        if submitting(c) and cpu and c["device"] != "cpu":
+            raise ConfigError("device", c["device"], f"hardware={preset.name} profiles CPU ranks ({preset.gpu}): "
+                              "submit it with device=cpu (the job would ask SLURM for GPUs)")
+        return gpus if c["device"] == "cpu" else max(gpus, c["world_size"])
+    _check_landed(c, preset, cpu)
+    return 0 if cpu else gpus
+
+
+def _check_landed(c: dict, preset: HardwareConfig, cpu: bool) -> None:
+    """A run (here, or a submitted job on its node) must be on the preset's device."""
+    where = "this job's node" if in_submitted_job() else "this machine"
+    if cpu:
+        if c["device"] == "cuda":
+            raise ConfigError("device", "cuda", f"contradicts hardware={preset.name} (a profile of CPU ranks); "
+                              "use device=cpu")
+        name = cpu_name()
+    else:
+        name = visible_gpu_name()
+    if name is None:
+        raise ConfigError("hardware", preset.name, f"describes {preset.gpu}, and {where} ({socket.gethostname()}) "
+                          "has no GPU: add dry_run=true to plan for it here, submit it (hydra/launcher=slurm), or "
+                          "use hardware=auto to run on what is here")
+    same = name.lower() == (preset.gpu or name).lower() or (not cpu and match(name) is match(preset.gpu)
+                                                           and match(name) is not None)
+    if not same:
+        raise ConfigError("hardware", preset.name, f"is {preset.gpu}, but this run is on {name} ({where}, "
+                          f"{socket.gethostname()}): a run is labelled with its real hardware; use hardware=auto "
+                          "(or dry_run=true to plan), or ask the cluster for that device (hydra.launcher.partition / "
+                          "constraint)")
+
+
+def cpu_name() -> str:
+    """This machine's CPU as bench.probe names it in a profile's ``gpu`` field."""
+    import torch
+
+    from bench.probe.measure import device_facts
+
+    return device_facts(torch.device("cpu"))["name"]
+
+
+def planned_device_name(c: dict, gpus: int) -> Optional[str]:
+    """The GPU a run is on, as nvidia-smi names it (planned elsewhere, or with none visible: the preset's); None
+    on CPU: tuning=best looks up measured bests by it (bench/bests.py)."""
+    if c.get("device") == "cpu":
+        return None
+    preset = resolve(c)
+    if preset is not None and preset.gpu and (planned_elsewhere(c) or not gpus):
+        return preset.gpu
+    return visible_gpu_name()
+
+
+def compute_capability(c: dict) -> tuple[Optional[float], str]:
+    """The planned GPU's compute capability: the hardware preset's when planned elsewhere, else the visible GPU's
+    (else the preset's); (None, "") where neither is known (planned on a machine without one): not checked then."""
+    preset = resolve(c)
+    if preset is not None and preset.compute_capability and (planned_elsewhere(c) or not cuda_device_count()):
+        return float(preset.compute_capability), f"hardware={preset.name}"
+    if cuda_device_count():
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(0)
+        return major + minor / 10, torch.cuda.get_device_name(0)
+    return None, ""
