@@ -28,6 +28,17 @@ log = logging.getLogger("bench.launch")
 _PRELOAD: list[str] = ["bench.worker"]
 
 
+
+def _shutdown_timeout() -> dict:
+    """The agent's SIGTERM-to-SIGKILL wait, where this torch's LaunchConfig has the field (torch 2.11 has not:
+    its agent then waits its own 30 s)."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return ({"shutdown_timeout": SHUTDOWN_TIMEOUT_S}
+            if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)} else {})
+
 def preload(modules) -> None:
     """Add modules for the fork server to import.  It imports the list once, when it starts (the
     first run of this process), so a sweep declares the union over its runs before the first."""
@@ -70,7 +81,7 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
             min_nodes=1, max_nodes=1, nproc_per_node=plan.world_size,
             run_id=f"bench-{uuid.uuid4().hex[:8]}",
             rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # port 0: the OS picks a free one
-            max_restarts=0, monitor_interval=0.2, start_method=start_method, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            max_restarts=0, monitor_interval=0.2, start_method=start_method, **_shutdown_timeout(),
             logs_specs=DefaultLogsSpecs(log_dir=logs))
         watcher = threading.Thread(target=_watch_deadlines, args=(run_dir, plan.cfg, *deadlines, expired, stop_watch),
                                    name="bench-run-deadlines", daemon=True)
