@@ -60,7 +60,7 @@ from bench.memory_margins import (CONTEXT_BYTES, FRAGMENTATION, TIGHT, graph_poo
                                   outside_allocator_bytes, verdict)
 from bench.metrics.flops import float8_matmul_params, param_groups
 from bench.parallel.float8 import fsdp_float8_all_gather, saves_float8_inputs
-from bench.strategies.registry import ModelStates, get_spec
+from bench.strategies.registry import FP32, ModelStates, get_spec
 from bench.schema import Plan
 
 GIB = 2**30
@@ -74,14 +74,6 @@ PROBE_BYTES = 3 * 8192 * 8192 * 2
 HOST_PER_RANK_BYTES = 4 * GIB
 HOST_USABLE = 0.9
 
-# bytes per parameter: (params, grads, optimizer)
-BYTES_PER_PARAM = {
-    "mixed": (2, 2, 12),  # DeepSpeed 16-bit: 16-bit params and grads, fp32 master + Adam m, v
-    "fp32": (4, 4, 8),  # fp32 weights (fp32 runs, autocast): Adam m, v
-    "autocast_copy": (4, 4, 12),  # + the ZeRO optimizer's own fp32 copy of its partition
-    "fsdp_mixed": (4, 4, 8),  # fp32 shards are the master; + the gathered 16-bit parameters while gathered
-    "megatron_mixed": (2, 4, 12),  # Float16Module, fp32 main grads, fp32 main params + m, v
-}
 _PARTS = ("params", "grads", "optimizer")
 
 
@@ -111,7 +103,7 @@ def params_per_rank(plan: Plan, tp_splits_vocab: bool, stage: Optional[str] = No
 # ------------------------------------------------------------------------------ model states
 def model_state_bytes(plan: Plan, psi: float, lay: ModelStates) -> tuple[dict, dict]:
     """(device bytes, host bytes) of this rank's model states held as ``lay`` says, psi parameters on it."""
-    bp, bg, bo = BYTES_PER_PARAM[lay.scheme]
+    bp, bg, bo = lay.scheme.bytes
     dp, stage = dp_shard_size(plan.dp_size, plan.strategy), lay.stage  # HSDP: the ranks of one replica
     size = {"params": bp * psi / (dp if stage >= 3 else 1), "grads": bg * psi / (dp if stage >= 2 else 1),
             "optimizer": bo * psi / (dp if stage >= 1 else 1)}
@@ -129,7 +121,7 @@ def gathered_param_bytes(plan: Plan, psi: float, lay: ModelStates) -> float:
     """Every unit's gathered parameters (FSDP2 without resharding): 16-bit (fp32 under fp32), but where FSDP2 gathers
     the converted Linear weights in float8 (precision=fp8, bench/parallel/float8.py) those are 1 B each: the blocks'
     matmul weights of the rank (float8_matmul_params over pp and tp); the norms, embedding and head stay 16-bit."""
-    if lay.scheme == "fp32":
+    if lay.scheme == FP32:
         return 4 * psi
     f8 = float8_matmul_params(plan.model) / (plan.pp * plan.tp) if fsdp_float8_all_gather(plan) else 0.0
     return 2 * (psi - f8) + f8
@@ -364,8 +356,8 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
         "flops_per_token": flops_per_token(plan.model),
         "layout": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp_size, "micro_batch_size": plan.micro_batch_size,
                    "microbatches": plan.grad_accum, "recompute": plan.cfg["recompute"]},
-        "model_states": {"scheme": lay.scheme, "stage": lay.stage, "note": lay.note,
-                         "bytes_per_param": BYTES_PER_PARAM[lay.scheme],
+        "model_states": {"scheme": lay.scheme.name, "stage": lay.stage, "note": lay.note,
+                         "bytes_per_param": lay.scheme.bytes,
                          "device_mb": {k: mib(v) for k, v in device.items()},
                          "host_mb": {k: mib(v) for k, v in host.items()}},
         "activations": {**{k: v for k, v in act.items() if k not in ("activations", "logits")},

@@ -1,26 +1,26 @@
-"""The tp x pp x dp family's shared parts: one schema, its rules, its memory terms and its implementations.
+"""The tp x pp x dp family's shared parts: one schema, the rules of its knobs, and its implementations' interface.
 The strategies ``tp`` (tp.py), ``pp`` (pp.py) and ``megatron`` (megatron/__init__.py) each register
 themselves through ``family_spec``; they differ in defaults and tuning profiles.
 
-``strategy.impl`` picks the implementation: ``megatron`` (megatron-core, GPU only:
-bench/strategies/megatron/, imported only when a run needs it: ~5 s) or ``torch`` (DTensor tensor
-parallelism and torch.distributed.pipelining, bench/parallel, through bench/strategies/torch_native.py;
-runs on CPU too; its data-parallel replicas reduce through torch DDP).
+``strategy.impl`` picks the implementation, an :class:`Implementation` registered under that name: ``torch``
+(here: DTensor tensor parallelism and torch.distributed.pipelining, bench/parallel, through
+bench/strategies/torch_native.py; runs on CPU too; its data-parallel replicas reduce through torch DDP) or
+``megatron`` (megatron-core, GPU only: bench/strategies/megatron/implementation.py, which registers itself when
+the registry imports that package; megatron.core itself is imported only when a run needs it: ~5 s).
 """
 from __future__ import annotations
 
-import importlib.util
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 from bench.layout_rules import check_torch_native
 from bench.schema import (CUDA_GRAPH_CAPTURE_STEP, LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConfig,
                           alias_default, knob)
-from bench.strategies.registry import ModelStates, StrategySpec, register
+from bench.strategies.ddp import bucket_bytes
+from bench.strategies.registry import FP32, ModelStates, StrategySpec, register, specs
 from bench.parallel.dp import TorchDDP
 from bench.strategies.torch_native import torch_native
-from bench.traffic import (all_gather, all_reduce, buckets, merge, param_tensors, pp_p2p, torch_native_hooks,
-                           tp_activation)
+from bench.traffic import all_reduce, buckets, merge, param_tensors, pp_p2p, torch_native_hooks, tp_activation
 
 
 @dataclass
@@ -55,102 +55,77 @@ class ModelParallelConfig(StrategyConfig):
                      choices=("bench", "megatron"))
 
 
-MEGATRON_MODULES = ("megatron.core.parallel_state", "megatron.core.distributed", "megatron.core.optimizer",
-                    "megatron.core.pipeline_parallel", "megatron.core.tensor_parallel",
-                    "megatron.core.transformer.module", "bench.strategies.megatron.strategy",
-                    "bench.strategies.megatron.model")
+@dataclass(frozen=True)
+class Implementation:
+    """What differs between the family's implementations (``strategy.impl``): the family's spec reads the knob
+    once (``implementation_of``) and asks the object, so no code outside an implementation tests which one runs."""
+
+    name: str  # the strategy.impl value
+    runner: Callable[[Plan], Callable]  # the Strategy class (or torch-native factory) that runs a plan
+    rules: Callable[[Plan], None]  # what it can run; before the family's knob rules
+    model_states: Callable[[dict], ModelStates]
+    buffers: Callable[[Plan, float, float], tuple[float, str]]
+    traffic: Callable[[Plan, float], dict[str, float]]
+    env: Callable[[Plan], dict[str, str]] = lambda plan: {}  # process environment set before CUDA starts
+    preload: tuple[str, ...] = ()  # fork-server imports (no CUDA calls)
+    label: tuple[str, ...] = ()  # the words naming it in the analysis (none: the family's default)
+    # the family's knobs it does not implement: {config key: why, and what to use instead ({name}: the strategy)}
+    refuses: dict[str, str] = field(default_factory=dict)
 
 
-def implementation(plan: Plan):
-    if plan.strategy["impl"] == "megatron":
-        from bench.strategies.megatron.strategy import MegatronModelParallel
-
-        return MegatronModelParallel
-    return torch_native(TorchDDP())  # data-parallel replicas (tp = 1) reduce through torch DDP
+IMPLEMENTATIONS: dict[str, Implementation] = {}
 
 
-def _megatron_core_installed() -> bool:
-    try:
-        return importlib.util.find_spec("megatron.core") is not None
-    except (ImportError, ValueError):
-        return False
+def register_implementation(impl: Implementation) -> Implementation:
+    if IMPLEMENTATIONS.setdefault(impl.name, impl) is not impl:
+        raise ValueError(f"implementation {impl.name!r} registered twice")
+    return impl
 
 
-def rules(plan: Plan) -> None:
-    """Which implementation can run this plan, then the knobs' own rules."""
-    _implementation_rules(plan)
-    _knob_rules(plan)
+def implementation_of(strategy: dict) -> Implementation:
+    """The one place the family reads strategy.impl (an implementation registers itself when its module is
+    imported; the registry imports every strategy module)."""
+    if strategy["impl"] not in IMPLEMENTATIONS:
+        specs()
+    return IMPLEMENTATIONS[strategy["impl"]]
+
+
+def family_rules(plan: Plan, own: Optional[Callable[[Plan], None]] = None) -> None:
+    """The strategy's own rule, which implementation can run this plan, then the knobs' rules."""
+    if own is not None:
+        own(plan)
+    impl = implementation_of(plan.strategy)
+    impl.rules(plan)
+    _knob_rules(plan, impl)
     if plan.strategy["cuda_graph"]:
-        _cuda_graph_rules(plan)
+        _cuda_graph_rules(plan, impl)
 
 
-def _implementation_rules(plan: Plan) -> None:
-    s, m, c = plan.strategy, plan.model, plan.cfg
-    name, impl, tp, pp = s["name"], s["impl"], plan.tp, plan.pp
-    if name == "megatron" and impl != "megatron":
-        raise ConfigError("strategy.impl", impl, "strategy=megatron is megatron-core only; for torch-native "
-                          "parallelism use strategy=tp or strategy=pp with strategy.impl=torch, or strategy=ddp")
-    if impl == "megatron":
-        fix = ("use strategy=ddp (or strategy=tp/pp with strategy.impl=torch)" if name == "megatron"
-               else "use strategy.impl=torch (torch-native TP/PP, runs on CPU)")
-        if c["precision"] == "fp8":
-            raise ConfigError("strategy.impl", impl, "megatron-core's float8 needs Transformer Engine, which bench "
-                              "does not run; precision=fp8 (torchao) runs with strategy.impl=torch, or strategy=fsdp "
-                              f"strategy.tp={tp} precision=fp8")
-        for key, plain in (("qkv_bias", False), ("mlp_act", "silu")):  # what bench's Megatron build does not map
-            if m.get(key, plain) != plain:
-                raise ConfigError(f"model.{key}", m[key], f"is not built by bench's megatron-core model (it would run "
-                                  f"without it, not the model the record names); {fix}")
-        if plan.device != "cuda":
-            raise ConfigError("strategy.impl", impl, f"megatron-core needs CUDA GPUs, and this run has none "
-                              f"(device={plan.device}); {fix}")
-        if not _megatron_core_installed():
-            raise ConfigError("strategy.impl", impl, f"megatron-core is not installed (pip install megatron-core); {fix}")
-        if m["vocab_size"] % tp:
-            raise ConfigError("strategy.tp", tp, f"must divide model.vocab_size={m['vocab_size']} "
-                              "(Megatron splits the embedding and output layer over tp)")
-    else:
-        if c["precision"] == "fp16":
-            raise ConfigError("precision", "fp16", "is not supported with strategy.impl=torch (no loss scaling "
-                              "across shards and stages); use precision=bf16, or strategy.impl=megatron")
-        check_torch_native(plan, shards_dtensors=False)
-    sched = s["schedule"] if s["schedule"] != "auto" else ("interleaved_1f1b" if s["virtual_pipeline"] > 1 else "1f1b")
-    if sched == "gpipe" and impl == "megatron":
-        raise ConfigError("strategy.schedule", sched, "megatron-core has no GPipe schedule (it runs 1F1B); "
-                          "use strategy.impl=torch for GPipe, or schedule=1f1b")
-    if sched == "interleaved_1f1b" and impl == "megatron" and plan.grad_accum % pp:
-        raise ConfigError("strategy.microbatches", s["microbatches"],
-                          f"Megatron's interleaved schedule needs the number of micro-batches ({plan.grad_accum}) "
-                          f"to be a multiple of strategy.pp={pp}")
+def _refuse(plan: Plan, impl: Implementation, key: str, value: Any) -> None:
+    if key in impl.refuses:
+        raise ConfigError(key, value, impl.refuses[key].format(name=plan.strategy["name"]))
 
 
-def _knob_rules(plan: Plan) -> None:
-    s, m, c = plan.strategy, plan.model, plan.cfg
-    name, impl, tp = s["name"], s["impl"], plan.tp
+def _knob_rules(plan: Plan, impl: Implementation) -> None:
+    s, m, c, tp = plan.strategy, plan.model, plan.cfg, plan.tp
     if s["sequence_parallel"]:
         if tp == 1:
             raise ConfigError("strategy.sequence_parallel", True, "needs strategy.tp > 1")
-        if impl == "torch":
-            raise ConfigError("strategy.sequence_parallel", True, "is implemented for strategy.impl=megatron only; "
-                              "use sequence_parallel=false with impl=torch")
+        _refuse(plan, impl, "strategy.sequence_parallel", True)
         if m["seq_len"] % tp:
             raise ConfigError("strategy.sequence_parallel", True, f"needs model.seq_len={m['seq_len']} divisible "
                               f"by strategy.tp={tp}")
-    if c["compile"] and impl == "megatron":
-        raise ConfigError("compile", True, f"is not implemented for strategy={name} with strategy.impl=megatron; "
-                          "use compile=false (strategy.cuda_graph=true takes the launch cost off instead), or "
-                          "strategy.impl=torch (compiles each transformer block)")
+    if c["compile"]:
+        _refuse(plan, impl, "compile", True)
     if s["bucket_size"] is not None and s["bucket_size"] <= 0:
         raise ConfigError("strategy.bucket_size", s["bucket_size"], "must be a positive number of parameters, or null")
     if s["overlap_param_gather"] and not s["use_distributed_optimizer"]:
         raise ConfigError("strategy.overlap_param_gather", True, "needs strategy.use_distributed_optimizer=true")
 
 
-def _cuda_graph_rules(plan: Plan) -> None:
+def _cuda_graph_rules(plan: Plan, impl: Implementation) -> None:
     s, c = plan.strategy, plan.cfg
-    if s["impl"] != "megatron":
-        raise ConfigError("strategy.cuda_graph", True, "is implemented for strategy.impl=megatron only; "
-                          "with impl=torch use compile=true")
+    _refuse(plan, impl, "strategy.cuda_graph", True)
     if s["overlap_param_gather"]:
         raise ConfigError("strategy.cuda_graph", True, "cannot capture strategy.overlap_param_gather's "
                           "forward hooks; set overlap_param_gather=false")
@@ -163,90 +138,71 @@ def _cuda_graph_rules(plan: Plan) -> None:
                           f"{CUDA_GRAPH_CAPTURE_STEP} is captured, so no timed step includes the capture")
 
 
-def model_states(cfg: dict) -> ModelStates:
-    """Megatron (Float16Module + DDP with grad_reduce_in_fp32): 16-bit params, fp32 main grads, fp32 main params
-    + Adam m, v (18 B/param; 6 + 12/dp with the distributed optimizer); torch-native: replicated fp32."""
-    s, prec = cfg["strategy"], cfg["precision"]
-    if s["impl"] != "megatron":  # torch TP casts the attention's and MLP's inputs once (bench/parallel/tp.py)
-        return ModelStates("fp32", shared_input_casts=s["tp"] > 1,
-                           note=f"torch tp={s['tp']} pp={s['pp']}: fp32 weights, torch AdamW")
-    scheme = "fp32" if prec == "fp32" else ("megatron_mixed" if s["grad_reduce_in_fp32"] else "mixed")
-    return ModelStates(scheme, stage=1 if s["use_distributed_optimizer"] else 0, sixteen_bit_weights=True,
-                       tp_splits_vocab=True,  # Float16Module; VocabParallelEmbedding and the parallel output layer
-                       grads_live=True,  # Megatron DDP's contiguous main-grad buffers, allocated when it wraps
-                       sequence_parallel=bool(s["sequence_parallel"]),
-                       # vocab_parallel_cross_entropy works in place on one fp32 copy of the 16-bit logits (the
-                       # softmax it saves becomes the gradient), whose 16-bit cast then flows back: 4 + 2 B
-                       loss_bytes_per_logit=6,
-                       # NVML used - reserved of one-GPU Megatron runs in results/ is 1.17 GiB above torch's: ~3
-                       # communicators of its own parallel state (bench/memory_margins.py NCCL_COMM_BYTES)
-                       extra_communicators=3, cuda_graph_pool=bool(s.get("cuda_graph")),
-                       note=f"megatron tp={s['tp']} pp={s['pp']}"
-                            + (" distributed optimizer" if s["use_distributed_optimizer"] else ""))
+def family_label(name: str, v: dict) -> list[str]:
+    """The strategy's name and its implementation's words (a value no implementation has: named as it is)."""
+    impl = v.get("impl")
+    if impl is None:
+        return [name]
+    if impl not in IMPLEMENTATIONS:
+        specs()
+    known = IMPLEMENTATIONS.get(impl)
+    return [name, *(known.label if known else [f"impl={impl}"])]
 
 
-def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
-    """torch-native replicas (dp > 1) reduce through torch DDP at its defaults (bench/parallel/dp.py): buckets
-    beside the gradients (no gradient_as_bucket_view), rebuilt at step 2 except under a pipeline
-    (find_unused_parameters).  Megatron's gradient buffers are its model states."""
-    if plan.strategy["impl"] == "megatron":
-        return 0.0, ""
-    from bench.strategies.ddp import bucket_bytes
+def family_spec(name: str, schema: type, summary: str, profiles: dict, float8: bool = False,
+                rules: Optional[Callable[[Plan], None]] = None,
+                label: Callable[[str, dict], list[str]] = family_label) -> StrategySpec:
+    """Register one strategy of the family (its own module calls this: tp.py, pp.py, megatron/); ``float8``:
+    precision=fp8 runs with strategy.impl=torch (torchao's float8 before TP / the pipeline split); ``rules``: the
+    strategy's own, checked first."""
+    return register(StrategySpec(
+        name=name, schema=schema, summary=summary, float8=float8, profiles=profiles, label=label,
+        implementation=lambda plan: implementation_of(plan.strategy).runner(plan),
+        rules=lambda plan: family_rules(plan, rules),
+        model_states=lambda cfg: implementation_of(cfg["strategy"]).model_states(cfg),
+        buffers=lambda plan, psi, per_block: implementation_of(plan.strategy).buffers(plan, psi, per_block),
+        traffic=lambda plan, params: implementation_of(plan.strategy).traffic(plan, params),
+        process_env=lambda plan: implementation_of(plan.strategy).env(plan),
+        preload=lambda s: implementation_of(s).preload))
 
+
+# ------------------------------------------------------------------------------ torch-native
+def _torch_rules(plan: Plan) -> None:
+    if plan.cfg["precision"] == "fp16":
+        raise ConfigError("precision", "fp16", "is not supported with strategy.impl=torch (no loss scaling "
+                          "across shards and stages); use precision=bf16, or strategy.impl=megatron")
+    check_torch_native(plan, shards_dtensors=False)
+
+
+def _torch_model_states(cfg: dict) -> ModelStates:
+    """Replicated fp32 weights, torch AdamW; torch TP casts the attention's and MLP's inputs once
+    (bench/parallel/tp.py)."""
+    s = cfg["strategy"]
+    return ModelStates(FP32, shared_input_casts=s["tp"] > 1, note=f"torch tp={s['tp']} pp={s['pp']}: fp32 weights, "
+                       "torch AdamW")
+
+
+def _torch_buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
+    """Replicas (dp > 1) reduce through torch DDP at its defaults (bench/parallel/dp.py): buckets beside the
+    gradients (no gradient_as_bucket_view), rebuilt at step 2 except under a pipeline (find_unused_parameters)."""
     return bucket_bytes(plan, psi, views=False, rebuilds=plan.pp == 1)
 
 
-def process_env(plan: Plan) -> dict:
-    """Megatron TP needs one CUDA connection (kernels start in issue order), set before CUDA starts."""
-    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if plan.strategy["impl"] == "megatron" and plan.tp > 1 else {}
+def _torch_traffic(plan: Plan, params: float) -> dict[str, float]:
+    """tp's activation all-reduces and pp's sends (bench/traffic.py), then torch DDP's fp32 all-reduce."""
+    dp, grads = plan.dp_size, 4 * params
+    own = {"grad_reduce": all_reduce(grads, dp), "collectives": buckets(grads, 25 * 2**20) if dp > 1 else 0,
+           "hooks": param_tensors(plan) if plan.tp > 1 else 0}
+    return merge(own, tp_activation(plan), pp_p2p(plan), torch_native_hooks(plan))
 
 
-def label(name: str, v: dict) -> list[str]:
-    return [name] + ([f"impl={v['impl']}"] if v.get("impl") not in (None, "torch") and name != "megatron" else [])
-
-
-# Megatron's host operations per parameter and micro-batch, eager (its Python gradient hook, the bucket's
-# bookkeeping, the schedule's per-micro-batch work): gpt2 on one H200 ran 47.7-59.3 ms a step against single's
-# 28.1-32.3, and 28.7-31.6 with cuda_graph on one H100 (results/2026-11-25-h200-search-1gpu, -h100-search-1gpu)
-MEGATRON_PARAM_OPS = 3
-
-
-def traffic(plan: Plan, params: float) -> dict[str, float]:
-    """tp's activation all-reduces and pp's sends (bench/traffic.py), then the data-parallel reduction: Megatron
-    DDP's buckets (fp32 main grads by default; reduce-scatter + parameter all-gather with the distributed
-    optimizer), torch DDP's fp32 all-reduce.  Host: Megatron's Python gradient hooks per parameter and
-    micro-batch, a device sync after each batched pipeline send / receive, the gradient norm read on the host;
-    cuda_graph replays forward-backward (hooks, sends, reduction) as one graph."""
-    s, dp = plan.strategy, plan.dp_size
-    if s["impl"] != "megatron":
-        grads = 4 * params
-        own = {"grad_reduce": all_reduce(grads, dp), "collectives": buckets(grads, 25 * 2**20) if dp > 1 else 0,
-               "hooks": param_tensors(plan) if plan.tp > 1 else 0}
-        return merge(own, tp_activation(plan), pp_p2p(plan), torch_native_hooks(plan))
-    grads = params * (4 if s["grad_reduce_in_fp32"] or plan.cfg["precision"] == "fp32" else 2)
-    bucket = s["bucket_size"] or max(40_000_000, 1_000_000 * dp)  # Megatron's default bucket (parameters)
-    graphed = s["cuda_graph"]
-    own = {"syncs": 1 + (0 if graphed or not s["batch_p2p_sync"] or plan.pp == 1 else
-                         2 * plan.grad_accum * s["virtual_pipeline"]),
-           "hooks": 0 if graphed else MEGATRON_PARAM_OPS * param_tensors(plan) * plan.grad_accum,
-           "graphed": 1 if graphed else 0}
-    if dp > 1:
-        kind = "grad_reduce" if s["overlap_grad_reduce"] else "tail"
-        own["collectives"] = buckets(params, bucket) * (2 if s["use_distributed_optimizer"] else 1)
-        if s["use_distributed_optimizer"]:
-            gather = {"param_gather" if s["overlap_param_gather"] else "tail": all_gather(2 * params, dp)}
-            return merge(own, {kind: all_gather(grads, dp)}, gather, tp_activation(plan), pp_p2p(plan))
-        own[kind] = all_reduce(grads, dp)
-    return merge(own, tp_activation(plan), pp_p2p(plan))
-
-
-def family_spec(name: str, schema: type, summary: str, profiles: dict, float8: bool = False) -> StrategySpec:
-    """Register one strategy of the family (its own module calls this: tp.py, pp.py, megatron/); ``float8``:
-    precision=fp8 runs with strategy.impl=torch (torchao's float8 before TP / the pipeline split)."""
-    return register(StrategySpec(
-        name=name, schema=schema, summary=summary, implementation=implementation, rules=rules, float8=float8,
-        model_states=model_states, buffers=buffers, process_env=process_env, profiles=profiles, label=label, traffic=traffic,
-        preload=lambda s: MEGATRON_MODULES if s["impl"] == "megatron" else ()))
+TORCH_NATIVE = register_implementation(Implementation(
+    name="torch", runner=lambda plan: torch_native(TorchDDP()),  # replicas (tp = 1) reduce through torch DDP
+    rules=_torch_rules, model_states=_torch_model_states, buffers=_torch_buffers, traffic=_torch_traffic,
+    refuses={"strategy.sequence_parallel": "is implemented for strategy.impl=megatron only; use "
+                                           "sequence_parallel=false with impl=torch",
+             "strategy.cuda_graph": "is implemented for strategy.impl=megatron only; with impl=torch use "
+                                    "compile=true"}))
 
 
 CUDA_GRAPHS_EVIDENCE = ("2 x H200, 300m: Megatron DDP=2 57% -> 79-85% of 2 x one GPU, TP=2 48.5% -> 61-64%, PP=2 m=4p "

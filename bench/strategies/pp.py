@@ -1,6 +1,7 @@
 """``pp``: pipeline parallelism (``strategy.pp``, default 2; 4p micro-batches), megatron-core's
 (``strategy.impl=megatron``, GPU only) or torch.distributed.pipelining's (``impl=torch``, CPU too).
-The family's schema, rules and implementations: bench/strategies/model_parallel.py."""
+The family's schema, rules and torch-native implementation: bench/strategies/model_parallel.py;
+megatron-core's: bench/strategies/megatron/implementation.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass

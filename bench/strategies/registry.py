@@ -20,10 +20,31 @@ from typing import Any, Callable, Optional
 from bench.schema import Plan
 
 @dataclass(frozen=True)
+class Scheme:
+    """Bytes per parameter of a way of holding model states (params, grads, optimizer), declared by the strategy
+    that holds them so the memory plan only adds up; ``name`` is what the plan records."""
+
+    name: str
+    params: int
+    grads: int
+    optimizer: int
+
+    @property
+    def bytes(self) -> tuple[int, int, int]:
+        return self.params, self.grads, self.optimizer
+
+
+# the ZeRO paper's schemes (Rajbhandari et al. 2020) more than one strategy holds; one strategy's own lives with it
+MIXED = Scheme("mixed", 2, 2, 12)  # 16-bit params and grads, fp32 master + Adam m, v
+FP32 = Scheme("fp32", 4, 4, 8)  # fp32 weights (fp32 runs, autocast): Adam m, v
+AUTOCAST_COPY = Scheme("autocast_copy", 4, 4, 12)  # + an optimizer's own fp32 copy of its partition
+
+
+@dataclass(frozen=True)
 class ModelStates:
     """How a strategy holds parameters, gradients, optimizer states and activations (bench/memory_model.py).
 
-    ``scheme``: bytes per parameter, a key of memory_model.BYTES_PER_PARAM; ``stage``: ZeRO stage
+    ``scheme``: bytes per parameter (:class:`Scheme`); ``stage``: ZeRO stage
     (>= 1 optimizer / dp, >= 2 gradients / dp, 3 parameters / dp); the offloads move a part to the
     host; ``unsharded_params_live``: the gathered parameters of the whole model stay alive
     from forward to backward (FSDP2 without resharding; 16-bit, the blocks' matmul weights 8-bit under
@@ -45,7 +66,7 @@ class ModelStates:
     dimension (bench/memory_margins.py); ``cuda_graph_pool``: the step is captured in a CUDA graph whose private
     pool holds the captured step's activations and temporaries beside the eager steps' cached blocks."""
 
-    scheme: str
+    scheme: Scheme
     stage: int = 0
     offload_optimizer: bool = False
     offload_param: bool = False
@@ -67,7 +88,7 @@ class ModelStates:
 
 def replicated_states(cfg: dict) -> ModelStates:
     """A torch optimizer over fp32 weights (autocast or not), replicated over data-parallel ranks."""
-    return ModelStates("fp32", note="model states replicated over data-parallel ranks, torch AdamW over fp32 weights"
+    return ModelStates(FP32, note="model states replicated over data-parallel ranks, torch AdamW over fp32 weights"
                        + (" (autocast)" if cfg["precision"] != "fp32" else ""))
 
 

@@ -1,6 +1,6 @@
 """``tp``: tensor parallelism (``strategy.tp``, default 2), megatron-core's (``strategy.impl=megatron``,
-GPU only) or torch DTensor's (``impl=torch``, CPU too).  The family's schema, rules and
-implementations: bench/strategies/model_parallel.py."""
+GPU only) or torch DTensor's (``impl=torch``, CPU too).  The family's schema, rules and torch-native
+implementation: bench/strategies/model_parallel.py; megatron-core's: bench/strategies/megatron/implementation.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass

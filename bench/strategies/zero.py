@@ -24,7 +24,8 @@ from typing import Any, Optional
 
 from bench.metrics.flops import param_groups
 from bench.schema import ConfigError, Plan, StrategyConfig, alias_default, check_positive, check_whole, knob
-from bench.strategies.registry import ModelStates, StrategySpec, knob_text, register
+from bench.strategies.registry import (AUTOCAST_COPY, FP32, MIXED, ModelStates, StrategySpec, knob_text,
+                                      register)
 from bench.strategies.zero_engine import Zero
 from bench.traffic import all_gather, all_reduce, buckets, param_tensors
 
@@ -190,9 +191,9 @@ def model_states(cfg: dict) -> ModelStates:
     of the partition at stages 1-2 (and with optimizer offload); offload moves parts to the host."""
     s, prec = cfg["strategy"], cfg["precision"]
     autocast = runs_torch_autocast(cfg)
-    scheme = "fp32" if prec == "fp32" else "mixed"
+    scheme = FP32 if prec == "fp32" else MIXED
     if autocast:
-        scheme = "autocast_copy" if s["zero_stage"] in (1, 2) or s["offload_optimizer"] != "none" else "fp32"
+        scheme = AUTOCAST_COPY if s["zero_stage"] in (1, 2) or s["offload_optimizer"] != "none" else FP32
     off = s["offload_optimizer"] != "none"
     return ModelStates(scheme, stage=s["zero_stage"], offload_optimizer=off, host_fp32_grad_partition=off,
                        # ZeRO-3 keeps its gradient partition on the optimizer's device (stage3.py grad_partitions_flat_buffer)

@@ -1,8 +1,9 @@
 """``megatron``: megatron-core, Megatron DDP by default, any tp x pp x dp layout (GPU only).
 
-Its schema and rules are the tp x pp x dp family's (bench/strategies/model_parallel.py).  Importing
-megatron.core takes ~5 s: this package's __init__ only registers the strategy; strategy.py and
-model.py import megatron.core, and are imported only when a run uses impl=megatron.
+Its schema and rules are the tp x pp x dp family's (bench/strategies/model_parallel.py); implementation.py is
+megatron-core as the family's ``strategy.impl=megatron`` (tp and pp use it too), registered when this package is
+imported.  Importing megatron.core takes ~5 s: this package's __init__ only registers; strategy.py and model.py
+import megatron.core, and are imported only when a run uses impl=megatron.
 """
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from bench.schema import Plan, knob
+from bench.strategies.megatron.implementation import megatron_only
 from bench.strategies.model_parallel import CUDA_GRAPHS_EVIDENCE, ModelParallelConfig, family_spec
+from bench.strategies.registry import plain_label
 
 
 @dataclass
@@ -35,4 +38,4 @@ SPEC = family_spec("megatron", MegatronConfig, "megatron-core: DDP by default, a
     "strategy.use_distributed_optimizer": (True, "2 x H200, 300m, with CUDA graphs: 84.4-88.8% of 2 x one GPU "
                                                  "against 79.0-80.4% in the same calls "
                                                  "(results/2026-11-23-h200x2-zero-grad-norm-fsdp)", _one_dp_rank),
-}})
+}}, rules=megatron_only, label=plain_label)  # its implementation is fixed: the name says it
