@@ -19,8 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 from bench.hardware import HardwareConfig, check as check_hardware, preset_nodes
 from bench.hardware_rules import compute_capability, cuda_device_count, planned_device_name, planned_gpus
 from bench.hf_config import resolve_model
-from bench.layout_rules import check_split
+from bench.layout_rules import build as build_layout
 from bench.loggers import check as check_logger
+from bench.model_spec import describe_model
 from bench.schema import (BenchConfig, ConfigError, LoggerConfig, ModelConfig, Plan, check_choice, check_positive,
                           fields_of)
 from bench.strategies.registry import StrategySpec, get_spec, specs
@@ -159,16 +160,16 @@ def _shared_rules(c: dict) -> None:
     if m["d_model"] % m["n_heads"]:
         raise ConfigError("model.n_heads", m["n_heads"], f"must divide model.d_model={m['d_model']} (a model of "
                           "your own: docs/models.md, a preset in a --config-dir folder)")
-    kv = m.get("n_kv_heads")
+    kv, desc = m.get("n_kv_heads"), describe_model(m)
     if kv is not None:
         check_positive("model.n_kv_heads", kv)
         if m["n_heads"] % kv:
             raise ConfigError("model.n_kv_heads", kv, f"must divide model.n_heads={m['n_heads']} (each key/value "
                               "head serves n_heads / n_kv_heads query heads)")
-        if m.get("arch", "gpt") == "gpt" and kv != m["n_heads"]:
+        if not desc.grouped_query and kv != m["n_heads"]:
             raise ConfigError("model.n_kv_heads", kv, "grouped-query attention is part of model.arch=llama; use "
                               "model.arch=llama, or n_kv_heads=null with arch=gpt")
-    if m.get("arch") == "llama" and (m["d_model"] // m["n_heads"]) % 2:
+    if desc.rotary and desc.head_dim % 2:
         raise ConfigError("model.n_heads", m["n_heads"], f"rotary embeddings need an even head dimension "
                           f"(model.d_model / n_heads = {m['d_model'] // m['n_heads']})")
     for key in ("rope_theta", "norm_eps"):
@@ -218,34 +219,11 @@ def _device(c: dict, gpus: int) -> str:
 
 
 def _layout(c: dict, spec: StrategySpec, device: str) -> Plan:
-    """The layout ``tp x pp x dp = world_size`` and the micro-batches of one data-parallel rank."""
-    m, s, ws = c["model"], c["strategy"], c["world_size"]
-    tp, pp = s.get("tp", 1), s.get("pp", 1)
-    check_positive("strategy.tp", tp)
-    check_positive("strategy.pp", pp)
-    if ws % (tp * pp):
-        raise ConfigError("world_size", ws, f"must be a multiple of strategy.tp x strategy.pp = {tp * pp}")
-    dp = ws // (tp * pp)
-    gb = m["global_batch"]
-    if gb % dp:
-        raise ConfigError("model.global_batch", gb,
-                          f"must be divisible by the data-parallel size {dp} (world_size={ws})")
-    per_rank = gb // dp
-    auto = s.get("micro_batch_size") == "auto"
-    mbs = per_rank if auto else s.get("micro_batch_size") or per_rank
-    if not isinstance(mbs, int) or isinstance(mbs, bool) or mbs <= 0 or per_rank % mbs:
-        raise ConfigError("strategy.micro_batch_size", s.get("micro_batch_size"),
-                          f"must divide the per-rank batch {per_rank} (= global_batch {gb} / dp {dp}), or be auto "
-                          "(the largest the memory plan fits) or null (all of it)")
-    if auto and s.get("microbatches") is not None:
-        raise ConfigError("strategy.micro_batch_size", "auto", f"conflicts with strategy.microbatches="
-                          f"{s['microbatches']}, which sets the micro-batches; set only one of them")
-    plan = Plan(cfg=c, device=device, backend="nccl" if device == "cuda" else "gloo", world_size=ws,
-                tp=tp, pp=pp, dp_size=dp, micro_batch_size=mbs, grad_accum=per_rank // mbs)
-    if "tp" in s:  # a strategy that splits the model: its shapes, schedule and micro-batches (bench/layout_rules.py)
-        check_split(plan)
-    if auto:
-        _auto_micro_batch(plan, per_rank)
+    """The plan around its layout (bench/layout_rules.py builds and checks it), micro_batch_size=auto chosen."""
+    plan = Plan(cfg=c, device=device, backend="nccl" if device == "cuda" else "gloo", world_size=c["world_size"],
+                layout=build_layout(c))
+    if c["strategy"].get("micro_batch_size") == "auto":
+        _auto_micro_batch(plan, plan.layout.per_rank_batch)
     return plan
 
 
@@ -259,7 +237,7 @@ def _auto_micro_batch(plan: Plan, per_rank: int) -> None:
 
     tried, chosen, why = [], None, None
     for b in sorted((d for d in range(1, per_rank + 1) if per_rank % d == 0), reverse=True):
-        plan.micro_batch_size, plan.grad_accum = b, per_rank // b
+        plan.layout = plan.layout.with_micro_batch(b)
         plan.strategy["micro_batch_size"] = b
         mem = memory_plan(plan)
         if mem["fits"] is None:
@@ -275,7 +253,7 @@ def _auto_micro_batch(plan: Plan, per_rank: int) -> None:
         fit = [t["micro_batch_size"] for t in tried if t["fits"]]
         chosen, why = (fit[0], "the largest that fits, within the plan's error of the limit (tight: it may run out "
                        "of memory)") if fit else (1, "none fits: the smallest (the memory plan says it does not fit)")
-    plan.micro_batch_size, plan.grad_accum = chosen, per_rank // chosen
+    plan.layout = plan.layout.with_micro_batch(chosen)
     plan.strategy["micro_batch_size"] = chosen
     plan.micro_batch_auto = {"key": "strategy.micro_batch_size", "chosen": chosen, "grad_accum": per_rank // chosen,
                              "per_rank_batch": per_rank, "reason": why, "tried": tried}

@@ -19,7 +19,7 @@ per replica counts them: ``tp_rank == 0`` on the last pipeline stage.  The run's
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -32,14 +32,44 @@ class Coord:
 
 @dataclass(frozen=True)
 class Layout:
+    """A run's parallel layout, torchtitan's ``ParallelDims``: built once by validation
+    (bench/layout_rules.py ``build``) from the strategy's knobs, read as ``plan.layout`` everywhere.
+
+    dp is split as dp_replicate replicas x dp_shard ranks (HSDP; dp_replicate = 1: every data-parallel
+    rank shares the sharded states); ``schedule`` is resolved (no ``auto``); ``grad_accum`` is the
+    micro-batches per step on one data-parallel rank, ``micro_batch_size`` the sequences in each.  The
+    defaults are a rank map's: Layout(tp, pp, dp) is enough for coordinates."""
+
     tp: int
     pp: int
     dp: int
+    dp_replicate: int = 1
+    virtual_pipeline: int = 1
+    schedule: str = "1f1b"
+    micro_batch_size: int = 1
+    grad_accum: int = 1
+    recompute: str = "none"
 
     def __post_init__(self):
-        for k in ("tp", "pp", "dp"):
+        for k in ("tp", "pp", "dp", "dp_replicate", "virtual_pipeline", "micro_batch_size", "grad_accum"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+        if self.dp % self.dp_replicate:
+            raise ValueError(f"dp_replicate={self.dp_replicate} does not divide dp={self.dp}")
+
+    @property
+    def dp_shard(self) -> int:
+        """Ranks that share one copy of the sharded model states (all dp ranks unless HSDP)."""
+        return self.dp // self.dp_replicate
+
+    @property
+    def per_rank_batch(self) -> int:
+        """Sequences per step on one data-parallel rank."""
+        return self.micro_batch_size * self.grad_accum
+
+    def with_micro_batch(self, b: int) -> "Layout":
+        """The same per-rank batch in micro-batches of ``b`` (micro_batch_size=auto tries several)."""
+        return replace(self, micro_batch_size=b, grad_accum=self.per_rank_batch // b)
 
     @property
     def world_size(self) -> int:
@@ -113,10 +143,3 @@ def resolve_schedule(schedule: str, virtual: int) -> str:
 
 TOKEN_RULE = ("one rank per data-parallel replica counts its slice of the global batch: tensor-parallel "
               "rank 0 on the last pipeline stage (other ranks count 0 and report no loss)")
-
-
-# --------------------------------------------------------------------------- sharded data parallelism
-def dp_shard_size(dp: int, strategy: dict) -> int:
-    """Ranks that share one copy of the sharded model states: all dp ranks, or under HSDP
-    (``strategy.dp_replicate`` replicas) the dp / dp_replicate ranks of one replica."""
-    return dp // strategy.get("dp_replicate", 1)

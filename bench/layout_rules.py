@@ -1,22 +1,61 @@
-"""Validation of a ``tp x pp x dp`` layout: the one place its rules live.
+"""A run's layout: built and checked here, once, from the configuration; read as ``plan.layout`` after.
 
-``check_split`` (bench/config.py, for every strategy whose schema has ``tp``): the shapes tensor and
-pipeline parallelism must split evenly, the pipeline schedule, and ``strategy.microbatches``
-resolved into the plan's micro-batch size and count.  ``check_torch_native`` (the torch-native
-strategies' rules, bench/strategies): what torch's own TP / pipelining / DDP cannot do with such a
+``build`` (bench/config.py's validation, for every strategy): the strategy's layout knobs (``tp``, ``pp``,
+``virtual_pipeline``, ``schedule``, ``microbatches``, ``micro_batch_size``, ``dp_replicate``: those its schema
+has) and ``recompute`` become the frozen :class:`bench.layout.Layout`, after the rules that make it one: the
+sizes split the world, the batch and the model evenly, the pipeline schedule fits the virtual stages, and
+``strategy.microbatches`` resolves into the micro-batch size and count.  ``check_torch_native`` (the
+torch-native strategies' rules, bench/strategies): what torch's own TP / pipelining / DDP cannot do with such a
 layout.  What one library cannot do (megatron-core's schedules, say) stays with its strategy.
 """
 from __future__ import annotations
 
-from bench.layout import resolve_microbatches, resolve_schedule
+from bench.layout import Layout, resolve_microbatches, resolve_schedule
 from bench.schema import ConfigError, Plan, check_positive
 
 
-def check_split(plan: Plan) -> None:
-    """Shapes that tensor / pipeline parallelism split evenly, the pipeline schedule, and
-    ``strategy.microbatches`` resolved into plan.micro_batch_size / plan.grad_accum."""
-    s, m = plan.strategy, plan.model
-    tp, pp, dp = plan.tp, plan.pp, plan.dp_size
+def build(c: dict) -> Layout:
+    """The layout of a composed configuration (plain containers), or a ConfigError naming the knob."""
+    s, m, ws = c["strategy"], c["model"], c["world_size"]
+    tp, pp = s.get("tp", 1), s.get("pp", 1)
+    check_positive("strategy.tp", tp)
+    check_positive("strategy.pp", pp)
+    if ws % (tp * pp):
+        raise ConfigError("world_size", ws, f"must be a multiple of strategy.tp x strategy.pp = {tp * pp}")
+    dp = ws // (tp * pp)
+    mbs, n_micro = _micro_batch(m, s, dp, ws)
+    v, sched = 1, resolve_schedule("auto", 1)
+    if "tp" in s:  # a strategy that splits the model: its shapes, pipeline and micro-batch count
+        _check_shapes(m, tp)
+        v, sched = _pipeline(m, s, pp)
+        if s.get("microbatches") is not None:
+            mbs, n_micro = _microbatch_count(m, s, pp, dp)
+    return Layout(tp=tp, pp=pp, dp=dp, dp_replicate=_replicas(s, ws, tp, pp, dp), virtual_pipeline=v,
+                  schedule=sched, micro_batch_size=mbs, grad_accum=n_micro, recompute=c["recompute"])
+
+
+def _micro_batch(m: dict, s: dict, dp: int, ws: int) -> tuple[int, int]:
+    """strategy.micro_batch_size: a divisor of the per-rank batch, or all of it (null; auto, until the memory
+    plan chooses in bench/config.py)."""
+    gb = m["global_batch"]
+    if gb % dp:
+        raise ConfigError("model.global_batch", gb,
+                          f"must be divisible by the data-parallel size {dp} (world_size={ws})")
+    per_rank = gb // dp
+    auto = s.get("micro_batch_size") == "auto"
+    mbs = per_rank if auto else s.get("micro_batch_size") or per_rank
+    if not isinstance(mbs, int) or isinstance(mbs, bool) or mbs <= 0 or per_rank % mbs:
+        raise ConfigError("strategy.micro_batch_size", s.get("micro_batch_size"),
+                          f"must divide the per-rank batch {per_rank} (= global_batch {gb} / dp {dp}), or be auto "
+                          "(the largest the memory plan fits) or null (all of it)")
+    if auto and s.get("microbatches") is not None:
+        raise ConfigError("strategy.micro_batch_size", "auto", f"conflicts with strategy.microbatches="
+                          f"{s['microbatches']}, which sets the micro-batches; set only one of them")
+    return mbs, per_rank // mbs
+
+
+def _check_shapes(m: dict, tp: int) -> None:
+    """What tensor parallelism splits: attention heads, key/value heads, the MLP."""
     kv = m.get("n_kv_heads") or m["n_heads"]
     if m["n_heads"] % tp:
         raise ConfigError("strategy.tp", tp, f"must divide model.n_heads={m['n_heads']} (attention heads are split over tp)")
@@ -24,6 +63,10 @@ def check_split(plan: Plan) -> None:
         raise ConfigError("strategy.tp", tp, f"must divide model.n_kv_heads={kv} (key/value heads are split over tp)")
     if m["d_ff"] % tp:
         raise ConfigError("strategy.tp", tp, f"must divide model.d_ff={m['d_ff']} (the MLP is split over tp)")
+
+
+def _pipeline(m: dict, s: dict, pp: int) -> tuple[int, str]:
+    """Virtual stages that split the layers evenly, and the schedule resolved for them."""
     v = s.get("virtual_pipeline", 1)
     check_positive("strategy.virtual_pipeline", v)
     if v > 1 and pp == 1:
@@ -38,24 +81,38 @@ def check_split(plan: Plan) -> None:
     if sched in ("gpipe", "1f1b") and v > 1:
         raise ConfigError("strategy.schedule", sched, f"runs one stage per rank, but strategy.virtual_pipeline={v}; "
                           "use schedule=interleaved_1f1b (or auto), or virtual_pipeline=1")
+    return v, sched
+
+
+def _microbatch_count(m: dict, s: dict, pp: int, dp: int) -> tuple[int, int]:
+    """strategy.microbatches resolved ("4p" -> 4 x pp) into the micro-batch size and count."""
     per_rank = m["global_batch"] // dp
-    if s.get("microbatches") is not None:
-        try:
-            n_micro = resolve_microbatches(s["microbatches"], pp)
-        except ValueError:
-            raise ConfigError("strategy.microbatches", s["microbatches"],
-                              'must be "p", "<k>p" (k x strategy.pp), a positive integer, or null') from None
-        if per_rank % n_micro:
-            raise ConfigError("strategy.microbatches", s["microbatches"],
-                              f"= {n_micro} micro-batches must divide the per-data-parallel-rank batch {per_rank} "
-                              f"(= model.global_batch {m['global_batch']} / dp {dp}); use fewer micro-batches "
-                              "or a larger model.global_batch")
-        mbs = per_rank // n_micro
-        if s.get("micro_batch_size") not in (None, mbs):
-            raise ConfigError("strategy.micro_batch_size", s["micro_batch_size"],
-                              f"conflicts with strategy.microbatches={s['microbatches']} ({n_micro} micro-batches "
-                              f"of {mbs}); set only one of them")
-        plan.micro_batch_size, plan.grad_accum = mbs, n_micro
+    try:
+        n_micro = resolve_microbatches(s["microbatches"], pp)
+    except ValueError:
+        raise ConfigError("strategy.microbatches", s["microbatches"],
+                          'must be "p", "<k>p" (k x strategy.pp), a positive integer, or null') from None
+    if per_rank % n_micro:
+        raise ConfigError("strategy.microbatches", s["microbatches"],
+                          f"= {n_micro} micro-batches must divide the per-data-parallel-rank batch {per_rank} "
+                          f"(= model.global_batch {m['global_batch']} / dp {dp}); use fewer micro-batches "
+                          "or a larger model.global_batch")
+    mbs = per_rank // n_micro
+    if s.get("micro_batch_size") not in (None, mbs):
+        raise ConfigError("strategy.micro_batch_size", s["micro_batch_size"],
+                          f"conflicts with strategy.microbatches={s['microbatches']} ({n_micro} micro-batches "
+                          f"of {mbs}); set only one of them")
+    return mbs, n_micro
+
+
+def _replicas(s: dict, ws: int, tp: int, pp: int, dp: int) -> int:
+    """strategy.dp_replicate (HSDP, where the strategy has it): replicas that divide the data-parallel ranks."""
+    r = s.get("dp_replicate", 1)
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1 or dp % r:
+        valid = ", ".join(str(d) for d in range(1, dp + 1) if dp % d == 0)
+        raise ConfigError("strategy.dp_replicate", r, f"must divide the data-parallel size {dp} (world_size "
+                          f"{ws} / (tp {tp} x pp {pp})); valid: {valid}")
+    return r
 
 
 def check_torch_native(plan: Plan, shards_dtensors: bool) -> None:
@@ -75,7 +132,7 @@ def check_torch_native(plan: Plan, shards_dtensors: bool) -> None:
         raise ConfigError("model.tie_embeddings", True, "the torch-native pipeline cannot share the embedding between "
                           "its first and last stage; use model.tie_embeddings=false, strategy.pp=1, or "
                           "strategy.impl=megatron")
-    sched = resolve_schedule(s.get("schedule", "auto"), s.get("virtual_pipeline", 1))
+    sched = plan.layout.schedule
     if pp > 1 and sched == "1f1b" and plan.grad_accum < pp:
         _too_few_microbatches(plan)
     if sched == "interleaved_1f1b" and plan.grad_accum % max(1, plan.grad_accum // pp):
@@ -88,7 +145,7 @@ def _too_few_microbatches(plan: Plan) -> None:
     """torch's Schedule1F1B refuses fewer micro-batches than stages (its warm-up fills the pipeline): refused here,
     before a process starts, with the counts that divide the per-rank batch."""
     pp, n = plan.pp, plan.grad_accum
-    per_rank = plan.micro_batch_size * n
+    per_rank = plan.layout.per_rank_batch
     counts = [f'{k} ("p")' if k == pp else str(k) for k in range(pp, per_rank + 1) if per_rank % k == 0]
     valid = (f"a count of at least {pp} dividing the per-data-parallel-rank batch {per_rank}: {', '.join(counts)}"
              if counts else f"none: the per-data-parallel-rank batch is {per_rank}, raise model.global_batch to at "

@@ -55,10 +55,9 @@ import os
 from typing import Any, Optional
 
 from bench.hardware import resolve as resolve_hardware
-from bench.layout import dp_shard_size
 from bench.memory_margins import (CONTEXT_BYTES, FRAGMENTATION, TIGHT, graph_pool_bytes, margins_text,  # noqa: F401
                                   outside_allocator_bytes, verdict)
-from bench.metrics.flops import float8_matmul_params, param_groups
+from bench.model_spec import describe_model
 from bench.parallel.float8 import fsdp_float8_all_gather, saves_float8_inputs
 from bench.strategies.registry import FP32, ModelStates, get_spec
 from bench.schema import Plan
@@ -82,9 +81,9 @@ def params_per_rank(plan: Plan, tp_splits_vocab: bool, stage: Optional[str] = No
     """Parameters on a pipeline stage of this layout ("first" or "last"; None: the larger one), per
     tensor-parallel rank."""
     m, tp, pp = plan.model, plan.tp, plan.pp
-    g = param_groups(m)
-    d = m["d_model"]
-    norms_per_block = (2 if m.get("arch", "gpt") == "llama" else 4) * d  # replicated over tp
+    desc = describe_model(m)
+    g = desc.param_groups()
+    norms_per_block = desc.norm_params_per_block()  # replicated over tp
     block = (g["block"] - norms_per_block) / tp + norms_per_block
     blocks = block * m["n_layers"] / pp
     vocab_div = tp if tp_splits_vocab else 1
@@ -104,7 +103,7 @@ def params_per_rank(plan: Plan, tp_splits_vocab: bool, stage: Optional[str] = No
 def model_state_bytes(plan: Plan, psi: float, lay: ModelStates) -> tuple[dict, dict]:
     """(device bytes, host bytes) of this rank's model states held as ``lay`` says, psi parameters on it."""
     bp, bg, bo = lay.scheme.bytes
-    dp, stage = dp_shard_size(plan.dp_size, plan.strategy), lay.stage  # HSDP: the ranks of one replica
+    dp, stage = plan.layout.dp_shard, lay.stage  # HSDP: the ranks of one replica
     size = {"params": bp * psi / (dp if stage >= 3 else 1), "grads": bg * psi / (dp if stage >= 2 else 1),
             "optimizer": bo * psi / (dp if stage >= 1 else 1)}
     where = {"params": lay.offload_param, "grads": lay.offload_grads, "optimizer": lay.offload_optimizer}
@@ -123,7 +122,8 @@ def gathered_param_bytes(plan: Plan, psi: float, lay: ModelStates) -> float:
     matmul weights of the rank (float8_matmul_params over pp and tp); the norms, embedding and head stay 16-bit."""
     if lay.scheme == FP32:
         return 4 * psi
-    f8 = float8_matmul_params(plan.model) / (plan.pp * plan.tp) if fsdp_float8_all_gather(plan) else 0.0
+    f8 = describe_model(plan.model).float8_matmul_params() / (plan.pp * plan.tp) \
+        if fsdp_float8_all_gather(plan) else 0.0
     return 2 * (psi - f8) + f8
 
 
@@ -150,26 +150,21 @@ def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
     """Saved activations of one transformer layer for a micro-batch of b sequences (module docstring);
     ``float8_saved``: what precision=fp8's float8-saved Linear inputs take off them (0 otherwise)."""
     m, tp = plan.model, plan.tp
-    s, d, ff = m["seq_len"], m["d_model"], m["d_ff"]
-    hd = d // m["n_heads"]
-    q, kv = m["n_heads"] * hd, (m.get("n_kv_heads") or m["n_heads"]) * hd
-    llama = m.get("arch", "gpt") == "llama"
+    d = m["d_model"]
+    e = describe_model(m).saved_per_token(bool(plan.cfg.get("compile")))  # elements, by kind (bench/model_spec.py)
     act, norm_in, per_consumer = _act_dtypes(plan, lay)
     lin = float8_input_bytes(plan, act, per_consumer)  # a converted Linear's saved input: q/k/v, gate/up, down
-    attn_consumers, mlp_consumers = 3, (2 if llama else 1)
-    tokens = s * b
+    tokens = m["seq_len"] * b
     # replicated over tp (split too with sequence parallelism): the two norms' inputs and the projections' inputs
     sp = tp if lay.sequence_parallel else 1
-    norms = 2 * d * norm_in / sp
-    inputs = ((attn_consumers + mlp_consumers) * d * act if per_consumer else 2 * d * lin) / sp
-    # split over tp: q, k, v and the attention output, saved by the fused kernel and by o_proj as its input
-    # (one tensor: bf16 under fp8 too, the kernel's backward reads it); the MLP: gpt fc_in's output and GELU's
-    # (fc_out's input); llama gate, up, silu(gate) and their product (down's input), silu(gate) recomputed in
-    # backward when compiled
-    attn = (2 * q + 2 * kv) * act / tp
-    mlp = (((2 if plan.cfg.get("compile") else 3) if llama else 1) * act + lin) * ff / tp
+    norms = e.norm_inputs * norm_in / sp
+    inputs = (e.projection_inputs * act if per_consumer else e.shared_inputs * lin) / sp
+    # split over tp: q, k, v and the attention output (one tensor: bf16 under fp8 too, the kernel's backward reads
+    # it); the MLP's intermediates and its last projection's input
+    attn = e.attention * act / tp
+    mlp = (e.mlp * act + e.mlp_down_input * lin) / tp
     per_token = norms + inputs + attn + mlp
-    saved = (0 if per_consumer else 2 * d / sp + ff / tp) * (act - lin)
+    saved = (0 if per_consumer else e.shared_inputs / sp + e.mlp_down_input / tp) * (act - lin)
     return {"per_token": per_token, "tokens": tokens, "bytes": tokens * per_token, "block_input": tokens * d * norm_in,
             "float8_saved": tokens * saved}
 
@@ -181,8 +176,7 @@ def in_flight_microbatches(plan: Plan, stage: str = "first") -> int:
     if plan.pp == 1:
         return 1
     m, pp = plan.grad_accum, plan.pp
-    sched = plan.strategy.get("schedule", "auto")
-    v = plan.strategy.get("virtual_pipeline", 1)
+    sched, v = plan.layout.schedule, plan.layout.virtual_pipeline
     if sched == "gpipe":
         return m
     warmup = 2 * (pp - 1) if stage == "first" else 0  # rank r warms up 2 (pp - r - 1) + (v - 1) pp chunks
@@ -218,7 +212,7 @@ def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str,
     layer = layer_activation_bytes(plan, b, lay)
     layers = m["n_layers"] / plan.pp
     k = in_flight_microbatches(plan, ranks["stage"])
-    mode = plan.cfg["recompute"]
+    mode = plan.layout.recompute
     copies = weight_copy_bytes(plan, lay, ranks)
     head_copy = autocast_copy_bytes(plan, lay, ranks["head"])
     if mode == "full":  # block inputs kept; the blocks' copies are not saved (their forward runs again)
@@ -326,8 +320,6 @@ def rank_peak(plan: Plan, spec, lay: ModelStates, stage: Optional[str] = None) -
 
 def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
     """The predicted memory of the largest rank of a plan (module docstring), in MiB, with its parts."""
-    from bench.metrics.flops import flops_per_token, total_params
-
     spec = get_spec(plan.strategy["name"])
     lay = spec.model_states(plan.cfg)
     peaks = [rank_peak(plan, spec, lay, stage) for stage in (("first", "last") if plan.pp > 1 else (None,))]
@@ -352,10 +344,10 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
                + (f"; host {host_needed / GIB:.1f} GiB for offloaded states of {host_gib:.0f} GiB"
                   if host_fits is not None else ""))
     return {
-        "parameters": total_params(plan.model), "parameters_on_rank": round(psi), "peak_stage": ranks["stage"],
-        "flops_per_token": flops_per_token(plan.model),
+        "parameters": describe_model(plan.model).total_params(), "parameters_on_rank": round(psi),
+        "peak_stage": ranks["stage"], "flops_per_token": describe_model(plan.model).flops_per_token(),
         "layout": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp_size, "micro_batch_size": plan.micro_batch_size,
-                   "microbatches": plan.grad_accum, "recompute": plan.cfg["recompute"]},
+                   "microbatches": plan.grad_accum, "recompute": plan.layout.recompute},
         "model_states": {"scheme": lay.scheme.name, "stage": lay.stage, "note": lay.note,
                          "bytes_per_param": lay.scheme.bytes,
                          "device_mb": {k: mib(v) for k, v in device.items()},

@@ -3,7 +3,9 @@ calibrated on recorded runs (bench/calibrate.py writes bench/calibration.json, r
 
 One optimizer step of the slowest rank, in seconds::
 
-  compute  = F / (peak x e(x))                         matmuls: hardware FLOPs of the rank (recompute included);
+  compute  = F / (peak x measured share x e(x))       matmuls: hardware FLOPs of the rank (recompute included);
+                                                       the peak a probe measured, or a datasheet's at the share
+                                                       runs measure (MEASURED_OVER_DATASHEET);
                                                        fp8: the float8 matmuls' share at the fp8 peak (_peak)
                e(x) = e_max x / (x + x_half)           x = tokens per micro-batch x d_model / tp (matmul size)
            + passes x activation bytes / HBM x (fused if compiled)   elementwise work, memory bound
@@ -52,7 +54,6 @@ from typing import Optional
 import numpy as np
 
 from bench.hardware import HardwareConfig, match, resolve
-from bench.layout import dp_shard_size
 from bench.memory_model import MB, memory_plan
 from bench.metrics.flops import (float8_cast_elements_per_layer_token, float8_matmul_params, flops_per_token,
                                 hardware_flops_per_token)
@@ -66,16 +67,43 @@ CASE_MIN_RUNS = 5  # a strategy's own error is quoted from this many recorded ru
 OPTIMIZER_PASSES = 1.75  # fused AdamW: reads params, grads, m, v, writes params, m, v: 7 of 4 state parts
 HOST_LINK_GBPS = 25.0  # host <-> device over PCIe (offload), one direction, achieved
 COLLECTIVE_LATENCY_S = 20e-6  # one NCCL collective's start-up inside a node (small-message latency)
+# measured / datasheet bf16 matmul peak (an 8192^3 matmul, bench/worker.py measure_matmul_peak): the median over the
+# recorded runs' rank 0 (metrics.json flops.matmul_peak_tflops_measured: 0.77-0.82 on H100 and H200 alike, median
+# 0.80); a datasheet preset's peaks are taken at this share, a probe's (measured) at their value
+MEASURED_OVER_DATASHEET = 0.80
 
-# the calibrated constants (bench/calibration.json), with the starting point of the fit
+# The fitted constants (values: bench/calibration.json), each with its physical reading and what checks it; here the
+# fit's starting point.  Set by hand, not fitted (python -m bench.calibrate's docstring says why): OPTIMIZER_PASSES,
+# HOST_LINK_GBPS, COLLECTIVE_LATENCY_S above; the strategies' host-operation counts (bench/traffic.py
+# DTENSOR_LAYER_HOST and the pipeline's 4 hooks per micro-batch, ZeRO's FETCH_OPS / PARAM_OPS, Megatron's PARAM_OPS).
 DEFAULTS = {
-    "e_max": 0.6, "x_half": 2e6, "passes": 4.0, "fused": 0.5, "link_eff": 0.7, "grad_exposed": 0.3,
-    "param_exposed": 0.3, "per_layer": 3e-4, "per_microbatch": 1e-3, "per_step": 3e-3,
-    "compiled_host": 0.5, "graph_host": 0.05, "per_hook": 2e-5, "overlap": 0.05, "overlap_sync": 0.3,
-    "per_sync": 1e-4, "per_adam_param": 2e-9, "fp8_cast": 4.0, "lockstep": 0.2,
+    # device: matmuls, memory-bound work, links
+    "e_max": 0.9,  # fraction of the measured matmul peak (bf16 8192^3) the step's largest matmuls reach
+    "x_half": 2e6,  # matmul size (tokens per micro-batch x d_model / tp) at which matmuls run at half e_max
+    "passes": 4.0,  # HBM passes over the stored activation bytes for the unfused elementwise kernels of a step
+    "fused": 0.5,  # share of those passes left once torch.compile fuses the elementwise kernels
+    "link_eff": 0.7,  # achieved / datasheet link bandwidth (NCCL all-reduce bus bandwidth on 2 x H200: 261-326 of
+    #                   450 GB/s, 64 MiB to 1 GiB: 0.58-0.72; shared/FACTS.md)
+    "grad_exposed": 0.3,  # share of the overlapped gradient reduction that backward does not hide
+    "param_exposed": 0.3,  # share of the overlapped parameter all-gathers that compute does not hide
+    "fp8_cast": 4.0,  # HBM cost of a float8 cast (amax, scale, transposes) in units of its 3-byte read-and-write
+    # host: the Python and launch work of a step, seconds (x the host's factor)
+    "per_layer": 3e-4,  # launching one layer's kernels for one micro-batch, eager
+    "per_microbatch": 1e-3,  # a micro-batch's launches outside the layers (embedding, head, loss, schedule)
+    "per_step": 3e-3,  # a step's fixed host work (optimizer launch, zero_grad, timing)
+    "compiled_host": 0.5,  # share of the launch work left under torch.compile (fewer, fused kernels)
+    "graph_host": 0.05,  # share left under CUDA graphs (one replay per captured region)
+    "per_hook": 2e-5,  # one framework host operation (a Python hook, a parameter's bookkeeping)
+    "lockstep": 0.2,  # extra host time where ranks' hooks meet at per-layer collectives: the slowest rank's pace
+    #                   (results/2026-11-23-h200x2-cpu-affinity)
+    "per_sync": 1e-4,  # one host-device synchronisation: the launch queue drained and refilled
+    "per_adam_param": 2e-9,  # the host's Adam step per parameter (optimizer offload: DeepSpeed cpu_adam)
+    # how device and host time add up
+    "overlap": 0.05,  # share of the shorter of device and host time that the longer does not hide
+    "overlap_sync": 0.3,  # the same where the host waits on the device every step
 }
 # the roofline baseline (bench/calibrate.py prints its error beside the model's): no fitted constant, matmuls at
-# peak, one pass over the elementwise bytes, every byte exposed at the link's speed, no host time
+# the measured peak, one pass over the elementwise bytes, every byte exposed at the link's speed, no host time
 ROOFLINE = {**{k: 0.0 for k in DEFAULTS}, "e_max": 1.0, "passes": 1.0, "fused": 1.0, "link_eff": 1.0,
             "grad_exposed": 1.0, "param_exposed": 1.0, "compiled_host": 1.0, "graph_host": 1.0, "fp8_cast": 1.0}
 BOUNDED = ("e_max", "fused", "link_eff", "grad_exposed", "param_exposed", "compiled_host", "graph_host", "overlap",
@@ -111,8 +139,8 @@ def _peak(plan: Plan, hw: HardwareConfig) -> float:
 
 def plan_topology(plan: Plan, hardware: Optional[HardwareConfig] = None) -> Topology:
     """The plan's groups placed on the hardware's nodes (bench/topology.py)."""
-    shard = dp_shard_size(plan.dp_size, plan.strategy)
-    return topology(plan.tp, plan.pp, plan.dp_size, device_hardware(plan, hardware), plan.dp_size // shard)
+    lay = plan.layout
+    return topology(lay.tp, lay.pp, lay.dp, device_hardware(plan, hardware), lay.dp_replicate)
 
 
 def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, float]:
@@ -127,17 +155,25 @@ def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, fl
             "collectives": traffic.get("collectives", 0.0)}
 
 
+def peak_ratio(hw: HardwareConfig) -> float:
+    """Measured / stated matmul peak: 1 for a probe's profile (its peaks are measured), else the typical share of a
+    datasheet's (MEASURED_OVER_DATASHEET), so that the fitted matmul efficiency is against a measured peak."""
+    return 1.0 if hw.source == "probe" else MEASURED_OVER_DATASHEET
+
+
 def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict) -> dict[str, float]:
-    """FLOPs and peak, the matmul size, the memory-bound seconds at full HBM bandwidth, the pipeline bubble."""
-    m, cfg, act, ga = plan.model, plan.cfg, mem["activations"], plan.grad_accum
+    """FLOPs and peak (stated, and measured / stated), the matmul size, the memory-bound seconds at full HBM
+    bandwidth, the pipeline bubble."""
+    m, act, ga = plan.model, mem["activations"], plan.grad_accum
     hbm = float(hw.hbm_gbps) * 1e9
     activations = (act["per_layer_per_microbatch_mb"] * act["layers_on_rank"] + act["logits_mb"]) * MB * ga
     return {
-        "flops": hardware_flops_per_token(m, cfg["recompute"]) * m["global_batch"] * m["seq_len"] / plan.world_size,
-        "peak": _peak(plan, hw), "matmul_size": plan.micro_batch_size * m["seq_len"] * m["d_model"] / plan.tp,
+        "flops": hardware_flops_per_token(m, plan.layout.recompute) * m["global_batch"] * m["seq_len"] / plan.world_size,
+        "peak": _peak(plan, hw), "peak_ratio": peak_ratio(hw),
+        "matmul_size": plan.micro_batch_size * m["seq_len"] * m["d_model"] / plan.tp,
         "elementwise_s": activations / hbm,
         "optimizer_s": OPTIMIZER_PASSES * sum(mem["model_states"]["device_mb"].values()) * MB / hbm,
-        "bubble": (plan.pp - 1) / (plan.strategy.get("virtual_pipeline", 1) * ga) if plan.pp > 1 else 0.0,
+        "bubble": (plan.pp - 1) / (plan.layout.virtual_pipeline * ga) if plan.pp > 1 else 0.0,
         "fp8_cast_s": _float8_cast_bytes(plan, act["layers_on_rank"]) / hbm,
     }
 
@@ -149,7 +185,7 @@ def _float8_cast_bytes(plan: Plan, layers_on_rank: float) -> float:
         return 0.0
     m = plan.model
     tokens = plan.micro_batch_size * m["seq_len"] * plan.grad_accum
-    passes = 2.0 if plan.cfg["recompute"] == "full" else 1.0
+    passes = 2.0 if plan.layout.recompute == "full" else 1.0
     return 3.0 * tokens * float8_cast_elements_per_layer_token(m) * layers_on_rank * passes / plan.tp
 
 
@@ -172,7 +208,7 @@ def combine(t: dict, k: dict) -> dict:
     """The step and its parts from ``terms`` and the constants; works on floats or numpy arrays alike."""
     eff = k["e_max"] * t["matmul_size"] / (t["matmul_size"] + k["x_half"])
     fused = np.where(t["compiled"] > 0, k["fused"], 1.0)
-    compute = (t["flops"] / (t["peak"] * eff) + k["passes"] * t["elementwise_s"] * fused + t["optimizer_s"]
+    compute = (t["flops"] / (t["peak"] * t["peak_ratio"] * eff) + k["passes"] * t["elementwise_s"] * fused + t["optimizer_s"]
                + k["fp8_cast"] * t["fp8_cast_s"])
     wire = (k["grad_exposed"] * t["grad_reduce_s"] + k["param_exposed"] * t["param_gather_s"] + t["tail_s"]
             + t["activation_s"] + t["p2p_s"]) / k["link_eff"]

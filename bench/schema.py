@@ -9,7 +9,8 @@ valid choices, its candidate values for the knob search, and how it enters a run
 * ``added``: added after runs were first recorded; at its default it is left out of the key, so
   an earlier sweep folder still resumes, and a recorded run that lacks it reads as the default.
 
-This module imports nothing of bench's: strategies, validation and run identity build on it.
+This module imports nothing of bench's but the Layout (bench/layout.py, below it): strategies, validation and
+run identity build on it.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from omegaconf import MISSING
+
+from bench.layout import Layout
 
 
 class ConfigError(ValueError):
@@ -237,11 +240,7 @@ class Plan:
     device: str  # "cuda" | "cpu"
     backend: str  # "nccl" | "gloo"
     world_size: int
-    tp: int  # tensor-parallel size
-    pp: int  # pipeline-parallel size
-    dp_size: int  # data-parallel replicas: world_size / (tp * pp)
-    micro_batch_size: int  # sequences per micro-batch on one data-parallel rank
-    grad_accum: int  # micro-batches per optimizer step on one data-parallel rank
+    layout: Layout  # tp x pp x dp, the pipeline and the micro-batches: built and checked once (bench/layout_rules.py)
     tuning: Optional[dict] = None  # tuning=best: what the profile applied and skipped (bench/tuning_profiles.py)
     micro_batch_auto: Optional[dict] = None  # strategy.micro_batch_size=auto: what it chose and why (bench/config.py)
     memory: Optional[dict] = None  # the memory plan (bench/memory_model.py), made before launch, recorded by rank 0
@@ -251,7 +250,28 @@ class Plan:
 
     @staticmethod
     def from_dict(d: dict) -> "Plan":
-        return Plan(**d)
+        return Plan(**{**d, "layout": Layout(**d["layout"])})
+
+    # the layout's sizes by the names the rest of bench reads them (plan.tp, plan.dp_size, ...)
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pp
+
+    @property
+    def dp_size(self) -> int:
+        return self.layout.dp
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.layout.micro_batch_size
+
+    @property
+    def grad_accum(self) -> int:
+        return self.layout.grad_accum
 
     @property
     def model(self) -> dict:
@@ -263,18 +283,34 @@ class Plan:
 
 
 # --------------------------------------------------------------------------- layout knobs
-# The tp x pp x dp layout knobs of the strategies that split the model (dp = world_size / (tp * pp)),
-# documented once here and declared by each such strategy's schema.
-LAYOUT_DOCS = {
-    "tp": "tensor-parallel size: each block's matmuls split over tp ranks",
-    "pp": "pipeline-parallel size: the blocks split into pp stages",
-    "microbatches": 'micro-batches per step on one data-parallel rank: "p", "4p" (k x pp), an int, or null '
-                    "(null: strategy.micro_batch_size decides, one micro-batch by default)",
-    "virtual_pipeline": "model chunks per pipeline rank (> 1: interleaved 1F1B)",
-    "schedule": "pipeline schedule: auto (1f1b; interleaved_1f1b when virtual_pipeline > 1) | gpipe | 1f1b | "
-                "interleaved_1f1b",
-}
+# The tp x pp x dp layout knobs of the strategies that split the model (dp = world_size / (tp * pp)), declared
+# once here; validation reads them into plan.layout (bench/layout_rules.py).
 SCHEDULES = ("auto", "gpipe", "1f1b", "interleaved_1f1b")
+LAYOUT_KNOBS = ("tp", "pp", "microbatches", "virtual_pipeline", "schedule")
+
+
+def _layout_knobs(added: bool) -> type:
+    """The layout knobs as a schema a strategy's inherits.  ``added``: the run-key rule (module docstring) of
+    a strategy that gained them after its first recorded runs (at their defaults they stay out of its key)."""
+
+    @dataclass
+    class LayoutKnobs(StrategyConfig):
+        tp: int = knob(1, "tensor-parallel size: each block's matmuls split over tp ranks", added=added)
+        pp: int = knob(1, "pipeline-parallel size: the blocks split into pp stages", added=added)
+        microbatches: Any = knob(alias_default("microbatches", None), 'micro-batches per step on one data-parallel '
+                                 'rank: "p", "4p" (k x pp), an int, or null (null: strategy.micro_batch_size decides, '
+                                 "one micro-batch by default)", added=added)
+        virtual_pipeline: int = knob(1, "model chunks per pipeline rank (> 1: interleaved 1F1B)", added=added)
+        schedule: str = knob("auto", "pipeline schedule: auto (1f1b; interleaved_1f1b when virtual_pipeline > 1) | "
+                             "gpipe (torch-native pipelining only) | 1f1b | interleaved_1f1b", choices=SCHEDULES,
+                             added=added)
+
+    return LayoutKnobs
+
+
+LayoutKnobs = _layout_knobs(added=False)  # the tp x pp x dp family's: in its run keys since its first runs
+AddedLayoutKnobs = _layout_knobs(added=True)  # a strategy that gained the layout later (fsdp's TP / PP)
+AddedLayoutKnobs.__name__ = AddedLayoutKnobs.__qualname__ = "AddedLayoutKnobs"
 # strategy.cuda_graph (megatron-core): steps 0 .. CUDA_GRAPH_CAPTURE_STEP - 1 run eagerly (NCCL communicators,
 # the allocator and cuBLAS set themselves up); that step is captured and every later one replays it.  Here,
 # below the strategies, because the family's warm-up rule and megatron's runner both read it.

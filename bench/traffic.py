@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from math import ceil
 
+from bench.model_spec import describe_model
 from bench.schema import Plan
 
 BYTE_KINDS = ("grad_reduce", "param_gather", "tail", "activation", "p2p", "offload")
@@ -66,12 +67,8 @@ def compute_bytes(plan: Plan) -> int:
 
 def param_tensors(plan: Plan) -> int:
     """Parameter tensors on one rank (bookkeeping that runs once per tensor: hooks, copies)."""
-    m = plan.model
-    gpt = m.get("arch", "gpt") == "gpt"
-    # gpt: q/k/v/o, fc_in/out with biases, two LayerNorms (w, b); llama: 7 + 2 norms (+ q/k/v biases: Qwen2)
-    block = 16 if gpt else 9 + (3 if m.get("qkv_bias") else 0)
-    ends = (2 if gpt else 1) + (2 if gpt else 1) + (0 if m.get("tie_embeddings") else 1)
-    return ceil(block * m["n_layers"] / plan.pp) + ends
+    m = describe_model(plan.model)
+    return ceil(m.block_param_tensors() * m.layers / plan.pp) + m.end_param_tensors()
 
 
 def buckets(nbytes: float, bucket_bytes: float) -> int:
@@ -96,7 +93,7 @@ def pp_p2p(plan: Plan) -> dict[str, float]:
     if plan.pp == 1:
         return {}
     m = plan.model
-    v = plan.strategy.get("virtual_pipeline", 1)
+    v = plan.layout.virtual_pipeline
     act = plan.micro_batch_size * m["seq_len"] * m["d_model"] * compute_bytes(plan)
     sends = 2 * plan.grad_accum * v
     return {"p2p": sends * act, "collectives": 2 * sends}
@@ -108,7 +105,7 @@ def torch_native_hooks(plan: Plan) -> dict[str, float]:
     out: dict[str, float] = {"layer_host": DTENSOR_LAYER_HOST} if plan.tp > 1 else {}
     if plan.pp > 1:  # compiled stages save no host time under the schedule (300m, PP=2, 2 x H200: 146-209 ms
         # a step eager, 203-274 compiled; results/2026-11-22-h200x2-model-parallel, -forkserver-graphs, -x4-followups)
-        out.update(hooks=4 * plan.grad_accum * plan.strategy.get("virtual_pipeline", 1), eager=1)
+        out.update(hooks=4 * plan.grad_accum * plan.layout.virtual_pipeline, eager=1)
     return out
 
 

@@ -106,3 +106,144 @@ def test_no_module_over_400_lines():
     long = [f"{p.relative_to(REPO)} {n} lines" for p in modules().values()
             if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
     assert not long, f"modules over {MAX_MODULE_LINES} lines (split by meaning):\n" + "\n".join(long)
+
+
+# ------------------------------------------------------------------------------ the model description
+# where a model's architecture may be named: the description (bench/model_spec.py), the modules that build it
+# (bench/model.py; Megatron's build, bench/strategies/megatron/model.py) and the reader of Hugging Face configs
+ARCH_MODULES = ("bench/model_spec.py", "bench/model.py", "bench/hf_config.py", "bench/strategies/megatron/model.py")
+
+
+def _is_arch(node: ast.AST) -> bool:
+    """``arch``, ``x.arch``, ``x["arch"]``, ``x.get("arch", ...)``."""
+    if isinstance(node, ast.Name):
+        return node.id == "arch"
+    if isinstance(node, ast.Attribute):
+        return node.attr == "arch"
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and node.slice.value == "arch"
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+            and bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "arch")
+
+
+def _is_text(node: ast.AST) -> bool:
+    """A string, or a tuple / list / set of strings (``arch in ("gpt", ...)``)."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return bool(node.elts) and all(_is_text(e) for e in node.elts)
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def arch_comparisons(source: str, name: str = "<source>") -> list[str]:
+    """``name:line`` of every comparison of a model's arch with a string in ``source``."""
+    out = []
+    for node in ast.walk(ast.parse(source, filename=name)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(map(_is_arch, sides)) and any(map(_is_text, sides)):
+                out.append(f"{name}:{node.lineno}")
+    return out
+
+
+def test_no_arch_branches_outside_the_model_description():
+    """What differs between model families is a method of bench/model_spec.py's description, not an
+    ``arch == "llama"`` branch in the memory plan, traffic, FLOPs or validation."""
+    found = [hit for pkg in PACKAGES for path in sorted((REPO / pkg).rglob("*.py"))
+             if str(path.relative_to(REPO)) not in ARCH_MODULES
+             for hit in arch_comparisons(path.read_text(), str(path.relative_to(REPO)))]
+    assert not found, ("arch compared with a string outside the model description (ask "
+                       "bench.model_spec.describe_model(model) instead):\n" + "\n".join(found))
+
+
+def test_the_arch_check_finds_comparisons():
+    code = ('a = m.get("arch", "gpt") == "llama"\nb = cfg["model"]["arch"] != "gpt"\nc = arch in ("gpt", "x")\n'
+            'd = "llama" == self.arch\ne = m.get("arch") == other\nf = n_layers == "2"\n')
+    assert arch_comparisons(code) == ["<source>:1", "<source>:2", "<source>:3", "<source>:4"]
+    assert all((REPO / p).is_file() for p in ARCH_MODULES)  # an exemption names a file that exists
+
+
+# ------------------------------------------------------------------------------ the layout, read as one object
+# The layout knobs a strategy's schema may have, and the top-level one: validation reads them into plan.layout
+# (bench/layout_rules.py ``build``); generic code reads the layout object, never the knobs again.
+STRATEGY_LAYOUT_KEYS = {"tp", "pp", "microbatches", "virtual_pipeline", "schedule", "dp_replicate"}
+CONFIG_LAYOUT_KEYS = {"recompute"}
+LAYOUT_READERS_ALLOWED = {
+    "bench/layout_rules.py": "builds plan.layout from the knobs",
+    # whether the user set strategy.microbatches (the layout holds the resolved count): before there is a plan,
+    # and of recorded runs' configurations
+    "bench/tuning_profiles.py": "before there is a plan",
+    "bench/bests.py": "recorded runs' configurations",
+}
+
+
+def _section(node: ast.AST, aliases: dict[str, str]) -> str | None:
+    """"strategy" / "cfg" when ``node`` is that dict: x.strategy, x["strategy"], x.cfg, or a name bound to one."""
+    if isinstance(node, ast.Attribute) and node.attr in ("strategy", "cfg"):
+        return node.attr
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == "strategy":
+        return "strategy"
+    return aliases.get(node.id) if isinstance(node, ast.Name) else None
+
+
+def _aliases(scope: ast.AST) -> dict[str, str]:
+    """Names a scope binds to a strategy or config dict (``s = plan.strategy``, ``s, m = plan.strategy, ...``)."""
+    out: dict[str, str] = {}
+    for node in ast.walk(scope):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            pairs = zip(target.elts, node.value.elts) if isinstance(target, ast.Tuple) and \
+                isinstance(node.value, ast.Tuple) else [(target, node.value)]
+            for t, v in pairs:
+                if isinstance(t, ast.Name) and (sec := _section(v, out)):
+                    out[t.id] = sec
+    return out
+
+
+def _layout_key_read(node: ast.AST, aliases: dict[str, str]) -> str | None:
+    """The layout key ``node`` reads out of a strategy / config dict (``d["k"]``, ``d.get("k", ...)``), if any."""
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+        obj, key = node.value, node.slice
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args:
+        obj, key = node.func.value, node.args[0]
+    else:
+        return None
+    if not isinstance(key, ast.Constant):
+        return None
+    keys = {"strategy": STRATEGY_LAYOUT_KEYS, "cfg": CONFIG_LAYOUT_KEYS}.get(_section(obj, aliases) or "", set())
+    return key.value if key.value in keys else None
+
+
+def layout_reads(source: str) -> list[tuple[int, str]]:
+    """(line, key) of every read of a layout knob out of a strategy or config dict in ``source``."""
+    tree = ast.parse(source)
+    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    found = set()
+    for scope in scopes:
+        aliases = _aliases(scope)
+        found |= {(n.lineno, k) for n in ast.walk(scope) if (k := _layout_key_read(n, aliases))}
+    return sorted(found)
+
+
+def test_generic_code_reads_the_layout_object_not_the_knobs():
+    """Outside bench/strategies/ (a strategy reads its own knobs) and the layout's builder, tp, pp, the pipeline's
+    knobs, dp_replicate and recompute come from plan.layout."""
+    found = []
+    for path in modules().values():
+        rel = str(path.relative_to(REPO))
+        if rel.startswith("bench/strategies/") or rel in LAYOUT_READERS_ALLOWED:
+            continue
+        found += [f"{rel}:{line} reads {key!r}" for line, key in layout_reads(path.read_text())]
+    assert not found, "read these from plan.layout (bench/layout.py Layout):\n" + "\n".join(found)
+
+
+def test_the_layout_read_check_finds_reads():
+    src = '''
+def f(plan, cfg):
+    s, m = plan.strategy, plan.model
+    c = plan.cfg
+    a = s.get("virtual_pipeline", 1) + s["pp"] + cfg["strategy"]["schedule"] + plan.strategy.get("dp_replicate")
+    b = c["recompute"], m["n_layers"], s["name"], plan.layout.schedule, plan.layout.recompute
+    return plan.cfg.get("recompute")
+'''
+    assert layout_reads(src) == [(5, "dp_replicate"), (5, "pp"), (5, "schedule"), (5, "virtual_pipeline"),
+                                 (6, "recompute"), (7, "recompute")]

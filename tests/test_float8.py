@@ -3,6 +3,8 @@ which stay bf16 and why), its composition with TP and FSDP2 on gloo ranks, the r
 memory plan and prediction under fp8, MFU's peak, the analysis' naming; on a GPU, fp8's loss beside bf16's."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 pytest.importorskip("torchao")
@@ -187,6 +189,30 @@ def test_the_strategies_that_run_fp8_say_so_on_their_spec():
 
 
 # ------------------------------------------------------------------------------ plan, prediction, MFU
+@functools.lru_cache(maxsize=None)
+def built_float8(*overrides: str) -> tuple[int, int]:
+    """The reference for the plan's float8 terms, from bench's model built on the meta device and converted by
+    torchao: (the converted Linear layers' weight elements, elements per token of the distinct inputs that block 0's
+    converted layers read, o_proj's aside: it reads the attention output, which the fused kernel's backward keeps in
+    bf16), the inputs seen by forward hooks on the built model."""
+    import torch
+
+    from bench.model import build_model
+    from bench.parallel.float8 import apply_float8
+
+    plan = plan_of(*H100, *FP8, *overrides)
+    model = build_model(plan.model, 0, "meta")
+    converted_names = set(apply_float8(model, plan)["float8"]["converted"])
+    weights = sum(mod.weight.numel() for n, mod in model.named_modules() if n in converted_names)
+    plain, inputs = build_model(plan.model, 0, "meta"), []
+    for name, mod in plain.named_modules():
+        if name in converted_names and name.startswith("blocks.0.") and not name.endswith("o_proj"):
+            mod.register_forward_hook(lambda _m, args, _out: inputs.append(args[0]))
+    plain(torch.zeros(1, 8, dtype=torch.long, device="meta"))
+    distinct = [x for i, x in enumerate(inputs) if not any(x is y for y in inputs[:i])]
+    return weights, sum(x.shape[-1] for x in distinct)
+
+
 def _planned(*overrides: str) -> tuple[dict, dict]:
     from bench.memory_model import memory_plan
     from bench.predict import predict
@@ -208,13 +234,11 @@ def test_fsdp_plan_under_fp8_gathers_one_byte_and_predicts_faster():
 
 
 def test_single_plan_counts_float8_weight_copies_not_bf16_ones():
-    from bench.metrics.flops import float8_matmul_params
-
     bf16, _ = _planned("precision=bf16")
     fp8, _ = _planned("precision=fp8")
     copies = fp8["activations"]["weight_copies"]
     assert copies < bf16["activations"]["weight_copies"]
-    assert copies >= float8_matmul_params(plan_of(*H100, *FP8, "model=llama3_1b").model)  # 1 B per converted
+    assert copies >= built_float8("model=llama3_1b")[0]  # 1 B per converted weight element
     assert fp8["predicted_peak_allocated_mb"] < bf16["predicted_peak_allocated_mb"]
 
 
@@ -229,7 +253,7 @@ def test_fp8_plan_saves_the_converted_linears_inputs_in_one_byte():
     fp8, _ = _planned("precision=fp8")
     plan = plan_of(*H100, *FP8, "model=llama3_1b")
     m, tokens = plan.model, plan.micro_batch_size * plan.model["seq_len"]
-    per_layer = tokens * (2 * m["d_model"] + m["d_ff"])  # 1 B saved per element of the three inputs
+    per_layer = tokens * built_float8("model=llama3_1b")[1]  # 1 B saved per element of the converted inputs
     act = fp8["activations"]
     assert act["float8_inputs_saving"] == m["n_layers"] * per_layer and bf16["activations"]["float8_inputs_saving"] == 0
     less = m["n_layers"] * per_layer / 2**20
@@ -247,13 +271,11 @@ def test_fp8_plan_saves_the_converted_linears_inputs_in_one_byte():
 def test_fsdp_without_reshard_holds_the_float8_gathered_weights_at_one_byte():
     """reshard_after_forward=false keeps every unit's gathered parameters to backward: under the float8 all-gather
     the converted weights are float8 (1 B), the rest (norms, embedding, head) bf16; gathered in bf16, 2 B each."""
-    from bench.metrics.flops import float8_matmul_params
-
     ranks = ("strategy=fsdp", "world_size=2", "strategy.reshard_after_forward=false")
     bf16, _ = _planned("precision=bf16", *ranks)
     fp8, _ = _planned("precision=fp8", *ranks)
     bf16_gather, _ = _planned("precision=fp8", *ranks, "strategy.fp8_all_gather=false")
-    f8 = float8_matmul_params(plan_of(*H100, *FP8, "model=llama3_1b").model)
+    f8 = built_float8("model=llama3_1b")[0]
     params = [p["model_states"]["device_mb"]["params"] for p in (bf16, fp8, bf16_gather)]
     assert params[0] - params[1] == pytest.approx(f8 / 2**20, abs=0.1) and params[2] == params[0]
 

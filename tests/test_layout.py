@@ -1,10 +1,13 @@
 """bench.layout: rank -> (dp, pp, tp) in Megatron's order, token accounting, micro-batches,
-pipeline stages.  Pure functions: no processes."""
+pipeline stages, and the whole layout a composed plan carries (plan.layout).  No processes."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 from bench.layout import Coord, Layout, local_stages, resolve_microbatches, resolve_schedule, stage_layers
+from bench.schema import Plan
 
 
 def groups(lay: Layout, kind: str) -> list[list[int]]:
@@ -93,3 +96,59 @@ def test_pipeline_stages_interleaved_placement():
         stage_layers(0, 6, 4)
     assert resolve_schedule("auto", 1) == "1f1b" and resolve_schedule("auto", 2) == "interleaved_1f1b"
     assert resolve_schedule("gpipe", 1) == "gpipe"
+
+
+# --------------------------------------------------------------------------- the plan's layout, from real compositions
+def _plan(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from bench.config import register_configs, validate
+    from tests.conftest import REPO
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return validate(compose("config", overrides=["model=tiny", *overrides]), gpus=0)
+
+
+# model=tiny: global batch 8, 4 layers, 4 heads; expected fields written out by hand from the overrides
+COMPOSED = [
+    (["strategy=ddp", "world_size=2", "strategy.micro_batch_size=2", "recompute=selective"],
+     dict(tp=1, pp=1, dp=2, dp_replicate=1, virtual_pipeline=1, schedule="1f1b", micro_batch_size=2, grad_accum=2,
+          recompute="selective")),
+    (["strategy=fsdp", "world_size=8", "strategy.tp=2", "strategy.dp_replicate=2"],
+     dict(tp=2, pp=1, dp=4, dp_replicate=2, virtual_pipeline=1, schedule="1f1b", micro_batch_size=2, grad_accum=1,
+          recompute="none")),
+    (["strategy=pp", "strategy.impl=torch", "world_size=4", "strategy.virtual_pipeline=2", "microbatches=2p",
+      "recompute=full"],
+     dict(tp=1, pp=2, dp=2, dp_replicate=1, virtual_pipeline=2, schedule="interleaved_1f1b", micro_batch_size=1,
+          grad_accum=4, recompute="full")),
+    (["strategy=fsdp", "world_size=2", "strategy.pp=2", "strategy.schedule=gpipe", "microbatches=p"],
+     dict(tp=1, pp=2, dp=1, dp_replicate=1, virtual_pipeline=1, schedule="gpipe", micro_batch_size=4, grad_accum=2,
+          recompute="none")),
+]
+
+
+@pytest.mark.parametrize("overrides,expected", COMPOSED, ids=[" ".join(o) for o, _ in COMPOSED])
+def test_a_composed_plan_carries_its_whole_layout(overrides, expected):
+    plan = _plan(*overrides)
+    assert {k: getattr(plan.layout, k) for k in expected} == expected
+    assert plan.layout.dp_shard == expected["dp"] // expected["dp_replicate"]
+    assert (plan.tp, plan.pp, plan.dp_size, plan.micro_batch_size, plan.grad_accum) == \
+        tuple(expected[k] for k in ("tp", "pp", "dp", "micro_batch_size", "grad_accum"))
+    assert Plan.from_dict(plan.to_dict()).layout == plan.layout  # as the ranks receive it
+
+
+def test_micro_batch_auto_keeps_the_per_rank_batch():
+    """micro_batch_size=auto changes the split of the per-rank batch (ddp, dp=2: 4 sequences), never its size."""
+    plan = _plan("strategy=ddp", "world_size=2", "strategy.micro_batch_size=auto", "memory_gib=0.05")
+    assert plan.layout.per_rank_batch == 4 and plan.micro_batch_auto["chosen"] == plan.layout.micro_batch_size
+    assert plan.layout.micro_batch_size == 1 and plan.layout.grad_accum == 4  # nothing fits 0.05 GiB: the smallest
+
+
+def test_layout_refuses_what_is_not_a_layout():
+    with pytest.raises(ValueError, match="dp_replicate=3 does not divide dp=4"):
+        Layout(tp=1, pp=1, dp=4, dp_replicate=3)
+    with pytest.raises(ValueError, match="grad_accum must be >= 1"):
+        Layout(tp=1, pp=1, dp=1, grad_accum=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Layout(tp=1, pp=1, dp=1).tp = 2

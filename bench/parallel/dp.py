@@ -188,7 +188,7 @@ class FSDP2(DataParallel):
     def wrap(self, chunks: list, plan, mesh, device: torch.device) -> tuple[list, dict]:
         # strategy.sync_every_microbatch: reduce-scatter after every micro-batch, not only the last
         self.sync_every_microbatch = bool(plan.strategy.get("sync_every_microbatch"))
-        replicate = plan.strategy.get("dp_replicate", 1)
+        replicate = plan.layout.dp_replicate
         dp_mesh = hsdp_mesh(mesh, replicate) if replicate > 1 else mesh["dp"]
         info: dict = {}
         if replicate > 1:  # the mesh as it ran (the layout's own is (pp, dp, tp))

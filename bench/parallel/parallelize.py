@@ -48,9 +48,9 @@ def parallelize(model: nn.Module, plan, mesh, policy: DataParallel, pp_rank: int
     if plan.tp > 1:
         with phase("parallelize_module (TP)"):
             info.update(apply_tp(model, mesh["tp"], float8=float8_tp(plan)))
-    stage_ids, chunks = split_stages(model, pp_rank, plan.pp, plan.strategy.get("virtual_pipeline", 1))
+    stage_ids, chunks = split_stages(model, pp_rank, plan.pp, plan.layout.virtual_pipeline)
     for chunk in chunks:
-        info.update(apply_ac(chunk, cfg["recompute"]))
+        info.update(apply_ac(chunk, plan.layout.recompute))
     whole = compiles_whole_model(plan, policy)
     if cfg["compile"] and not whole:  # per block, after TP (DTensor dispatch traced away)
         for chunk in chunks:

@@ -5,11 +5,9 @@ answer to a thin network).  The steps are in bench/parallel (dp.apply_fsdp holds
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from bench.layout import dp_shard_size
 from bench.layout_rules import check_torch_native
-from bench.schema import LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConfig, alias_default, knob
+from bench.schema import AddedLayoutKnobs, ConfigError, Plan, knob
 from bench.strategies.registry import FP32, ModelStates, Scheme, StrategySpec, register
 from bench.parallel.dp import FSDP2
 from bench.parallel.float8 import fsdp_float8_all_gather
@@ -19,8 +17,8 @@ from bench.traffic import (all_gather, compute_bytes, hsdp_grad_reduce, merge, p
 
 
 @dataclass
-class FSDPConfig(StrategyConfig):
-    """PyTorch FSDP2 knobs (defaults are torch's)."""
+class FSDPConfig(AddedLayoutKnobs):
+    """PyTorch FSDP2 knobs (defaults are torch's); tp, pp and the pipeline's knobs: bench/schema.py."""
 
     name: str = "fsdp"
     reshard_after_forward: bool = knob(True, "true: free a unit's gathered parameters after its forward, gather "
@@ -35,11 +33,6 @@ class FSDPConfig(StrategyConfig):
     blocks_per_unit: int = knob(1, "consecutive blocks per FSDP unit: k > 1 means k times fewer, larger collectives "
                                 "and hooks (host time), k blocks' gathered parameters alive at once",
                                 tune=(1, 4, 8), added=True)
-    tp: int = knob(1, LAYOUT_DOCS["tp"], added=True)
-    pp: int = knob(1, LAYOUT_DOCS["pp"], added=True)
-    microbatches: Any = knob(alias_default("microbatches", None), LAYOUT_DOCS["microbatches"], added=True)
-    virtual_pipeline: int = knob(1, LAYOUT_DOCS["virtual_pipeline"], added=True)
-    schedule: str = knob("auto", LAYOUT_DOCS["schedule"], choices=SCHEDULES, added=True)
     fp8_all_gather: bool = knob(True, "precision=fp8 with fp8_recipe=tensorwise: all-gather the converted weights in "
                                 "float8 (torchao's enable_fsdp_float8_all_gather: half the bytes of bf16); false: "
                                 "gather bf16", added=True)
@@ -74,23 +67,14 @@ def _float8_rules(plan: Plan) -> None:
                           "true (the scales are those of the float8 all-gather); leave it true or gather in float8")
 
 
-def _replicate_rule(plan: Plan) -> None:
-    r, dp = plan.strategy["dp_replicate"], plan.dp_size
-    if isinstance(r, bool) or not isinstance(r, int) or r < 1 or dp % r:
-        valid = ", ".join(str(d) for d in range(1, dp + 1) if dp % d == 0)
-        raise ConfigError("strategy.dp_replicate", r, f"must divide the data-parallel size {dp} (world_size "
-                          f"{plan.world_size} / (tp {plan.tp} x pp {plan.pp})); valid: {valid}")
-
-
 def rules(plan: Plan) -> None:
     s, cfg = plan.strategy, plan.cfg
     if cfg["compile"] and cfg["compile_mode"] == "reduce-overhead":
         raise ConfigError("compile_mode", "reduce-overhead", "CUDA graphs of FSDP2's blocks ran 15-20x slower than "
                           "compile_mode=default; use compile_mode=default with strategy=fsdp "
                           "(strategy.blocks_per_unit > 1 cuts its host time instead)")
-    _replicate_rule(plan)  # the data-parallel mesh itself, before what torch's TP / pipelining need of it
     check_torch_native(plan, shards_dtensors=True)
-    n = plan.model["n_layers"] // (plan.pp * s["virtual_pipeline"])
+    n = plan.model["n_layers"] // (plan.pp * plan.layout.virtual_pipeline)
     if not 1 <= s["blocks_per_unit"] <= n:
         raise ConfigError("strategy.blocks_per_unit", s["blocks_per_unit"],
                           f"must be 1..{n} (consecutive blocks per FSDP unit, within one pipeline stage of {n} blocks)")
@@ -137,7 +121,7 @@ def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
     cb = 4 if plan.cfg["precision"] == "fp32" else (1 if fsdp_float8_all_gather(plan) else 2)
     root = (psi - per_block * plan.model["n_layers"] / plan.pp) * (4 if cb == 4 else 2)  # the root gathers 16-bit
     # as many units as the stage has (one unit of every block has no next unit to gather)
-    units = -(-plan.model["n_layers"] // (plan.pp * s["virtual_pipeline"] * s["blocks_per_unit"]))
+    units = -(-plan.model["n_layers"] // (plan.pp * plan.layout.virtual_pipeline * s["blocks_per_unit"]))
     return min(2 + s["prefetch"], units) * unit * cb + unit * 4 + root, \
         "FSDP2: gathered units (current + next + prefetch), one unit's unsharded gradients, the root's parameters"
 
@@ -149,10 +133,9 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     gather, its gradient's share of the reduce-scatter and its dispatch in the optimizer.  With cpu_offload the
     shards cross PCIe and AdamW runs on the host.  HSDP: the gathers and reduce-scatters over the shard group
     (dp / dp_replicate ranks), then each unit's gradient shard all-reduced over the replicas."""
-    s, m = plan.strategy, plan.grad_accum
-    dp, replicate = dp_shard_size(plan.dp_size, s), s.get("dp_replicate", 1)
-    units = s["virtual_pipeline"] * -(-plan.model["n_layers"] // (plan.pp * s["virtual_pipeline"] *
-                                                                   s["blocks_per_unit"])) + 1  # + the root
+    s, m, lay = plan.strategy, plan.grad_accum, plan.layout
+    dp, replicate, v = lay.dp_shard, lay.dp_replicate, lay.virtual_pipeline
+    units = v * -(-plan.model["n_layers"] // (plan.pp * v * s["blocks_per_unit"])) + 1  # + the root
     gathers = m * (2 if s["reshard_after_forward"] else 1)
     grad_bytes = 4 if s["reduce_dtype"] == "fp32" or plan.cfg["precision"] == "fp32" else 2
     gather_bytes = 1 if fsdp_float8_all_gather(plan) else compute_bytes(plan)  # fp8: float8 (the root's too)

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from bench.layout_rules import check_torch_native
-from bench.schema import (CUDA_GRAPH_CAPTURE_STEP, LAYOUT_DOCS, SCHEDULES, ConfigError, Plan, StrategyConfig,
-                          alias_default, knob)
+from bench.schema import CUDA_GRAPH_CAPTURE_STEP, ConfigError, LayoutKnobs, Plan, knob
 from bench.strategies.ddp import bucket_bytes
 from bench.strategies.registry import FP32, ModelStates, StrategySpec, register, specs
 from bench.parallel.dp import TorchDDP
@@ -24,17 +23,12 @@ from bench.traffic import all_reduce, buckets, merge, param_tensors, pp_p2p, tor
 
 
 @dataclass
-class ModelParallelConfig(StrategyConfig):
-    """One schema for the tp x pp x dp family.  dp = world_size / (tp * pp)."""
+class ModelParallelConfig(LayoutKnobs):
+    """One schema for the tp x pp x dp family (the layout knobs: bench/schema.py).  dp = world_size / (tp * pp)."""
 
     name: str = "megatron"
     impl: str = knob("megatron", "megatron (megatron-core, GPU only) | torch (DTensor TP + torch.distributed."
                      "pipelining; runs on CPU too)", choices=("megatron", "torch"))
-    tp: int = knob(1, LAYOUT_DOCS["tp"])
-    pp: int = knob(1, LAYOUT_DOCS["pp"])
-    microbatches: Any = knob(alias_default("microbatches", None), LAYOUT_DOCS["microbatches"])
-    virtual_pipeline: int = knob(1, LAYOUT_DOCS["virtual_pipeline"])
-    schedule: str = knob("auto", LAYOUT_DOCS["schedule"] + " (gpipe: torch only)", choices=SCHEDULES)
     sequence_parallel: bool = knob(False, "Megatron sequence parallelism: norms / dropout split over tp (needs tp > 1)")
     overlap_grad_reduce: bool = knob(True, "Megatron DDP: gradient reduction overlapped with backward")
     use_distributed_optimizer: bool = knob(False, "optimizer states sharded over dp, gradients reduce-scattered, "

@@ -1,0 +1,202 @@
+"""What a model's architecture decides, counted in one place: parameters by part, FLOPs per token, the Linear
+layers precision=fp8 converts, the activations a layer saves per token, the parameter tensors of a block.
+
+Why: GPT and Llama differ in norms, MLP, biases and positions, and the memory plan, the traffic terms and the
+FLOPs all depend on it; each count that differs is a method of the family's class here (torchtitan's
+``get_nparams_and_flops`` is the model), so generic code asks ``describe_model(model_cfg)`` and never branches on
+``model.arch``.  bench/model.py builds the modules these count; the tests check the counts against the built
+model and torch's FlopCounterMode.
+
+flops/token = 6N + 12 * L * d * seq  (forward + backward; PaLM appendix B)
+  N   = parameters that take part in matrix multiplies: the L blocks (attention, MLP, their biases and norms),
+        the final norm and the output projection d x V (counted when tied too: it is a matmul); token and
+        position embeddings (lookups) are excluded.
+  12*L*d*seq = attention scores and weighted sum (QK^T, AV), forward + backward, without the causal-mask
+        saving, as is conventional (d = n_heads * head_dim = d_model; the same with grouped-query attention).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from bench.schema import ConfigError
+
+
+class SavedPerToken(NamedTuple):
+    """Elements one layer saves for backward per token, unsplit (the memory plan sets dtypes and tp splits)."""
+
+    norm_inputs: int  # the two norms' inputs
+    projection_inputs: int  # one copy per projection reading a norm's output (eager autocast casts each)
+    shared_inputs: int  # one per norm output (compiled: one cast shared by the projections that read it)
+    attention: int  # q, k, v and the attention output (the fused kernel's and o_proj's input)
+    mlp: int  # the MLP's intermediates in the activation dtype, the down projection's input aside
+    mlp_down_input: int  # the MLP's last projection's input (a converted Linear's under fp8)
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """Sizes every family shares; a family's class says what its blocks hold."""
+
+    d: int
+    heads: int
+    kv_heads: int
+    ff: int
+    vocab: int
+    seq: int
+    layers: int
+    tied: bool
+
+    grouped_query = False  # n_kv_heads may be fewer than n_heads
+    rotary = False  # rotary position embeddings (an even head dimension)
+    position_embedding = False  # a learned position table, counted with the token embedding
+    norm_tensors = 1  # a norm's parameter tensors of d elements (weight; and bias)
+    mlp_inputs = 1  # the MLP's projections reading its norm's output
+
+    @classmethod
+    def options(cls, model: dict) -> dict:
+        """The family's own fields from the model config."""
+        return {}
+
+    @property
+    def head_dim(self) -> int:
+        return self.d // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    # -- what a family defines
+    def block_params(self) -> int:
+        raise NotImplementedError
+
+    def linear_tensors(self) -> int:
+        """A block's Linear weights and biases."""
+        raise NotImplementedError
+
+    def mlp_saved_intermediates(self, compiled: bool) -> int:
+        """d_ff-wide tensors the MLP saves beside its last projection's input (plain MLP: fc_in's output, which
+        GELU's backward reads; GELU's output is fc_out's input)."""
+        return 1
+
+    # -- parameters
+    def norm_params(self) -> int:
+        """One norm's parameters."""
+        return self.norm_tensors * self.d
+
+    def norm_params_per_block(self) -> int:
+        """The two norms' parameters of a block: replicated over tensor parallelism."""
+        return 2 * self.norm_params()
+
+    def param_groups(self) -> dict[str, int]:
+        """Parameters by part: embedding (token + learned positions), one block, the final norm, the output
+        projection (d x V, also when tied), and whether it is tied."""
+        emb = self.vocab * self.d + (self.seq * self.d if self.position_embedding else 0)
+        return {"embedding": emb, "block": self.block_params(), "norm": self.norm_params(),
+                "head": self.d * self.vocab, "tied": self.tied}
+
+    def matmul_params(self) -> int:
+        g = self.param_groups()
+        return self.layers * g["block"] + g["norm"] + g["head"]
+
+    def total_params(self) -> int:
+        """Unique parameters of bench.model.build_model: a tied output projection once."""
+        g = self.param_groups()
+        return g["embedding"] + self.layers * g["block"] + g["norm"] + (0 if g["tied"] else g["head"])
+
+    # -- FLOPs
+    def flops_per_token(self) -> int:
+        return 6 * self.matmul_params() + 12 * self.layers * self.d * self.seq
+
+    def hardware_flops_per_token(self, recompute: str) -> int:
+        """FLOPs the device executes per token, the recomputed forward included (HFU's numerator)."""
+        attn_fwd = 4 * self.layers * self.d * self.seq
+        extra = {"none": 0, "selective": attn_fwd, "full": 2 * self.layers * self.block_params() + attn_fwd}
+        return self.flops_per_token() + extra[recompute]
+
+    # -- precision=fp8
+    def float8_matmul_params(self) -> int:
+        """The blocks' Linear weights (q/k/v/o, the MLP): what precision=fp8 converts (bench/parallel/float8.py;
+        the head stays bf16; layers left in bf16 for their shapes are not subtracted)."""
+        d = self.d
+        return self.layers * (2 * d * d + 2 * d * self.kv_dim + (self.mlp_inputs + 1) * d * self.ff)
+
+    def float8_cast_elements_per_layer_token(self) -> int:
+        """Elements cast to float8 per token in one block's converted Linear layers: each input (forward) and
+        output gradient (backward), as torchao casts them before each float8 matmul."""
+        d, ff, up = self.d, self.ff, self.mlp_inputs
+        inputs = 4 * d + up * d + ff  # q, k, v, o; the MLP's input projection(s); its last projection
+        output_grads = 2 * d + 2 * self.kv_dim + up * ff + d
+        return inputs + output_grads
+
+    # -- memory and traffic
+    def saved_per_token(self, compiled: bool) -> SavedPerToken:
+        """What one layer saves for backward, per token (bench/memory_model.py's layer terms)."""
+        d = self.d
+        return SavedPerToken(norm_inputs=2 * d, projection_inputs=(3 + self.mlp_inputs) * d, shared_inputs=2 * d,
+                             attention=2 * self.heads * self.head_dim + 2 * self.kv_dim,
+                             mlp=self.mlp_saved_intermediates(compiled) * self.ff, mlp_down_input=self.ff)
+
+    def block_param_tensors(self) -> int:
+        return self.linear_tensors() + 2 * self.norm_tensors
+
+    def end_param_tensors(self) -> int:
+        """Parameter tensors outside the blocks: embeddings, the final norm, an untied head."""
+        return (2 if self.position_embedding else 1) + self.norm_tensors + (0 if self.tied else 1)
+
+
+@dataclass(frozen=True)
+class GPTDescription(ModelDescription):
+    """LayerNorms (weight and bias), learned positions, a tanh-GELU MLP, biases on every Linear."""
+
+    position_embedding = True
+    norm_tensors = 2
+
+    def block_params(self) -> int:
+        d, ff = self.d, self.ff
+        return (4 * d * d + 4 * d) + (2 * d * ff + ff + d) + self.norm_params_per_block()  # attention, MLP, norms
+
+    def linear_tensors(self) -> int:
+        return 12  # q/k/v/o, fc_in, fc_out: weight and bias each
+
+
+@dataclass(frozen=True)
+class LlamaDescription(ModelDescription):
+    """RMSNorms, rotary positions, grouped-query attention, a gated MLP (SwiGLU, or GeGLU with
+    mlp_act=gelu_tanh: the same counts), no biases but Qwen2's q/k/v ones (qkv_bias)."""
+
+    qkv_bias: bool = False
+    mlp_act: str = "silu"
+
+    grouped_query = True
+    rotary = True
+    mlp_inputs = 2  # gate and up
+
+    @classmethod
+    def options(cls, model: dict) -> dict:
+        return {"qkv_bias": bool(model.get("qkv_bias", False)), "mlp_act": model.get("mlp_act", "silu")}
+
+    def block_params(self) -> int:
+        d, kv = self.d, self.kv_dim
+        block = 2 * d * d + 2 * d * kv + 3 * d * self.ff + self.norm_params_per_block()  # q, o; k, v; gate, up, down
+        return block + ((d + 2 * kv) if self.qkv_bias else 0)
+
+    def linear_tensors(self) -> int:
+        return 7 + (3 if self.qkv_bias else 0)  # q/k/v/o, gate, up, down; q/k/v biases
+
+    def mlp_saved_intermediates(self, compiled: bool) -> int:
+        """gate, up and act(gate) (down's input is their product); compiled, act(gate) is recomputed in backward."""
+        return 2 if compiled else 3
+
+
+FAMILIES: dict[str, type[ModelDescription]] = {"gpt": GPTDescription, "llama": LlamaDescription}
+
+
+def describe_model(model: dict) -> ModelDescription:
+    """The description of a model config (``model.*``: a preset, a Hugging Face config, overrides)."""
+    arch = model.get("arch", "gpt")
+    if arch not in FAMILIES:
+        raise ConfigError("model.arch", arch, f"valid: {', '.join(FAMILIES)}")
+    family = FAMILIES[arch]
+    return family(d=model["d_model"], heads=model["n_heads"], kv_heads=model.get("n_kv_heads") or model["n_heads"],
+                 ff=model["d_ff"], vocab=model["vocab_size"], seq=model["seq_len"], layers=model["n_layers"],
+                  tied=bool(model.get("tie_embeddings", False)), **family.options(model))
