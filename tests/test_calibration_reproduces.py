@@ -51,3 +51,38 @@ def test_the_shipped_calibration_is_what_calibrate_computes_from_results(tmp_pat
     diff = differences(shipped, json.loads(out.read_text()))
     assert not diff, ("bench/calibration.json is not what `python -m bench.calibrate results/` computes now; rerun "
                       "it if the change is meant:\n" + "\n".join(diff[:40]))
+
+
+def test_the_frozen_command_scores_the_frozen_folders_and_leaves_the_calibration_as_it_was():
+    """``--frozen`` re-scores the folders the fit kept out with the shipped constants: it prints the score the
+    fit recorded for them, and bench/calibration.json is byte for byte what it was."""
+    path = REPO / "bench" / "calibration.json"
+    before = path.read_bytes()
+    cal = json.loads(before)
+    folders = cal["frozen"]["folders"]
+    assert folders and not set(folders) & set(cal["fitted_on"]["folders"])
+    p = subprocess.run([sys.executable, "-m", "bench.calibrate", "--frozen", *[f"results/{f}" for f in folders]],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert path.read_bytes() == before
+    e = cal["frozen"]["error"]
+    row = next(line for line in p.stdout.splitlines() if "these folders (frozen)" in line).split()[-5:]
+    assert row == [str(e["runs"]), f"{100 * e['median_abs']:.1f}%", f"{100 * e['median_abs_step_ge_100ms']:.1f}%",
+                   f"{100 * e['p90_abs']:.1f}%", f"{e['winner_agree']}/{e['winner_groups']}"], p.stdout
+
+
+def test_the_frozen_command_refuses_a_folder_the_calibration_was_fitted_on(capsys):
+    from bench.calibrate import main
+
+    fitted = json.loads((REPO / "bench" / "calibration.json").read_text())["fitted_on"]["folders"][0]
+    with pytest.raises(SystemExit, match=f"{fitted} was fitted by .*not a frozen evaluation"):
+        main(["--frozen", str(REPO / "results" / fitted)])
+
+
+def test_docs_quote_the_shipped_calibration():
+    """docs/results.md's throughput-error block is what the shipped calibration renders (python -m bench.calibrate
+    results/ rewrites it)."""
+    from bench.calibration_error import docs_block, docs_block_in
+
+    shipped = json.loads((REPO / "bench" / "calibration.json").read_text())
+    assert docs_block_in() == docs_block(shipped), "rerun python -m bench.calibrate results/ (it rewrites the block)"

@@ -3,6 +3,7 @@ is predicted for a GPU preset from a dry-run plan, the breakdown adds up, the pr
 hardware says they must, and the calibration runs on a copy of two recorded results folders."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -11,7 +12,8 @@ from hydra import compose, initialize_config_dir
 
 from bench.calibrate import calibrate
 from bench.config import register_configs, validate
-from bench.predict import load_calibration, predict, prediction_line
+from bench.hardware import PRESETS
+from bench.predict import MEASURED_OVER_DATASHEET, load_calibration, predict, prediction_line
 from tests.conftest import REPO
 
 register_configs()
@@ -110,6 +112,41 @@ def test_calibrate_on_two_results_folders_writes_constants_and_error(tmp_path, c
     plan = plan_for("model=300m", "strategy=single", "world_size=1", "hardware=h200_141gb")
     assert predict(plan, calibration=doc)["error"] == err
 
+
+
+def test_a_frozen_folder_stays_out_of_every_refit_until_it_is_unfrozen(tmp_path):
+    """--freeze keeps a folder out of the fit and scores it with the fit's constants; a refit over the same file
+    keeps it out; --unfreeze folds it back in, where it counts the same runs."""
+    a, b = "2026-11-22-h200x2-foundation", "2026-11-22-h200x2-sharding"
+    for name in (a, b):
+        (tmp_path / "results" / name).mkdir(parents=True)
+        shutil.copy(REPO / "results" / name / "runs.json", tmp_path / "results" / name / "runs.json")
+    out = tmp_path / "calibration.json"
+    first = calibrate([tmp_path / "results"], out, quiet=True, freeze=(b,))
+    assert first["fitted_on"]["folders"] == [a] and b in first["frozen"]["folders"]
+    assert first["frozen"]["per_folder"][b]["runs"] == first["frozen"]["error"]["runs"] > 0
+    again = calibrate([tmp_path / "results"], out, quiet=True)
+    assert again["fitted_on"] == first["fitted_on"] and again["constants"] == first["constants"]
+    assert again["frozen"] == first["frozen"]
+    folded = calibrate([tmp_path / "results"], out, quiet=True, unfreeze=(b,))
+    assert folded["fitted_on"]["folders"] == [a, b] and b not in folded["frozen"]["folders"]
+    assert folded["per_folder"][b]["runs"] == first["frozen"]["error"]["runs"]
+
+
+def test_a_probe_at_the_typical_measured_share_of_the_datasheet_peak_predicts_what_the_preset_does():
+    """A datasheet preset's peaks are taken at the share the recorded runs measured; a probe's profile holds
+    measured peaks, used as they are: the same GPU probed at that share predicts the same step, and a probe that
+    measured the full datasheet peak predicts less compute."""
+    plan = plan_for("model=llama3_1b", "strategy=fsdp", "world_size=4", "hardware=h100_sxm_80gb")
+    preset = PRESETS["h100_sxm_80gb"]
+
+    def probed(share: float):
+        peaks = {k: v * share if v else v for k, v in preset.peak_tflops.items()}
+        return dataclasses.replace(preset, name="probed", source="probe", peak_tflops=peaks)
+
+    typical = predict(plan, hardware=probed(MEASURED_OVER_DATASHEET))
+    assert typical["step_time_s"] == pytest.approx(predict(plan)["step_time_s"], rel=1e-12)
+    assert predict(plan, hardware=probed(1.0))["breakdown"]["compute_s"] < typical["breakdown"]["compute_s"]
 
 def test_fp8_pays_for_its_casts_per_token_and_twice_under_full_recompute():
     """torchao casts each converted Linear's input and output gradient to float8: memory-bound work that the

@@ -1,0 +1,160 @@
+"""The calibration's error, as measured and as shown (bench/calibrate.py): median / p90 absolute error of
+tokens/s, the same on steps of 100 ms or more, winner agreement, per case; the printed report and the
+generated block of docs/results.md, both rendered from what bench/calibration.json records."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
+BEGIN = "<!-- calibration: begin (python -m bench.calibrate writes this block from bench/calibration.json) -->"
+END = "<!-- calibration: end -->"
+# docs/results.md's targets: on the runs held out by folder, and (issue 44) on runs no fit has seen
+TARGETS = {"median_abs": ("≤ 15%", "-"), "median_abs_step_ge_100ms": ("≤ 10%", "≤ 5%"),
+           "p90_abs": ("≤ 35%", "≤ 20%"), "winner": ("≥ 80%", "≥ 90%")}
+
+
+def agreement(items, within: float = 0.05) -> tuple[int, int]:
+    """(groups where the predicted fastest strategy is the measured fastest or within ``within`` of it, groups
+    of two or more strategies), from (group key, strategy, measured tokens/s, predicted tokens/s) items; a group
+    is one workload: (model, GPU count, tokens per step, device).  Each strategy counts at its fastest run."""
+    groups: dict[tuple, dict[str, list[float]]] = {}
+    for key, strategy, measured, predicted in items:
+        best = groups.setdefault(key, {}).setdefault(strategy, [0.0, 0.0])
+        best[0], best[1] = max(best[0], measured), max(best[1], predicted)
+    agree = total = 0
+    for by_strategy in groups.values():
+        if len(by_strategy) < 2:
+            continue
+        total += 1
+        pick = max(by_strategy, key=lambda s: by_strategy[s][1])
+        agree += (1 + within) * by_strategy[pick][0] >= max(v[0] for v in by_strategy.values())
+    return int(agree), total
+
+
+def winner_agreement(runs: list[dict], predicted: np.ndarray, within: float = 0.05) -> tuple[int, int]:
+    """``agreement`` over calibration runs and their predicted step times."""
+    return agreement((((r["plan"].model["name"], r["plan"].world_size, r["tokens"], r["device"]),
+                       r["plan"].strategy["name"], r["tokens"] / r["step"], r["tokens"] / p)
+                      for r, p in zip(runs, predicted)), within)
+
+
+def error_statement(runs: list[dict], predicted: np.ndarray) -> dict:
+    """Median / p90 absolute error of tokens/s (all runs, steps >= 100 ms) and the winner agreement."""
+    measured = np.array([r["step"] for r in runs])
+    err = np.abs(measured / predicted - 1)  # tokens/s: tokens / step
+    long = measured >= 0.1
+    agree, groups = winner_agreement(runs, predicted)
+    return {"median_abs": float(np.median(err)), "runs": int(len(err)),
+            "median_abs_step_ge_100ms": float(np.median(err[long])) if long.any() else None,
+            "runs_step_ge_100ms": int(long.sum()), "p90_abs": float(np.percentile(err, 90)),
+            "winner_agreement": agree / groups if groups else None, "winner_groups": groups,
+            "winner_agree": agree}
+
+
+def per_folder(runs: list[dict], predicted: np.ndarray) -> dict:
+    """Each folder's run count and median absolute error."""
+    err = np.abs(np.array([r["step"] for r in runs]) / predicted - 1)
+    names = np.array([r["folder"] for r in runs])
+    return {f: {"runs": int((names == f).sum()), "median_abs": float(np.median(err[names == f]))}
+            for f in sorted(set(names))}
+
+
+def by_case(runs: list[dict], predicted: np.ndarray) -> dict:
+    """Held-out error per GPU type, node count and strategy ("*": every strategy), as predict.case_error reads it:
+    {gpu: {nodes: {strategy: {runs, median_abs, p90_abs}}}}."""
+    err = np.abs(np.array([r["step"] for r in runs]) / predicted - 1)
+    cases: dict = {}
+    for i, r in enumerate(runs):
+        gpu, nodes, strategy = r["case"]
+        for key in (strategy, "*"):
+            cases.setdefault(gpu, {}).setdefault(nodes, {}).setdefault(key, []).append(err[i])
+    return {gpu: {nodes: {k: {"runs": len(v), "median_abs": float(np.median(v)), "p90_abs": float(np.percentile(v, 90))}
+                          for k, v in sorted(by.items())} for nodes, by in per.items()} for gpu, per in cases.items()}
+
+
+# ------------------------------------------------------------------------------ shown
+def _pct(x: Optional[float]) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def error_table(rows: list[tuple[str, Optional[dict]]]) -> str:
+    """Named error statements side by side, one row each (a row without runs reads "none")."""
+    lines = ["error of tokens/s, |predicted / measured - 1|:",
+             "                                    runs   median  >=100ms      p90   winner"]
+    for name, e in rows:
+        if not e or not e.get("runs"):
+            lines.append(f"  {name:<32}  none")
+            continue
+        win = f"{e['winner_agree']}/{e['winner_groups']}" if e["winner_groups"] else "-"
+        lines.append(f"  {name:<32}{e['runs']:>6} {_pct(e['median_abs']):>8} {_pct(e['median_abs_step_ge_100ms']):>8}"
+                     f" {_pct(e['p90_abs']):>8} {win:>8}")
+    return "\n".join(lines)
+
+
+def report(doc: dict, out: Optional[Path]) -> None:
+    """What ``python -m bench.calibrate`` prints after a fit."""
+    e, left, frozen = doc["error"], doc["runs_left_out"], doc.get("frozen") or {}
+    print(f"runs: {e['runs']} used; left out: {left['not_completed']} not completed, {left['not_replannable']} "
+          f"not re-plannable, {left['unknown_device']} on an unknown GPU; frozen, not fitted: "
+          f"{', '.join(frozen.get('folders') or []) or 'none'}")
+    print(f"accuracy: {e['method']}; frozen folders scored with the fit's constants, never fitted")
+    print(error_table([("model, held out by folder", e), ("model, frozen (recorded after)", frozen.get("error")),
+                       ("roofline, nothing fitted", doc["roofline_error"])]))
+    print("  (roofline: matmuls at the measured peak, bytes at link speed, no host time)")
+    print("held out, per GPU / nodes (all strategies): " + "; ".join(
+        f"{gpu} / {nodes} node{'s' if nodes != '1' else ''}: median {100 * by['*']['median_abs']:.1f}%, p90 "
+        f"{100 * by['*']['p90_abs']:.1f}% ({by['*']['runs']} runs)"
+        for gpu, per in sorted(doc["error_by_case"].items()) for nodes, by in sorted(per.items())))
+    print("constants (all fitted folders): " + ", ".join(f"{k}={v:.3g}" for k, v in doc["constants"].items()))
+    print("host factors: " + ", ".join(f"{k} {v:.2f}" for k, v in doc["host_factors"].items()))
+    if out is not None:
+        print(f"wrote {out}")
+
+
+def _cell(e: Optional[dict], key: str) -> str:
+    if not e or not e.get("runs"):
+        return "none"
+    if key == "winner":
+        return f"{e['winner_agree']} of {e['winner_groups']} groups" if e["winner_groups"] else "no group"
+    n = e["runs"] if key != "median_abs_step_ge_100ms" else e["runs_step_ge_100ms"]
+    return f"{_pct(e[key])} of {n} runs" if e[key] is not None else "none"
+
+
+def docs_block(doc: dict) -> str:
+    """docs/results.md's throughput-error block, rendered from a calibration (tests check the file holds it)."""
+    frozen, fitted = doc.get("frozen") or {}, doc["fitted_on"]
+    names = ", ".join(f"`{f}/`" for f in frozen.get("folders") or []) or "none"
+    rows = [("median absolute error", "median_abs"), ("the same, steps ≥ 100 ms", "median_abs_step_ge_100ms"),
+            ("90th percentile", "p90_abs"), ("predicted fastest strategy is the measured fastest or within 5%",
+                                             "winner")]
+    table = [f"| throughput, \\|predicted / measured tokens/s − 1\\| | held out by folder | frozen | roofline, "
+             "nothing fitted | target, held out | target, frozen |", "|---|---|---|---|---|---|"]
+    table += [f"| {label} | {_cell(doc['error'], k)} | {_cell(frozen.get('error'), k)} | "
+              f"{_cell(doc['roofline_error'], k)} | {TARGETS[k][0]} | {TARGETS[k][1]} |" for label, k in rows]
+    folders = ", ".join(f"{f} {_pct(v['median_abs'])}" for f, v in sorted(doc["per_folder"].items()))
+    return "\n".join([
+        BEGIN, "", f"Fitted on {fitted['runs']} runs of {len(fitted['folders'])} results folders; held out by folder: "
+        "each folder's runs predicted by constants fitted without it.  Frozen: runs recorded after the calibration, "
+        f"never fitted, scored with its constants ({names}; `python -m bench.calibrate --frozen FOLDER` scores any "
+        "such folder without refitting).  The roofline: matmuls at the measured peak, bytes at link speed, no host "
+        "time.", "", *table, "", f"Held out, median per folder: {folders or 'one folder, nothing held out'}.", "", END])
+
+
+def write_docs(doc: dict, path: Path = DOCS) -> bool:
+    """Replace the block between BEGIN and END in ``path`` (False where the file has no block)."""
+    text = path.read_text()
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(text):
+        return False
+    path.write_text(pattern.sub(lambda _: docs_block(doc), text, count=1))
+    return True
+
+
+def docs_block_in(path: Path = DOCS) -> Optional[str]:
+    """The block as docs/results.md holds it now (None without one)."""
+    hit = re.search(re.escape(BEGIN) + ".*?" + re.escape(END), path.read_text(), re.S)
+    return hit.group(0) if hit else None
