@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.ast_checks import compares_key_with_text
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("bench", "multirun_analysis")
 MAX_FUNCTION_LINES = 60
@@ -114,34 +116,10 @@ def test_no_module_over_400_lines():
 ARCH_MODULES = ("bench/model_spec.py", "bench/model.py", "bench/hf_config.py", "bench/strategies/megatron/model.py")
 
 
-def _is_arch(node: ast.AST) -> bool:
-    """``arch``, ``x.arch``, ``x["arch"]``, ``x.get("arch", ...)``."""
-    if isinstance(node, ast.Name):
-        return node.id == "arch"
-    if isinstance(node, ast.Attribute):
-        return node.attr == "arch"
-    if isinstance(node, ast.Subscript):
-        return isinstance(node.slice, ast.Constant) and node.slice.value == "arch"
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-            and bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "arch")
-
-
-def _is_text(node: ast.AST) -> bool:
-    """A string, or a tuple / list / set of strings (``arch in ("gpt", ...)``)."""
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return bool(node.elts) and all(_is_text(e) for e in node.elts)
-    return isinstance(node, ast.Constant) and isinstance(node.value, str)
-
-
 def arch_comparisons(source: str, name: str = "<source>") -> list[str]:
     """``name:line`` of every comparison of a model's arch with a string in ``source``."""
-    out = []
-    for node in ast.walk(ast.parse(source, filename=name)):
-        if isinstance(node, ast.Compare):
-            sides = [node.left, *node.comparators]
-            if any(map(_is_arch, sides)) and any(map(_is_text, sides)):
-                out.append(f"{name}:{node.lineno}")
-    return out
+    return [f"{name}:{node.lineno}" for node in ast.walk(ast.parse(source, filename=name))
+            if compares_key_with_text(node, "arch")]
 
 
 def test_no_arch_branches_outside_the_model_description():

@@ -11,8 +11,9 @@ import ast
 import re
 from pathlib import Path
 
-from bench.strategies.registry import specs
 from bench.layout import Layout
+from bench.strategies.registry import specs
+from tests.ast_checks import compares_key_with_text
 
 REPO = Path(__file__).resolve().parents[1]
 GENERIC = [REPO / "bench", REPO / "multirun_analysis"]
@@ -145,34 +146,9 @@ def test_the_check_finds_a_name():
 SWITCH_OWNER = OWN / "megatron"  # the one implementation that may test which one runs: its own rule
 
 
-def _reads_impl(node: ast.AST) -> bool:
-    """``impl``, ``x.impl``, ``x["impl"]``, ``x.get("impl")``."""
-    if isinstance(node, ast.Name):
-        return node.id == "impl"
-    if isinstance(node, ast.Attribute):
-        return node.attr == "impl"
-    if isinstance(node, ast.Subscript):
-        return isinstance(node.slice, ast.Constant) and node.slice.value == "impl"
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-            and bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "impl")
-
-
-def _is_text(node: ast.AST) -> bool:
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return any(_is_text(e) for e in node.elts)
-    return isinstance(node, ast.Constant) and isinstance(node.value, str)
-
-
 def impl_switches(source: str) -> list[int]:
     """Lines comparing strategy.impl with a value (==, !=, in, not in)."""
-    out = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Compare) and all(isinstance(o, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
-                                                 for o in node.ops):
-            sides = [node.left, *node.comparators]
-            if any(_reads_impl(s) for s in sides) and any(_is_text(s) for s in sides):
-                out.append(node.lineno)
-    return out
+    return [node.lineno for node in ast.walk(ast.parse(source)) if compares_key_with_text(node, "impl")]
 
 
 def test_no_implementation_switch_outside_the_implementation():
