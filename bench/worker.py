@@ -364,6 +364,7 @@ def failure_record(exc: BaseException, rank: int) -> dict:
     return {"rank": rank, "node": placement()["node"], "type": type(root).__name__, "message": str(root),
             "oom": is_oom(exc), "raised_as": None if root is exc else raised,
             "traceback": traceback.format_exc(), "time": time.time(), "pid": os.getpid(),
+            "world_size": int(os.environ.get("WORLD_SIZE", 0)),
             "allocator": allocator_record(torch.device("cuda", torch.cuda.current_device())
                                           if torch.cuda.is_available() and torch.cuda.is_initialized() else None)}
 

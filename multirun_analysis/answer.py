@@ -183,7 +183,7 @@ def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> 
         else:
             w = fits.iloc[0]
             tied = [r["strategy_id"] for _, r in fits.iloc[1:].iterrows() if ties_with(r, w)]
-            out.append(f"- {head}: use **{w['strategy_id']}** ({w['best_label']}; {_layout(w)}), "
+            out.append(f"- {head}: use **{w['strategy_id']}** ({w['best_label']}{_layout(w)}), "
                        f"{w['best_tokens_per_s']:,.0f} "
                        f"tokens/s, peak {_mib(w['best_mem_peak_mb'])} per device"
                        + (f" (within {memory_budget_gib:g} GiB)" if budget else "")
@@ -198,9 +198,10 @@ def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> 
                         if not math.isnan(r["default_tokens_per_s"]) else
                         f"best {r['best_tokens_per_s']:,.0f} (no default run to compare)")
                 tie = " (a tie: its repeats overlap the winner's)" if i > 1 and r["strategy_id"] in tied else ""
-                out.append(f"    {i}. {r['strategy_id']} ({_layout(r)}): {100 * r['best_tokens_per_s'] / w['best_tokens_per_s']:.0f}% "
-                           f"of the winner{tie}; {gain}; peak {_mib(r['best_mem_peak_mb'])}; "
-                           f"measured over {r['best_measured']}")
+                pct = 100 * r["best_tokens_per_s"] / w["best_tokens_per_s"]
+                out.append(f"    {i}. {r['strategy_id']}: {pct:.0f}% of the winner{tie}; {gain}; peak "
+                           f"{_mib(r['best_mem_peak_mb'])}; measured over {r['best_measured']}"
+                           + (f" ({_layout(r)[2:]})" if _layout(r) else ""))
         for _, r in over.iterrows():
             out.append(f"    - does not fit {memory_budget_gib:g} GiB: {r['strategy_id']} (peak "
                        f"{_mib(r['best_mem_peak_mb'])})")
@@ -219,8 +220,12 @@ def _precision_note(g: pd.DataFrame) -> list[str]:
 
 
 def _layout(r: pd.Series) -> str:
-    """The layout and precision a ranked row ran (multirun_analysis/layouts.py)."""
-    return f"{r.get('layout')}, {fmt_value(r.get('precision'))}"
+    """``; <layout>, <precision>`` of a ranked row (multirun_analysis/layouts.py), the parts that are known; "" when
+    none is (a summary without layout columns)."""
+    lay, prec = r.get("layout"), r.get("precision")
+    parts = [str(lay)] if isinstance(lay, str) and "?" not in lay else []
+    parts += [fmt_value(prec)] if plain(prec) is not None else []
+    return "; " + ", ".join(parts) if parts else ""
 
 
 def _num(x) -> float:

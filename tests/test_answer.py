@@ -112,5 +112,5 @@ def test_every_ranked_row_carries_the_layout_it_ran(sweep):
                 f"rc={m['config']['recompute']}")
         assert r["layout"] == want and lay["dp"] == 2, (r["layout"], want)
         text = "\n".join(ma.ranked(s))
-        assert f"; {want}, fp32), " in text and f"1. ddp ({want}, fp32): 100% of the winner" in text, text
+        assert f"; {want}, fp32), " in text and "1. ddp: 100% of the winner" in text and f"({want}, fp32)" in text, text
     assert {r["layout"] for _, r in t.iterrows()} == {"tp=1 pp=1 dp=2 mb=4x1 rc=none", "tp=1 pp=1 dp=2 mb=8x1 rc=none"}

@@ -173,11 +173,14 @@ def _prepare_start_method(start_method: str) -> None:
 def _outcome_of_failed_child(e, run_dir: Path, cfg: dict, expired: dict) -> Outcome:
     """The outcome of a launch that ended in torch's ChildFailedError ``e``."""
     failures = read_failures(run_dir)
+    killed = _killed_without_record(e, failures)
+    # a rank killed from outside is the root cause, also when a peer's record of what that did to it (gloo's
+    # "connection closed") then ended the run as a failed rank that did not end; the run or teardown limits
+    # kill ranks themselves, so there a rank without a record is no cause
+    if killed is not None and expired.get("limit") in (None, "rank_failure") and not _completed_before_exit(run_dir):
+        return Outcome("failed", killed, failures)
     if expired:
         return _ended_by_limit(run_dir, expired, cfg, failures)
-    killed = _killed_without_record(e, failures)
-    if killed is not None and not _completed_before_exit(run_dir):
-        return Outcome("failed", killed, failures)
     if failures:
         return from_failures(failures)
     rank, pf = e.get_first_failure()
@@ -213,12 +216,32 @@ def _killed_without_record(e, failures: list[dict]) -> Optional[dict]:
     recorded = {f.get("rank") for f in failures}
     killed = sorted((rank, pf) for rank, pf in e.failures.items() if pf.exitcode < 0 and rank not in recorded)
     if not killed:
-        return None
+        return _lost_peer(failures)
     rank, pf = killed[0]
     return {"rank": rank, "type": "KilledBySignal",
             "message": f"rank {rank} was killed by signal {-pf.exitcode} ({pf.signal_name()}) without recording an "
                        "error (ended from outside: kill, the kernel's out-of-memory killer)",
             "traceback": None}
+
+
+# what a rank's communication library says when a peer's process is gone (gloo, NCCL)
+PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote process exited")
+
+
+def _lost_peer(failures: list[dict]) -> Optional[dict]:
+    """The rank a peer lost, when every recorded failure is only that (a peer's process gone) and the rank
+    named by those records left none: it was ended from outside.  (The launcher reports one dead rank per
+    poll, the lowest-numbered, so a recorded peer that exited at once can hide the rank killed before it.)"""
+    if not failures or not all(any(p in str(f.get("message", "")).lower() for p in PEER_LOST) for f in failures):
+        return None
+    world = max(int(f.get("world_size") or 0) for f in failures) or None
+    recorded = {f.get("rank") for f in failures}
+    silent = [r for r in range(world or 0) if r not in recorded]
+    if len(silent) != 1:
+        return None
+    return {"rank": silent[0], "type": "KilledBySignal",
+            "message": f"rank {silent[0]} ended without recording an error while its peers lost their connection to "
+                       "it (ended from outside: kill, the kernel's out-of-memory killer)", "traceback": None}
 
 
 def _completed_before_exit(run_dir: Path) -> bool:
