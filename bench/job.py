@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench import loggers, metrics
 from bench.config import validate
+from bench.data import loss_note
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.metrics import STATUSES, identity
 from bench.runs import holds_completed, read_failures, run_key, write_status
@@ -73,6 +74,9 @@ def finish(run_dir: Path, raw: dict, status: str, error: Optional[dict], failure
     if error and error.get("traceback"):
         log.error("rank %s failed:\n%s", error.get("rank"), error["traceback"])
     log.info(metrics.one_line(m))
+    vocab = ((m.get("config") or {}).get("model") or {}).get("vocab_size")
+    if m["status"] == "completed" and vocab:  # where the loss is reported: why it does not fall
+        log.info("loss: %s", loss_note(vocab))
     if timing["overhead_s"] is not None:
         log.info("wall %.1f s, fixed overhead %.1f s (launch -> first step %.1f s, last step -> done %.1f s)",
                  timing["wall_s"], timing["overhead_s"], timing["startup_s"], timing["teardown_s"])
