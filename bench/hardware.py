@@ -15,6 +15,8 @@ every named hardware (preset, profile, overrides) passes before a plan is made.
 """
 from __future__ import annotations
 
+import os
+import platform
 from dataclasses import dataclass, fields, replace
 from typing import Any, Dict, Optional
 
@@ -197,3 +199,14 @@ def _check_peaks(peaks: Any) -> None:
         if v is not None and (not _number(v) or v <= 0):
             raise ConfigError(f"hardware.peak_tflops.{k}", v, "must be a positive number of TFLOP/s, or null (no "
                               "such tensor cores)")
+
+
+def cpu_name() -> str:
+    """This machine's CPU as a profile names it (``gpu`` of a CPU profile written by bench.probe), and as a run on
+    this machine is checked against it (bench/hardware_rules.py)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        name = ""
+    return f"CPU: {name or platform.processor() or platform.machine()} ({os.cpu_count()} logical CPUs)"

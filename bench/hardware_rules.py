@@ -15,7 +15,7 @@ import os
 import socket
 from typing import Optional
 
-from bench.hardware import HardwareConfig, PRESETS, match, resolve
+from bench.hardware import HardwareConfig, PRESETS, cpu_name, match, resolve
 from bench.schema import ConfigError
 
 
@@ -96,15 +96,6 @@ def _check_landed(c: dict, preset: HardwareConfig, cpu: bool) -> None:
                           f"{socket.gethostname()}): a run is labelled with its real hardware; use hardware=auto "
                           "(or dry_run=true to plan), or ask the cluster for that device (hydra.launcher.partition / "
                           "constraint)")
-
-
-def cpu_name() -> str:
-    """This machine's CPU as bench.probe names it in a profile's ``gpu`` field."""
-    import torch
-
-    from bench.probe.measure import device_facts
-
-    return device_facts(torch.device("cpu"))["name"]
 
 
 def planned_device_name(c: dict, gpus: int) -> Optional[str]:

@@ -11,6 +11,8 @@ from typing import Callable, Optional
 
 import torch
 
+from bench.hardware import cpu_name
+
 GIB = 2 ** 30
 MIB = 2 ** 20
 
@@ -143,21 +145,10 @@ def host_memory_gib() -> Optional[float]:
         return None
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
-    except OSError:
-        name = ""
-    import platform
-
-    return f"CPU: {name or platform.processor() or platform.machine()} ({os.cpu_count()} logical CPUs)"
-
-
 def device_facts(device: torch.device) -> dict:
     """Name, memory (GiB, as torch reports it: what the presets' memory_gib is) and compute capability."""
     if device.type != "cuda":
-        return {"name": _cpu_name(), "memory_gib": host_memory_gib(), "compute_capability": None,
+        return {"name": cpu_name(), "memory_gib": host_memory_gib(), "compute_capability": None,
                 "memory_note": "CPU ranks: device memory is host memory"}
     p = torch.cuda.get_device_properties(device)
     return {"name": p.name, "memory_gib": p.total_memory / GIB, "compute_capability": float(f"{p.major}.{p.minor}")}
