@@ -38,7 +38,8 @@ class HardwareConfig:
     peak_tflops: Dict[str, Any] = knob(None, "dense peak TFLOP/s per precision: fp32, tf32, bf16, fp16, fp8", factory=dict)
     hbm_gbps: Optional[float] = knob(None, "device memory bandwidth (GB/s)")
     intra_node_gbps: Optional[float] = knob(None, "GPU-to-GPU bandwidth inside a node, one direction (GB/s)")
-    intra_node_link: Optional[str] = knob(None, "nvlink | pcie | host (CPU ranks: gloo through host memory)")
+    intra_node_link: Optional[str] = knob(None, "nvlink | pcie | host (CPU ranks: gloo through host memory) | shm / "
+                                          "socket / ib (NCCL kept off peer-to-peer: bench/link_regime.py)")
     inter_node_gbps: Optional[float] = knob(None, "network bandwidth per GPU between nodes, one direction (GB/s)")
     gpus_per_node: Optional[int] = knob(None, "GPUs in one node")
     nics_per_node: Optional[int] = knob(None, "network adapters of one node; with nic_gbps it replaces "
@@ -145,7 +146,9 @@ PEER_FIELDS = ("intra_node_gbps", "intra_node_link")
 POSITIVE = ("memory_gib", "hbm_gbps", "intra_node_gbps", "inter_node_gbps", "gpus_per_node", "host_memory_gib",
             "compute_capability", "nics_per_node", "nic_gbps")  # null allowed where not REQUIRED
 WHOLE = ("gpus_per_node", "nics_per_node")
-LINKS = ("nvlink", "pcie", "host")
+# shm / socket / ib: what NCCL used when it was kept off peer-to-peer (bench/link_regime.py): host shared memory, the
+# network stack, InfiniBand
+LINKS = ("nvlink", "pcie", "host", "shm", "socket", "ib")
 SOURCES = ("datasheet", "probe", "user")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 NEEDED_PEAKS = ("fp32", "bf16")  # the precisions a plan falls back to (predict: fp8 -> bf16, others -> fp32)

@@ -56,6 +56,10 @@ def alias_default(key: str, default: Any) -> str:
     return f"${{bench_alias:{key},{'null' if default is None else default}}}"
 
 
+# the names of bench/link_regime.py's REGIMES (kept here: this module imports nothing of bench's above the Layout)
+LINK_REGIMES = ("default", "p2p_off", "sockets", "few_channels")
+
+
 def check_choice(key: str, value: Any, valid: tuple) -> None:
     if value not in valid:
         raise ConfigError(key, value, f"valid: {', '.join(map(str, valid))}")
@@ -209,6 +213,10 @@ class BenchConfig:
                                    volatile=True)
     start_method: str = knob("forkserver", "forkserver (ranks forked from a server that imported torch once) | spawn",
                              choices=("forkserver", "spawn"), volatile=True)
+    link_regime: str = knob("default", "how NCCL may link the GPUs of a node (bench/link_regime.py): default (NCCL's "
+                            "choice) | p2p_off (through host memory) | sockets (through the network stack) | "
+                            "few_channels (at most 2 channels); each run records the transports NCCL used",
+                            choices=LINK_REGIMES, added=True)
     cpu_affinity: str = knob("none", "none (the OS places the ranks) | split (each local rank pinned to its own CPUs)",
                              choices=("none", "split"), added=True)
     dry_run: bool = knob(False, "validate and print the memory plan; start no process", volatile=True)

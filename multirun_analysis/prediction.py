@@ -18,8 +18,9 @@ Every row carries its layout (multirun_analysis/layouts.py: what ran, from metri
 its run ``key`` (bench.runs.run_key), by which a dry run's plan and its measurement are matched
 (multirun_analysis/versus.py).
 
-The fit verdict is checked against the memory of the GPU each run was measured on (its preset in
-bench/hardware.py).  ``python -m multirun_analysis DIR`` writes the same table for its runs.
+Each run is re-predicted with the hardware it recorded (``config.hardware``: the preset or probe profile it was
+planned with, a profile's measured link included), else, for ``hardware=auto``, the preset of the GPU it was
+measured on (bench/hardware.py); the fit verdict is checked against that hardware's memory.  ``python -m multirun_analysis DIR`` writes the same table for its runs.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ COLUMNS = ["run", "model", "strategy", "world_size", "precision", "status", "mea
            "predicted_tokens_per_s", "measured_peak_gib", "predicted_peak_gib", "predicted_fits"]
 LAYOUT = ["variant", "tp", "pp", "dp", "micro_batch_size", "grad_accum", "recompute", "layout"]
 EXTRA = LAYOUT + ["key", "predicted_tight", "peak_error_pct", "tokens_error_pct", "step_time_s", "tokens_per_step", "device", "folder",
-         "note"]
+         "note", "hardware", "link_regime"]
 GIB = 2**30
 
 
@@ -72,26 +73,48 @@ def _oom(m: dict) -> bool:
     return m.get("status") == "oom" or "out of memory" in text
 
 
+def recorded_hardware(m: dict):
+    """The hardware a run was planned for, as its record says: the preset or probe profile it named
+    (``config.hardware``: every field as it was then, a profile's measured link and peaks included), else
+    (``hardware=auto``) the preset of the GPU it ran on; None for neither."""
+    from bench.hardware import match, resolve
+
+    h = (m.get("config") or {}).get("hardware")
+    if isinstance(h, dict) and h.get("name") not in (None, "auto"):
+        try:
+            return resolve({"hardware": h})
+        except (TypeError, ValueError):  # a record of fields this code no longer has: the GPU's preset
+            pass
+    return match(_device(m))
+
+
+def hardware_label(m: dict) -> Optional[str]:
+    """prediction.csv's ``hardware``: the name the prediction used and where its numbers came from."""
+    hw = recorded_hardware(m)
+    return None if hw is None else f"{hw.name} ({hw.source or 'user'})"
+
+
 def replan(m: dict):
     """(plan, memory plan) of a recorded run's configuration under the current code (bench/calibrate.py's
-    re-planning, which the throughput calibration uses too; ConfigError if it no longer validates)."""
+    re-planning, which the throughput calibration uses too; ConfigError if it no longer validates), checked
+    against the memory of the hardware the run recorded (:func:`recorded_hardware`)."""
     from bench.calibrate import replan as recorded_plan
-    from bench.hardware import match
     from bench.memory_model import memory_plan
 
     plan = recorded_plan(m)
-    preset = match(_device(m))
-    return plan, memory_plan(plan, gpu_memory_gib=preset.memory_gib if preset else None)
+    hw = recorded_hardware(m)
+    return plan, memory_plan(plan, gpu_memory_gib=hw.memory_gib if hw else None)
 
 
-def _predicted_tokens(plan, device: Optional[str]) -> Optional[float]:
+def _predicted_tokens(plan, m: dict) -> Optional[float]:
+    """The prediction with the hardware the run recorded: what the run printed before it started, under the
+    current code (a profile's measured link, not the GPU name's preset)."""
     try:
         from bench.predict import predict
-        from bench.hardware import match
     except ImportError:
         return None
     try:
-        return predict(plan, match(device))["tokens_per_s"]
+        return predict(plan, recorded_hardware(m))["tokens_per_s"]
     except Exception:  # noqa: BLE001  (an uncalibrated case: no prediction, said in the table)
         return None
 
@@ -119,7 +142,8 @@ def row(folder: str, name: str, m: dict) -> dict:
     _layout(out, m, plan)
     out["tokens_per_step"] = plan.model["global_batch"] * plan.model["seq_len"]
     out.update(predicted_peak_gib=mem["predicted_peak_allocated_mb"] / 1024, predicted_fits=mem["fits"],
-               predicted_tight=mem["tight"], predicted_tokens_per_s=_predicted_tokens(plan, out["device"]))
+               predicted_tight=mem["tight"], predicted_tokens_per_s=_predicted_tokens(plan, m),
+               hardware=hardware_label(m), link_regime=plan.cfg.get("link_regime"))
     if out["measured_peak_gib"] and out["status"] == "completed":
         out["peak_error_pct"] = 100 * (out["predicted_peak_gib"] / out["measured_peak_gib"] - 1)
     if out["predicted_tokens_per_s"] and out["measured_tokens_per_s"] and out["status"] == "completed":
@@ -141,7 +165,8 @@ def prediction_table(paths: Iterable) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS + EXTRA)
 
 
-GROUP = ["device", "model", "world_size", "tokens_per_step"]  # one workload on one GPU: what is ranked
+# one workload on one GPU and link regime (bench/link_regime.py): what is ranked
+GROUP = ["device", "link_regime", "model", "world_size", "tokens_per_step"]
 
 
 def _winners(t: pd.DataFrame, unit: str = "strategy") -> tuple[int, int]:
@@ -151,7 +176,7 @@ def _winners(t: pd.DataFrame, unit: str = "strategy") -> tuple[int, int]:
 
     ok = t[t["tokens_error_pct"].notna()]
     names = ok["strategy"] if unit == "strategy" else ok.apply(layouts.ident, axis=1)
-    return agreement((((r.model, r.world_size, r.tokens_per_step, r.device), n, r.measured_tokens_per_s,
+    return agreement((((r.model, r.world_size, r.tokens_per_step, r.device, r.link_regime), n, r.measured_tokens_per_s,
                        r.predicted_tokens_per_s) for r, n in zip(ok.itertuples(), names)))
 
 
@@ -210,7 +235,7 @@ def lines(acc: dict) -> list[str]:
         f"{acc['throughput_runs_ge_100ms']} runs with steps >= 100 ms" if acc["throughput_runs"]
         else "throughput: no prediction (bench/predict.py not calibrated)",
         f"winner: predicted fastest strategy is the measured fastest or within 5% in {acc['winner_agreement']} "
-        "groups (device, model, GPUs, tokens per step); predicted fastest layout (strategy variant, tp, pp, dp, "
+        "groups (device, link regime, model, GPUs, tokens per step); predicted fastest layout (strategy variant, tp, pp, dp, "
         f"micro-batch x accumulation, recompute, precision) likewise in {acc['layout_winner_agreement']} groups",
         f"rank correlation (Spearman, predicted vs measured tokens/s over each group's layouts): median "
         f"{acc['spearman_median']:.2f} over {acc['spearman_groups']} groups of 3 or more layouts"

@@ -46,6 +46,9 @@ def test_the_probe_writes_a_complete_profile_of_what_it_measured(probed):
             assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * factor, rel=0.01, abs=2e-3)
     assert prof["intra_node_gbps"] == pytest.approx(curves["all_reduce"][-1]["busbw_gbps"], rel=1e-3)
     assert f"--config-dir {d.resolve()} hardware=ci_probe" in stdout  # the command that uses it
+    # the link regime it ran under and NCCL's transports (none on gloo: the link stays host, and says why)
+    assert prof["probe"]["nccl"]["regime"] == "default" and prof["probe"]["nccl"]["transports"] is None
+    assert prof["probe"]["measured"]["intra_node_link"].endswith("backend gloo: no NCCL")
 
 
 @pytest.mark.slow

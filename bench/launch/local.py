@@ -65,8 +65,6 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from bench.worker import worker_main
-
     # the deadlines (read here: a config without them fails before anything starts)
     deadlines = (plan.cfg.get("run_timeout_s"), plan.cfg["teardown_timeout_s"] + TEARDOWN_GRACE_S,
                  failed_teardown_s(plan.cfg) + FAILURE_GRACE_S)
@@ -87,7 +85,7 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
                                    name="bench-run-deadlines", daemon=True)
         try:
             watcher.start()
-            elastic_launch(config, worker_main)(plan.to_dict(), str(run_dir), True)  # teardown_deadline
+            elastic_launch(config, regime_worker)(plan.to_dict(), str(run_dir), True)  # teardown_deadline
             return Outcome("completed")
         except ChildFailedError as e:
             return _outcome_of_failed_child(e, run_dir, plan.cfg, expired)
@@ -97,6 +95,16 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
             stop_watch.set()
             for s, h in saved.items():
                 signal.signal(s, h)
+
+
+def regime_worker(plan: dict, run_dir: str, *args):
+    """A rank: the run's link regime and NCCL's log file put into its environment (bench/link_regime.py), then
+    bench's worker.  Here, in the rank: a fork server started before this run has an older environment."""
+    from bench.link_regime import apply
+    from bench.worker import worker_main
+
+    apply(plan["cfg"].get("link_regime", "default"), run_dir, os.environ.get("RANK", "0"), plan["backend"] == "nccl")
+    return worker_main(plan, run_dir, *args)
 
 
 def _watch_deadlines(run_dir: Path, cfg: dict, timeout_s, teardown_s: float, failed_s: float, expired: dict,

@@ -80,6 +80,16 @@ def versions() -> dict:
     }
 
 
+def _nccl() -> dict:
+    """The link regime, the NCCL variables and the transports NCCL used (bench/link_regime.py)."""
+    from bench.link_regime import of_this_run
+
+    try:
+        return of_this_run()
+    except Exception as e:  # noqa: BLE001  (a record must not fail the run)
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def collect(command: list[str], device_names: list[Optional[str]]) -> dict:
     """Host-level provenance (called on rank 0 of the run)."""
     return {
@@ -91,6 +101,7 @@ def collect(command: list[str], device_names: list[Optional[str]]) -> dict:
         "versions": versions(),
         "devices": device_names,
         "nvidia_smi_topo": _run(["nvidia-smi", "topo", "-m"]),
+        "nccl": _nccl(),
         **source_git(),
         "python_executable": sys.executable,
     }

@@ -23,6 +23,9 @@ def _args(argv: Optional[list[str]]) -> argparse.Namespace:
                    "under torchrun or srun the launcher's ranks are used")
     p.add_argument("--quick", action="store_true", help="fewer repeats and smaller messages (CI, a first look)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--regime", help="a link regime: NCCL's environment of bench/link_regime.py (default, p2p_off, "
+                   "sockets, few_channels) set in every rank; the profile records it and the transport NCCL used "
+                   "(default: $BENCH_LINK_REGIME, else default)")
     return p.parse_args(argv)
 
 
@@ -35,7 +38,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = _args(argv)
     from bench.hardware import preset_nodes
 
-    out = Path(a.out) if a.out else DEFAULT_DIR / f"probe_{re.sub(r'[^A-Za-z0-9_]', '_', socket.gethostname())}.yaml"
+    from bench.link_regime import REGIME_VAR, REGIMES
+
+    regime = a.regime or os.environ.get(REGIME_VAR) or "default"
+    if regime not in REGIMES:
+        return _fail("--regime", regime, f"valid: {', '.join(REGIMES)}")
+    tail = "" if regime == "default" else f"_{regime}"
+    out = Path(a.out) if a.out else DEFAULT_DIR / f"probe_{re.sub(r'[^A-Za-z0-9_]', '_', socket.gethostname())}{tail}.yaml"
     if out.suffix != ".yaml" or out.stem in preset_nodes():
         return _fail("--out", str(out), f"must be a .yaml file not named after a preset ({', '.join(preset_nodes())})"
                      ": its file name is what hardware= selects")
@@ -48,7 +57,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if device == "cuda" and not gpus:
         return _fail("--device", "cuda", "no CUDA device is visible; use --device cpu or auto")
     world = launched_world()
-    opts = {"out": str(out), "name": out.stem, "quick": a.quick, "device": device}
+    opts = {"out": str(out), "name": out.stem, "quick": a.quick, "device": device, "regime": regime,
+            "nccl_dir": _nccl_dir(world is not None)}
     if world is not None:  # a launcher started every rank: this process is one of them
         if a.world_size not in (None, world):
             return _fail("--world-size", a.world_size, f"the launcher started {world} ranks; leave it out")
@@ -59,6 +69,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         return _fail("--world-size", world, f"must be 1..{gpus} (the visible GPUs)" if device == "cuda" else
                      "must be a positive number of ranks")
     return _start(world, {**opts, "world_size": world})
+
+
+def _nccl_dir(launched: bool) -> str:
+    """Where the ranks write NCCL's log (bench/link_regime.py): one folder for the ranks of a node."""
+    import tempfile
+
+    if not launched:
+        return tempfile.mkdtemp(prefix="bench_probe_nccl_")
+    job = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or os.environ.get("MASTER_PORT", "")
+    d = Path(tempfile.gettempdir()) / f"bench_probe_nccl_{re.sub(r'[^A-Za-z0-9_]', '_', job)}"
+    d.mkdir(exist_ok=True)
+    return str(d)
 
 
 def _launcher() -> str:

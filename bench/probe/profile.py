@@ -36,10 +36,11 @@ def build(name: str, alone: dict, intra: Optional[dict], inter: Optional[dict], 
     peaks = {k: _r(alone["peaks"].get(k)) for k in ("fp32", "tf32", "bf16", "fp16", "fp8")
              if k in alone["peaks"] or k in alone["peaks_missing"]}
     largest = intra or inter
+    link, link_how, nccl = intra_node_link(alone)
     return {
         "name": name, "source": "probe", "gpu": facts["name"], "memory_gib": _r(facts["memory_gib"]),
         "compute_capability": facts["compute_capability"], "peak_tflops": peaks,
-        "hbm_gbps": _r(alone["copy_gbps"]), "intra_node_gbps": _r(intra_gbps), "intra_node_link": alone["link"],
+        "hbm_gbps": _r(alone["copy_gbps"]), "intra_node_gbps": _r(intra_gbps), "intra_node_link": link,
         "inter_node_gbps": _r(inter_gbps), "gpus_per_node": per_node, "host_memory_gib": _r(alone["host_memory_gib"]),
         "probe": {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -53,14 +54,24 @@ def build(name: str, alone: dict, intra: Optional[dict], inter: Optional[dict], 
                 "inter_node_gbps": "all-reduce bus bandwidth at the largest message, all ranks of all nodes "
                                    "(send/recv: a ring whose every hop crosses nodes)"
                                    + ("" if inter else " (not measured)"),
-                "intra_node_link": alone["link_how"],
+                "intra_node_link": link_how,
                 "memory_gib": facts.get("memory_note", "torch.cuda.get_device_properties().total_memory"),
                 "largest_message_bytes": largest["all_reduce"][-1]["bytes"] if largest else None,
             },
-            "not_measured": not_measured, "host_cost": alone["host"],
+            "not_measured": not_measured, "host_cost": alone["host"], "nccl": nccl,
             "curves": {"intra_node": intra, "inter_node": inter},
         },
     }
+
+
+def intra_node_link(alone: dict) -> tuple[str, str, dict]:
+    """(intra_node_link, how it was found, the NCCL record): the link NCCL's log says it used (bench/link_regime.py:
+    P2P over an active NVLink = nvlink, P2P without = pcie, SHM = shm, NET = socket / ib), else NVML's guess."""
+    nccl = alone.get("nccl") or {}
+    if nccl.get("link"):
+        return nccl["link"], (f"NCCL's INFO log of the collectives: connections per transport {nccl['transports']} "
+                              f"(regime {nccl.get('regime')}); NVML: {alone['link_how']}"), nccl
+    return alone["link"], alone["link_how"] + (f"; {nccl['transports_note']}" if nccl.get("transports_note") else ""), nccl
 
 
 def _torch_version() -> str:
@@ -85,7 +96,7 @@ def write(path: str, profile: dict) -> None:
         verdict = f"INCOMPLETE, bench will refuse it until you set the field: {e}"
     peaks = ", ".join(f"{k} {v:g}" for k, v in profile["peak_tflops"].items() if v is not None)
     print(f"probe: wrote {p} ({verdict}); TFLOP/s {peaks}; memory {profile['hbm_gbps']:g} GB/s; intra-node "
-          f"{profile['intra_node_gbps']} GB/s; inter-node {profile['inter_node_gbps']} GB/s\nprobe: {use}", flush=True)
+          f"{profile['intra_node_gbps']} GB/s ({profile['intra_node_link']}); inter-node {profile['inter_node_gbps']} GB/s\nprobe: {use}", flush=True)
 
 
 def usage(p: Path) -> str:

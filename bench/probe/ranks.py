@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 import warnings
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
+from bench import link_regime
 from bench.probe import comm, measure
 from bench.probe.profile import build, write
 
@@ -42,6 +44,7 @@ def run_rank(index: int, opts: dict) -> None:
     # a task may see one GPU only (srun --gpus-per-task): its local rank then indexes past the visible ones
     cuda = opts["device"] == "cuda"
     device = torch.device("cuda", local % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    link_regime.apply(opts.get("regime", "default"), opts["nccl_dir"], rank, nccl=cuda)  # before NCCL starts
     if device.type == "cuda":
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)  # no guessing of the GPU
@@ -80,7 +83,10 @@ def _measure_and_write(rank: int, world: int, device: torch.device, opts: dict) 
     mine = next(i for i, rs in enumerate(nodes) if rank in rs)
     intra = comm.curves(nodes[mine], groups[mine], device, s) if len(nodes[mine]) > 1 else None
     inter = comm.curves(_across(nodes), None, device, s) if len(nodes) > 1 else None
+    dist.barrier()  # every rank's connections made (and logged) before rank 0 reads NCCL's logs
     if rank == 0:
+        alone["nccl"] = link_regime.record(Path(opts["nccl_dir"]).glob("nccl_rank*.log"), dist.get_backend(),
+                                           alone["link"] == "nvlink" if device.type == "cuda" else None)
         per_node = len(nodes[0]) if device.type != "cuda" else max(torch.cuda.device_count(), len(nodes[0]))
         profile = build(opts["name"], alone, intra, inter, {
             "world_size": world, "nodes": len(nodes), "ranks_per_node": [len(r) for r in nodes],
