@@ -112,22 +112,30 @@ def _check_choices(c: dict, spec: StrategySpec) -> None:
                 check_choice(prefix + name, values[name], valid)
 
 
+def run_config(cfg: DictConfig | dict, explicit: Iterable[str] = ()) -> dict:
+    """The composed config as every entry reads it (a run, the planner, a sweep's job): a plain dict, the model
+    resolved once from its preset or Hugging Face config (model.hf_config read in: the plan, the prediction and
+    the run see the same model), the hardware section present.  Idempotent: a resolved config comes back as is."""
+    c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    c.setdefault("hardware", {"name": "auto"})
+    _check_known_keys(c["model"], ModelConfig, "model.")
+    c["model"] = resolve_model(c["model"], tuple(explicit))
+    return c
+
+
 def validate(cfg: DictConfig | dict, gpus: Optional[int] = None, explicit: Iterable[str] = ()) -> Plan:
     """Check every rule; return the Plan or raise ConfigError.
 
     ``gpus``: visible CUDA devices (looked up when None).  ``explicit``: the dotted keys the user set
     (command line, sweep); with tuning=best they win over the profile."""
-    c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    explicit = tuple(explicit)
+    c = run_config(cfg, explicit)
     spec = strategy_spec(c)
-    c.setdefault("hardware", {"name": "auto"})
     top = {k: v for k, v in c.items() if k not in ("model", "strategy", "hardware")}
     _check_known_keys(top, BenchConfig)
     _check_known_keys(c["hardware"], HardwareConfig, "hardware.")
     check_hardware(c["hardware"])
-    _check_known_keys(c["model"], ModelConfig, "model.")
     _check_known_keys(c["strategy"], spec.schema, "strategy.")
-    explicit = tuple(explicit)
-    c["model"] = resolve_model(c["model"], explicit)  # model.hf_config read in: the plan, prediction and run see it
     c = _apply_shorthands(c, spec)
     gpus = cuda_device_count() if gpus is None else gpus
     if c.get("tuning", "default") != "default":

@@ -4,8 +4,10 @@ needed = allocated peak x (1 + FRAGMENTATION)          the caching allocator's r
        + CUDA graph private pools                       a captured step's activations and temporaries
        + CONTEXT_BYTES + NCCL_COMM_BYTES x communicators device memory outside PyTorch's allocator
 
-"does not fit": needed above the device's memory.  "tight": it fits, but an allocated peak TIGHT (the plan's
-measured error) above the plan's would not.  Each constant says where its number comes from.
+The verdict is right both ways only with the plan's error on both sides: "does not fit" when even an allocated
+peak TIGHT_BELOW under the plan's would not fit; "fits" when one TIGHT above it would;
+"tight" between the two (it may run or run out of memory: it is launched, with a warning).  Each constant says
+where its number comes from.
 """
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ from typing import Optional
 from bench.schema import Plan
 
 GIB = 2**30
+# the plan over-predicts a measured peak rarely and by little (it under-predicts more often, by more): measured
+# below planned by more than 5% in 1% of the 901 completed GPU runs in results/ (multirun_analysis.prediction,
+# 2026-11-27); a plan above the limit by less than that may still run: tight, not "does not fit"
+TIGHT_BELOW = 0.05
 # reserved / allocated - 1 near the limit: the median over the 918 completed GPU runs in results/ is 3%
 # (max_reserved_mb / max_allocated_mb); near the limit the allocator frees its cached blocks and retries before
 # failing, so what it cannot give back (inactive split blocks) is what must fit, not the tail of runs far below it
@@ -71,18 +77,21 @@ def graph_pool_bytes(plan: Plan, graph_pool: bool, captured: float) -> float:
 
 
 def verdict(allocated: float, extra: float, mem_gib: Optional[float]) -> dict:
-    """needed = allocated x (1 + FRAGMENTATION) + extra (graph pools, context, communicators); fits when needed is
-    within the device's memory, tight when an allocated peak TIGHT larger would not be."""
+    """needed = allocated x (1 + FRAGMENTATION) + extra (graph pools, context, communicators), and the same with an
+    allocated peak TIGHT_BELOW under (best) and TIGHT above (worst) the plan's: does not fit when even the best exceeds the
+    device's memory, tight when the worst would (``fits`` is true for both fits and tight: the run is launched)."""
     needed = allocated * (1 + FRAGMENTATION) + extra
     worst = allocated * (1 + TIGHT) * (1 + FRAGMENTATION) + extra
+    best = allocated * (1 - TIGHT_BELOW) * (1 + FRAGMENTATION) + extra
     if mem_gib is None:
-        return {"needed": needed, "worst": worst, "fits": None, "tight": False}
+        return {"needed": needed, "worst": worst, "best": best, "fits": None, "tight": False}
     limit = mem_gib * GIB
-    return {"needed": needed, "worst": worst, "fits": needed <= limit, "tight": needed <= limit < worst}
+    return {"needed": needed, "worst": worst, "best": best, "fits": best <= limit, "tight": best <= limit < worst}
 
 
 def margins_text() -> str:
     """The allowances, in words (memory_plan's ``allowance``)."""
     return (f"+{round(100 * FRAGMENTATION)}% allocator fragmentation, CUDA graph pools where a step is captured, "
             f"+{CONTEXT_BYTES / GIB:.1f} GiB CUDA context, +{NCCL_COMM_BYTES / GIB:.1f} GiB per NCCL communicator; "
-            f"tight: within the plan's {round(100 * TIGHT)}% error below the limit")
+            f"tight: within the plan's error of the limit ({round(100 * TIGHT_BELOW)}% above it to "
+            f"{round(100 * TIGHT)}% below)")

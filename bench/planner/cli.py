@@ -10,21 +10,38 @@ from typing import Optional
 from bench.planner.evaluate import FITS, Evaluator
 from bench.planner.job import Question, common_overrides, compose, job_overrides, parse
 from bench.planner.search import search
-from bench.planner.table import lines, record, write
+from bench.planner.table import lines, record, same_setting, write
 from bench.runs import override_key
 from bench.schema import ConfigError
 from bench.strategies.registry import specs
 
 log = logging.getLogger("bench.planner")
+HELP = """usage: python -m bench.planner [--config-dir DIR] [planner keys] [bench overrides]
+
+Plans your whole job: every strategy and layout that validates, its memory verdict (fits / tight / does not fit),
+its predicted tokens/s with the prediction's measured error, days and GPU-hours; ranked, each row a command.
+
+planner keys:
+  nodes=N gpus_per_node=G      the machine (default: the hardware preset's GPUs per node, one node)
+  tokens_per_step=1M           global batch in tokens (divided by model.seq_len); else model.global_batch
+  train_tokens=1T              tokens to train: days and GPU-hours per row
+  memory_budget_gib=N          verdicts against N GiB per GPU instead of the device's memory
+  measure_top=K measure_with=[...]  run the first K rows that fit for real, predicted beside measured
+  top=N out=DIR                rows printed (default 20); where plan.csv / plan.json go
+flags:
+  --config-dir DIR             your presets and probe profiles (DIR/hardware/NAME.yaml: hardware=NAME), as for bench
+bench overrides: every key python -m bench takes (model=..., model=hf model.hf_config=..., hardware=...,
+  model.seq_len=..., strategy=... to plan one strategy); docs/knobs.md lists them.
+exit codes: 0 a layout fits, 2 bad input (one line), 3 nothing fits."""
 
 
 def bases(q: Question, common: list[str]) -> tuple[dict[str, dict], bool]:
     """(strategy -> its composed config, whether the user named the strategy): the one named, else every one."""
     named = any(override_key(o) == "strategy" for o in q.overrides)
     if named:
-        cfg = compose(common)
+        cfg = compose(common, q.config_dirs)
         return {cfg["strategy"]["name"]: cfg}, True
-    return {name: compose([*common, f"strategy={name}"]) for name in specs()}, False
+    return {name: compose([*common, f"strategy={name}"], q.config_dirs) for name in specs()}, False
 
 
 def header_lines(facts: dict, q: Question, counts: dict) -> list[str]:
@@ -47,7 +64,7 @@ def header_lines(facts: dict, q: Question, counts: dict) -> list[str]:
 def plan(q: Question) -> tuple[dict, list[dict]]:
     """The answer: (header facts and counts, ranked records)."""
     t0 = time.time()
-    probe = compose(q.overrides)
+    probe = compose(q.overrides, q.config_dirs)
     if probe.get("tuning", "default") != "default":
         raise ConfigError("tuning", probe["tuning"], "the planner chooses every knob itself; leave tuning=default")
     sizing, facts = job_overrides(q, probe)
@@ -57,8 +74,9 @@ def plan(q: Question) -> tuple[dict, list[dict]]:
     fixed = {override_key(o) for o in q.overrides}
     ev = Evaluator()
     rows = search(by_strategy, facts["gpus_per_node"], fixed, ev, progress=lambda s: log.debug("%s", s))
-    records = [record(r, i + 1, by_strategy[r.strategy], common, named, q.train_tokens) for i, r in enumerate(rows)]
-    counts = {"planned": ev.planned, "invalid": len(ev.invalid), "rows": len(rows),
+    records = same_setting([record(r, i + 1, by_strategy[r.strategy], common, named, q.train_tokens,
+                                   q.bench_flags()) for i, r in enumerate(rows)])
+    counts = {"planned": ev.planned, "invalid": len(ev.invalid), "rows": len(records),
               "fits": sum(r["verdict"] == FITS for r in records),
               "tight": sum(r["verdict"] == "tight" for r in records),
               "no_fit": sum(r["verdict"] == "does not fit" for r in records), "seconds": time.time() - t0}
@@ -80,6 +98,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         q = parse(list(sys.argv[1:] if argv is None else argv))
+        if q.help:
+            print(HELP)
+            return 0
         head, records = plan(q)
     except ConfigError as e:
         print(str(e), file=sys.stderr)

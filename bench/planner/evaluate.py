@@ -37,7 +37,9 @@ class Row:
         return self.prediction["tokens_per_s"] if self.prediction else None
 
     def rank_key(self) -> tuple:
-        return ORDER[self.verdict], -(self.tokens_per_s or 0.0)
+        """Fits before tight before does-not-fit; the fastest first; among those that do not fit (no prediction),
+        the closest to fitting first."""
+        return ORDER[self.verdict], -(self.tokens_per_s or 0.0), self.memory.get("needed_mb") or 0.0
 
 
 def verdict_of(mem: dict) -> str:

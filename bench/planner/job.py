@@ -5,9 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
-
-from omegaconf import OmegaConf
+from typing import Iterable, Optional
 
 from bench.hardware import resolve as resolve_hardware
 from bench.runs import override_key
@@ -34,6 +32,12 @@ class Question:
     measure_with: list[str] = field(default_factory=list)
     top: int = 20
     out: Optional[str] = None
+    config_dirs: list[str] = field(default_factory=list)  # ``--config-dir DIR``: presets and probe profiles of yours
+    help: bool = False
+
+    def bench_flags(self) -> list[str]:
+        """The flags ``python -m bench`` needs to see what the planner saw (``--config-dir DIR``)."""
+        return [a for d in self.config_dirs for a in ("--config-dir", d)]
 
 
 def amount(key: str, value: str) -> float:
@@ -54,10 +58,30 @@ def _positive_int(key: str, value: str, least: int = 1) -> int:
     return int(value)
 
 
+CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
+HELP_FLAGS = ("--help", "-h")
+
+
 def parse(argv: list[str]) -> Question:
-    """Split the command line into the planner's keys (checked, one line naming a bad one) and bench overrides."""
+    """Split the command line into the planner's keys (checked, one line naming a bad one), the flags
+    ``python -m bench`` takes that a plan needs (``--config-dir``, ``--help``) and bench overrides."""
     q = Question(overrides=[])
-    for arg in argv:
+    args = iter(argv)
+    for arg in args:
+        flag, eq_, given = arg.partition("=")
+        if flag in CONFIG_DIR_FLAGS:
+            folder = given if eq_ else next(args, None)
+            if not folder or not Path(folder).expanduser().is_dir():
+                raise ConfigError(flag, folder, "needs a folder that exists (a config dir holding hardware/<name>.yaml "
+                                  "or model/<name>.yaml, as python -m bench --config-dir takes)")
+            q.config_dirs.append(str(Path(folder).expanduser().resolve()))
+            continue
+        if flag in HELP_FLAGS:
+            q.help = True
+            continue
+        if arg.startswith("-"):
+            raise ConfigError(flag, given or None, f"is not a planner flag: valid: {', '.join(CONFIG_DIR_FLAGS)} DIR, "
+                              f"{', '.join(HELP_FLAGS)}; everything else is key=value")
         key, eq, value = arg.partition("=")
         if key not in OPTIONS:
             q.overrides.append(arg)
@@ -77,16 +101,18 @@ def parse(argv: list[str]) -> Question:
     return q
 
 
-def compose(overrides: list[str]) -> dict:
-    """conf/config.yaml with the overrides, as ``python -m bench`` composes it (a plain dict, resolved)."""
+def compose(overrides: list[str], config_dirs: Iterable[str] = ()) -> dict:
+    """conf/config.yaml with the overrides (and the user's config dirs), as ``python -m bench`` composes it: a plain
+    dict with the model resolved once (bench/config.py run_config: a Hugging Face config read in)."""
     from hydra import compose as hydra_compose, initialize_config_dir
 
-    from bench.config import register_configs
+    from bench.config import register_configs, run_config
 
     register_configs()
+    extra = [f"hydra.searchpath=[{','.join('file://' + d for d in config_dirs)}]"] if config_dirs else []
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="planner"):
-        cfg = hydra_compose(config_name="config", overrides=list(overrides))
-    return OmegaConf.to_container(cfg, resolve=True)
+        cfg = hydra_compose(config_name="config", overrides=[*extra, *overrides])
+    return run_config(cfg, [override_key(o) for o in overrides])
 
 
 def job_overrides(q: Question, cfg: dict) -> tuple[list[str], dict]:

@@ -23,6 +23,8 @@ TP = (1, 2, 4, 8)
 PP = (1, 2, 4)
 RECOMPUTE = ("none", "selective", "full")
 LEADERS = 12  # rows whose strategy knobs are searched
+PER_STRATEGY = 2  # and each strategy's best rows
+UNFIT_STRATEGY = 24  # and, where none of a strategy's rows fits, that many of them
 MAX_COMBINATIONS = 32  # of a row's counted knobs' values
 MICRO_BATCH = "strategy.micro_batch_size"
 MICRO_BATCH_COUNT = "strategy.microbatches"
@@ -34,11 +36,15 @@ def divisors(n: int) -> list[int]:
 
 
 def layouts(spec: StrategySpec, world_size: int, per_node: int, fixed: set[str]) -> list[dict]:
-    """(tp, pp) changes of a strategy that splits the model; tensor parallelism stays inside a node."""
+    """(tp, pp) changes of a strategy that splits the model; tensor parallelism stays inside a node.  A strategy
+    whose default for a dimension is above 1 (``strategy=tp``, ``strategy=pp``) is that parallelism: its layouts
+    keep it above 1 (with 1 it is another strategy's layout under a second name)."""
     names = fields_of(spec.schema)
-    tps = [t for t in TP if t <= per_node and world_size % t == 0] if "tp" in names and "strategy.tp" not in fixed \
-        else [None]
-    pps = [p for p in PP if world_size % p == 0] if "pp" in names and "strategy.pp" not in fixed else [None]
+    least = {d: 2 if d in names and (names[d].default or 1) > 1 else 1 for d in ("tp", "pp")}
+    tps = [t for t in TP if least["tp"] <= t <= per_node and world_size % t == 0] \
+        if "tp" in names and "strategy.tp" not in fixed else [None]
+    pps = [p for p in PP if p >= least["pp"] and world_size % p == 0] \
+        if "pp" in names and "strategy.pp" not in fixed else [None]
     out = []
     for t, p in itertools.product(tps, pps):
         if (t or 1) * (p or 1) > world_size:
@@ -119,8 +125,7 @@ def improve_knobs(ev: Evaluator, base: dict, row: Row, fixed: set[str], knobs: I
     again for each; the best ranked.  Returns (best, the rows it was chosen among)."""
     counted = counted_knobs(ev, base, row, knobs)
     best, seen = row, [row]
-    combos = itertools.islice(itertools.product(*(values for _, values in counted)), MAX_COMBINATIONS)
-    for combo in combos:
+    for combo in nearest_combinations(counted, [get_key(row.plan.cfg, k) for k, _ in counted]):
         cand = best_micro_batch(ev, base, {**row.changes, **dict(zip((k for k, _ in counted), combo))}, fixed)
         if cand is None:
             continue
@@ -128,6 +133,15 @@ def improve_knobs(ev: Evaluator, base: dict, row: Row, fixed: set[str], knobs: I
         if cand.rank_key() < best.rank_key():
             best = cand
     return best, seen
+
+
+def nearest_combinations(counted: list[tuple], current: list) -> list[tuple]:
+    """The counted knobs' value combinations, those that change the fewest knobs from the row's ``current`` values
+    first, ``MAX_COMBINATIONS`` at most: every single change is tried before any pair (a cut-off product would
+    never vary the first knobs)."""
+    combos = itertools.product(*(values for _, values in counted))
+    ranked = sorted(combos, key=lambda c: sum(v != cur for v, cur in zip(c, current)))
+    return ranked[:MAX_COMBINATIONS]
 
 
 def grid(spec: StrategySpec, cfg: dict, per_node: int, fixed: set[str]) -> list[dict]:
@@ -149,11 +163,25 @@ def search(bases: dict[str, dict], per_node: int, fixed: set[str], ev: Evaluator
         progress(f"{name}: {len(groups)} groups")
         rows += [r for r in (best_micro_batch(ev, base, g, fixed) for g in groups) if r is not None]
     rows.sort(key=Row.rank_key)
-    for i, row in enumerate(rows[:LEADERS]):
-        if row.verdict == FITS:
-            base = bases[row.strategy]
-            rows[i], _ = improve_knobs(ev, base, row, fixed, tunable_knobs(get_spec(row.strategy), fixed))
+    for i in leaders(rows):
+        row = rows[i]
+        rows[i], _ = improve_knobs(ev, bases[row.strategy], row, fixed, tunable_knobs(get_spec(row.strategy), fixed))
     return _unique(sorted(rows, key=Row.rank_key))
+
+
+def leaders(rows: list[Row]) -> list[int]:
+    """Indexes of the rows whose knobs are searched: the ``LEADERS`` best overall, each strategy's ``PER_STRATEGY``
+    best, and, for a strategy none of whose rows fits, its ``UNFIT_STRATEGY`` closest to fitting (a knob the plan
+    counts, FSDP2's sync_every_microbatch or an offload, can make a layout fit that does not without it)."""
+    fitting = {r.strategy for r in rows if r.verdict == FITS}
+    picked: dict[int, None] = {}
+    per: dict[str, int] = {}
+    for i, r in enumerate(rows):
+        n = per.get(r.strategy, 0)
+        if i < LEADERS or n < (PER_STRATEGY if r.strategy in fitting else UNFIT_STRATEGY):
+            picked[i] = None
+        per[r.strategy] = n + 1
+    return list(picked)
 
 
 def _unique(rows: list[Row]) -> list[Row]:

@@ -27,8 +27,24 @@ def command_overrides(row: Row, base: dict, common: list[str], strategy_set: boo
     return [*common, *own]
 
 
+# keys a row's layout columns already show (the rest of what the search changed is the row's "knobs")
+SHOWN = {"strategy.tp", "strategy.pp", "strategy.micro_batch_size", "strategy.microbatches", "recompute", "precision",
+         "compile"}
+
+
+def knobs(row: Row, base: dict) -> str:
+    """The strategy and every knob the search set to other than its composed default, beyond the layout columns
+    (ZeRO's stage, FSDP2's reshard and unit size, offload, ...): what tells two rows of one layout apart."""
+    from bench.strategies.registry import get_spec
+
+    always = set(get_spec(row.strategy).search_bases)  # ZeRO's stage: a row's identity even at its default
+    own = [f"{k.split('.', 1)[-1]}={fmt(v)}" for k, v in sorted(row.changes.items())
+           if k not in SHOWN and (v != get_key(base, k) or k in always)]
+    return " ".join([row.strategy, *own])
+
+
 def record(row: Row, rank: int, base: dict, common: list[str], strategy_set: bool,
-           train_tokens: Optional[float]) -> dict:
+           train_tokens: Optional[float], flags: tuple[str, ...] | list[str] = ()) -> dict:
     """One row of the answer as plain values (the CSV / JSON record)."""
     days, gpu_hours = job_cost(row, train_tokens)
     mem, lay = row.memory, row.memory["layout"]
@@ -38,7 +54,7 @@ def record(row: Row, rank: int, base: dict, common: list[str], strategy_set: boo
         "rank": rank, "verdict": row.verdict, "strategy": row.strategy,
         "tp": lay["tp"], "pp": lay["pp"], "dp": lay["dp"], "micro_batch_size": lay["micro_batch_size"],
         "grad_accum": lay["microbatches"], "recompute": lay["recompute"], "precision": row.plan.cfg["precision"],
-        "compile": row.plan.cfg["compile"],
+        "compile": row.plan.cfg["compile"], "knobs": knobs(row, base),
         "tokens_per_s": round(row.tokens_per_s) if row.tokens_per_s else None,
         "mfu": round(u, 4) if u is not None else None,
         "peak_gib": round(mem["predicted_peak_allocated_mb"] / 1024, 1),
@@ -47,7 +63,7 @@ def record(row: Row, rank: int, base: dict, common: list[str], strategy_set: boo
         "days": round(days, 2) if days is not None else None,
         "gpu_hours": round(gpu_hours) if gpu_hours is not None else None,
         "error": error_statement(row.prediction) if row.prediction else None,
-        "command": " ".join(["python -m bench", *overrides]), "overrides": overrides,
+        "command": " ".join(["python -m bench", *flags, *overrides]), "overrides": overrides,
         "changes": {k: v for k, v in row.changes.items()},
     }
 
@@ -56,22 +72,61 @@ def _num(v: Any, spec: str, none: str = "-") -> str:
     return none if v is None else format(v, spec)
 
 
+def same_setting(records: list[dict]) -> list[dict]:
+    """One row per distinct setting: rows that plan the same layout to the same memory and throughput under
+    different strategy names (megatron, tp with tp=1, pp with pp=1 run one megatron-core layout) are one row,
+    the first kept with the others named in its ``also``; ranks are renumbered."""
+    out, seen = [], {}
+    for r in records:
+        key = (r["tp"], r["pp"], r["dp"], r["micro_batch_size"], r["grad_accum"], r["recompute"], r["precision"],
+               r["compile"], r["tokens_per_s"], r["peak_gib"], r["needed_gib"], r["verdict"],
+               tuple(r["knobs"].split(" ")[1:]))
+        if key in seen:
+            seen[key].setdefault("also", []).append(r["strategy"])
+            continue
+        seen[key] = r
+        out.append({**r, "rank": len(out) + 1})
+    return out
+
+
+def error_notes(records: list[dict]) -> list[str]:
+    """Each distinct error statement of the printed rows once, with the ranks it applies to."""
+    by_error: dict[str, list[int]] = {}
+    for r in records:
+        if r["error"]:
+            by_error.setdefault(r["error"], []).append(r["rank"])
+    if len(by_error) == 1:
+        return [f"the prediction's error, the same for every row: {next(iter(by_error))}"]
+    return [f"the prediction's error, rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}: {err}"
+            for err, ranks in by_error.items()]
+
+
+def _ranges(ranks: list[int]) -> str:
+    """1, 2, 3, 5 -> '1-3, 5'."""
+    parts, start = [], ranks[0]
+    for a, b in zip(ranks, ranks[1:] + [None]):
+        if b != a + 1:
+            parts.append(f"{start}-{a}" if a != start else str(a))
+            start = b
+    return ", ".join(parts)
+
+
 def lines(records: list[dict], top: int) -> list[str]:
-    """The printed table: the first ``top`` rows, then the prediction's error statement once when it is shared."""
-    head = (f"{'rank':>4}  {'verdict':<12} {'precision':<9} {'tp pp dp mb x accum':<20} {'tokens/s':>10} {'MFU':>6} "
-            f"{'peak':>6} {'needed':>7} {'days':>8} {'GPU-hours':>10}  command")
-    out = [head, "-" * len(head)]
-    for r in records[:top]:
+    """The prediction's error statements once each, then the table of the first ``top`` rows."""
+    shown = records[:top]
+    head = (f"{'rank':>4}  {'verdict':<12} {'precision':<14} {'recompute':<9} {'tp pp dp mb x accum':<20} "
+            f"{'tokens/s':>10} {'MFU':>6} "
+            f"{'peak':>6} {'needed':>7} {'days':>8} {'GPU-hours':>10}  {'strategy and knobs':<40} command")
+    out = [*error_notes(shown), head, "-" * len(head)]
+    for r in shown:
         lay = f"{r['tp']} {r['pp']} {r['dp']} {r['micro_batch_size']} x {r['grad_accum']}"
-        out.append(f"{r['rank']:>4}  {r['verdict']:<12} {r['precision']:<9} {lay:<20} "
+        also = f" (= {', '.join(r['also'])})" if r.get("also") else ""
+        prec = r["precision"] + (" compiled" if r["compile"] else "")
+        out.append(f"{r['rank']:>4}  {r['verdict']:<12} {prec:<14} {r['recompute']:<9} {lay:<20} "
                    f"{_num(r['tokens_per_s'], ',.0f'):>10} "
                    f"{_num(r['mfu'] and 100 * r['mfu'], '.1f'):>5}% {r['peak_gib']:>5.1f}G {r['needed_gib']:>6.1f}G "
-                   f"{_num(r['days'], ',.1f'):>8} {_num(r['gpu_hours'], ',.0f'):>10}  {r['command']}")
-    errors = {r["error"] for r in records[:top] if r["error"]}
-    if len(errors) == 1:
-        out.append(f"the prediction's error, the same for every row: {errors.pop()}")
-    else:
-        out += [f"  rank {r['rank']}: {r['error']}" for r in records[:top] if r["error"]]
+                   f"{_num(r['days'], ',.1f'):>8} {_num(r['gpu_hours'], ',.0f'):>10}  {r['knobs'] + also:<40} "
+                   f"{r['command']}")
     return out
 
 
