@@ -3,13 +3,17 @@
 A run submitted to SLURM goes through the sweeper and its launcher even when it is one run: Hydra runs a
 single run without any launcher, so ``hydra/launcher=slurm`` (or ``submit=slurm``) on the command line
 without ``--multirun`` is made a one-job sweep here, and both spellings set the other (``submit`` tells
-validation that the run's GPUs are the cluster's, not this machine's: bench/hardware_rules.py).
+validation that the run's GPUs are the cluster's, not this machine's: bench/hardware_rules.py).  The overrides
+it adds join the command line's own overrides, before Hydra's options: Hydra's parser takes the overrides as one
+run of words, so ``hydra/launcher=slurm --cfg hydra`` (``--info``, ``--resolve``, ``--help``) keeps working.
+A config-group typo (``model=lama3_8b``) is one line and exit 2 (bench/cli_errors.py).
 """
 import sys
 from pathlib import Path
 
 import hydra
 
+from bench.cli_errors import install as one_line_group_typos
 from bench.config import register_configs
 from bench.job import main_task
 
@@ -25,6 +29,32 @@ SINGLE_RUN_EXIT = "hydra_plugins.bench_plugins.callbacks.SingleRunSweepCallback"
 # Hydra's own commands: with one of them given, no --multirun is added
 _COMMANDS = {"-m", "--multirun", "-r", "--run", "-c", "--cfg", "-i", "--info", "-h", "--help", "--hydra-help",
              "-sc", "--shell-completion"}
+# Hydra's options that take the next word as their value (unless written --option=value); --info takes one of
+# its topics if one follows
+_VALUED = {"-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
+           "--experimental-rerun"}
+_INFO = {"-i", "--info"}
+_INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(Hydra's options with their values, the overrides), each in the command line's order.  Hydra's parser
+    takes the overrides as one run of words: an override added after ``--cfg hydra`` would be "unrecognized"."""
+    options: list[str] = []
+    overrides: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if not a.startswith("-"):
+            overrides.append(a)
+        else:
+            options.append(a)
+            takes = a in _VALUED or (a in _INFO and i + 1 < len(argv) and argv[i + 1] in _INFO_TOPICS)
+            if takes and "=" not in a and i + 1 < len(argv):
+                i += 1
+                options.append(argv[i])
+        i += 1
+    return options, overrides
 
 
 def _value(argv: list[str], key: str) -> str | None:
@@ -44,7 +74,7 @@ def submit_argv(argv: list[str]) -> list[str]:
     launcher, submit = _value(argv, "hydra/launcher"), _value(argv, "submit")
     if submit in (None, "null") and launcher not in SUBMITTERS:
         return argv
-    out = list(argv)
+    options, out = split_argv(argv)  # the overrides, then Hydra's options: the added overrides join the first
     if submit in (None, "null"):
         if submit == "null":
             sys.exit(f"invalid config: submit=null contradicts hydra/launcher={launcher}, which submits; "
@@ -56,10 +86,10 @@ def submit_argv(argv: list[str]) -> list[str]:
         out.append(f"hydra/launcher={submit}")
     elif launcher != submit:
         sys.exit(f"invalid config: submit={submit} contradicts hydra/launcher={launcher}; set only one of them")
-    if not _COMMANDS & set(a.split("=", 1)[0] for a in argv):
-        out.insert(0, "--multirun")  # one run or a sweep: the sweeper plans, submits and waits for it
+    if not _COMMANDS & set(a.split("=", 1)[0] for a in options):
+        options.insert(0, "--multirun")  # one run or a sweep: the sweeper plans, submits and waits for it
         out.append(f"hydra.callbacks.bench_sweep._target_={SINGLE_RUN_EXIT}")
-    return out
+    return (options[:1] + out + options[1:]) if options[:1] == ["--multirun"] else out + options
 
 
 register_configs()
@@ -72,4 +102,5 @@ def main(cfg):
 
 if __name__ == "__main__":
     sys.argv[1:] = submit_argv(sys.argv[1:])
+    one_line_group_typos()
     main()

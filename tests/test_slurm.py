@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
+from tests.fake_slurm import fake_slurm
 
 
 def test_two_submitit_tasks_run_one_gloo_ddp_job(tmp_path):
@@ -113,15 +114,11 @@ def test_time_limit_warning_that_could_come_at_the_start_is_refused():
 def test_slurm_job_the_warning_could_end_at_its_start_is_not_submitted(tmp_path):
     """hydra/launcher=slurm with hydra.launcher.timeout_min=1 (signal_delay_s=120 from slurm.yaml): the
     run is recorded failed with the ConfigError, sbatch is never called, the sweep ends with its summary."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
     called = tmp_path / "sbatch_called"
-    (fake / "sbatch").write_text(f"#!/bin/sh\ntouch {called}\nexit 1\n")
-    (fake / "sbatch").chmod(0o755)
+    env = fake_slurm(tmp_path / "bin", f"touch {called}\nexit 1")
     sweep = tmp_path / "multirun"
     args = [sys.executable, "-m", "bench", "--multirun", "hydra/launcher=slurm", "hydra.launcher.timeout_min=1",
             "strategy=single", "device=cpu", "precision=fp32", "steps=2", "warmup_steps=1", f"hydra.sweep.dir={sweep}"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PATH": f"{fake}{os.pathsep}{os.environ.get('PATH', '')}"}
     p = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=240, env=env)
     out = p.stdout + p.stderr
     assert p.returncode == 1, out[-4000:]
@@ -201,8 +198,9 @@ def test_hydra_launcher_slurm_without_multirun_is_a_one_job_submission():
     assert submit_argv(["hydra/launcher=slurm", "steps=2"]) == [
         "--multirun", "hydra/launcher=slurm", "steps=2", "submit=slurm", exit_cb]
     assert submit_argv(["submit=slurm"]) == ["--multirun", "submit=slurm", "hydra/launcher=slurm", exit_cb]
-    assert submit_argv(["-m", "hydra/launcher=slurm"]) == ["-m", "hydra/launcher=slurm", "submit=slurm"]
-    assert submit_argv(["--cfg", "job", "submit=slurm"]) == ["--cfg", "job", "submit=slurm", "hydra/launcher=slurm"]
+    # the overrides first, as one run of words, then Hydra's options (tests/test_cli_errors.py: Hydra's flags)
+    assert submit_argv(["-m", "hydra/launcher=slurm"]) == ["hydra/launcher=slurm", "submit=slurm", "-m"]
+    assert submit_argv(["--cfg", "job", "submit=slurm"]) == ["submit=slurm", "hydra/launcher=slurm", "--cfg", "job"]
     assert submit_argv(["hydra/launcher=local_tasks", "x=1"]) == ["hydra/launcher=local_tasks", "x=1"]
     with pytest.raises(SystemExit, match="submit=slurm contradicts hydra/launcher=local_tasks"):
         submit_argv(["submit=slurm", "hydra/launcher=local_tasks"])
@@ -212,14 +210,9 @@ def test_one_run_is_submitted_without_multirun(tmp_path):
     """``python -m bench hydra/launcher=slurm hardware=a100_80gb`` on this CPU machine: planned for the A100 and
     handed to sbatch as a one-job sweep (one GPU asked for; this fake sbatch refuses it: the run is recorded
     failed, exit 1); without hardware= it is refused before sbatch, in one line, exit 2 as a single run."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
     script = tmp_path / "sbatch_script"
-    (fake / "sbatch").write_text(f'#!/bin/sh\ncat "$@" > {script}\necho "sbatch: error: no such cluster" >&2\nexit 1\n')
-    (fake / "sbatch").chmod(0o755)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "",
-           "PATH": f"{fake}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env.pop("SUBMITIT_EXECUTOR", None)
+    env = {**fake_slurm(tmp_path / "bin", f'cat "$@" > {script}\necho "sbatch: error: no such cluster" >&2\nexit 1'),
+           "CUDA_VISIBLE_DEVICES": ""}
 
     def submit(sweep, *overrides: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "bench", "hydra/launcher=slurm", "steps=2", "warmup_steps=1",

@@ -11,6 +11,7 @@ from typing import Callable, Optional, Sequence
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from bench.cli_errors import missing_option
 from bench.config import validate
 from bench.planner.resolve import resolved
 from bench.memory_model import fits, memory_plan
@@ -18,6 +19,7 @@ from bench.metrics import identity
 from bench.runs import override_key, run_key
 from bench.schema import ConfigError, Plan
 from bench.sweep.cost import CostModel, fmt_s, history_records
+from bench.sweep.status_report import NOT_RUN, reason_lines
 
 log = logging.getLogger("bench.sweep")
 
@@ -77,7 +79,8 @@ def compose(job: Job, load: Callable[[list[str]], DictConfig], gpus: Callable[[d
             del sc["hydra"]
         job.cfg = OmegaConf.to_container(sc, resolve=True)
     except Exception as e:  # an override or interpolation that cannot be resolved for this job
-        job.action, job.reason = "invalid", f"configuration cannot be composed: {' '.join(str(e).split())}"
+        job.action = "invalid"  # a group typo (model=lama3_8b) in one line, else Hydra's message on one
+        job.reason = missing_option(e) or f"configuration cannot be composed: {' '.join(str(e).split())}"
         job.error = {"rank": None, "type": type(e).__name__, "message": str(e), "traceback": None,
                      "key": None, "value": None}
         job.key = hashlib.sha256(" ".join(job.overrides).encode()).hexdigest()[:16]
@@ -125,10 +128,13 @@ def log_plan(jobs: list[Job], to_run: list[Job], sweep_dir: Path, history: Seque
     elif to_run:
         log.info("[sweep] no earlier results of these model/strategy/world sizes: no GPU time estimate")
     for j in jobs:
-        if j.action != "run" or dry:
+        if (j.action != "run" or dry) and not (j.action in NOT_RUN and not dry):
             mem = f" | {j.memory['summary']}" if j.memory and dry else ""
             log.info("[sweep]   #%d %s: %s%s%s", j.num, " ".join(j.record()["overrides"]) or "(defaults)",
                      j.action, f" ({j.reason.splitlines()[0]})" if j.reason else "", mem)
+    if to_run and not dry:  # invalid / predicted not to fit: each reason once (none to run: the summary says them)
+        for line in reason_lines([(j.action, j.num, j.reason) for j in jobs if j.action in NOT_RUN]):
+            log.info("%s", line)
 
 
 def declare_preloads(to_run: list[Job]) -> None:

@@ -59,12 +59,43 @@ def summarize(sweep_dir: Path, manifest: Optional[dict] = None) -> dict:
 
 
 def exit_code_of(summary: dict, interrupted: bool) -> int:
+    """130 interrupted; 1 a run failed, ran out of memory, timed out or never reported; 2 (3) no run could run:
+    every one was invalid (or predicted not to fit, none invalid); else 0."""
     c = summary["counts"]
     if interrupted or c["interrupted"]:
         return 130
     if c["failed"] or c["oom"] or c["timeout"] or c["unknown"]:
         return 1
+    if summary["runs"] and c["invalid"] + c["skipped"] == summary["runs"]:
+        return 2 if c["invalid"] else 3
     return 0
+
+
+NOT_RUN = ("invalid", "skipped")  # recorded without running: listed by reason, not one line per run
+
+
+def job_numbers(nums: list) -> str:
+    """``#0-#74`` / ``#1, #4, #7-#9``: job numbers in ranges (at most 12 ranges, then how many more)."""
+    nums = sorted(n for n in nums if isinstance(n, int))
+    spans: list[list[int]] = []
+    for n in nums:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    text = [f"#{a}" if a == b else f"#{a}-#{b}" for a, b in spans]
+    return ", ".join(text[:12]) + (f", ... ({len(text) - 12} more)" if len(text) > 12 else "")
+
+
+def reason_lines(items: list[tuple[str, Optional[int], Optional[str]]], prefix: str = "[sweep]   ") -> list[str]:
+    """One line per distinct (status, reason) of ``items`` - (status, job number, reason) -, with how many runs
+    and which: a reason shared by 75 runs is printed once."""
+    groups: dict[tuple[str, str], list] = {}
+    for status, num, reason in items:
+        first = str(reason).splitlines()[0] if reason else "no reason recorded"
+        groups.setdefault((status, first), []).append(num)
+    return [f"{prefix}{len(nums)} {status} ({job_numbers(nums)}): {why[:600]}"
+            for (status, why), nums in groups.items()]
 
 
 def format_summary(s: dict, code: int) -> list[str]:
@@ -75,14 +106,15 @@ def format_summary(s: dict, code: int) -> list[str]:
              f"not_run={c['pending']} unknown={c['unknown']} (resumed={s['resumed']}, skipped as invalid="
              f"{c['invalid']}) exit={code}"]
     for r in s["rows"]:
+        if r["status"] in NOT_RUN:
+            continue
         ident = f"{r.get('model')}/{r.get('strategy')} ws={r.get('world_size')}"
         wall = f" {r['wall_s']:.1f} s" if r.get("wall_s") else ""
         over = f" (overhead {r['overhead_s']:.1f} s)" if r.get("overhead_s") else ""
-        why = ""
-        if r["status"] not in ("completed",) and r.get("reason"):
-            why = " - " + str(r["reason"]).splitlines()[0][:160]
         tag = " [resumed]" if r["resumed"] else ""
-        lines.append(f"[sweep]   #{r.get('num')} {r.get('dir')}/ {r['status']:<11} {ident}{wall}{over}{tag}{why}")
+        lines.append(f"[sweep]   #{r.get('num')} {r.get('dir')}/ {r['status']:<11} {ident}{wall}{over}{tag}")
+    lines += reason_lines([(r["status"], r.get("num"), r.get("reason")) for r in s["rows"]
+                           if r["status"] != "completed"])
     lines.append(f"[sweep] results in {s['sweep_dir']}")
     return lines
 

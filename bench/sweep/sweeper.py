@@ -131,6 +131,8 @@ class BenchSweeper(Sweeper):
     def execute(self, jobs: list[Job], plan_s: float = 0.0) -> list:
         """Log the plan, record what will not run, then run the rest (one at a time, or all at once)."""
         to_run = [j for j in jobs if j.action == "run"]
+        if to_run and not self.dry:
+            self.refuse_unsubmittable()
         cwd = Path(str(OmegaConf.select(self.config, "hydra.runtime.cwd", default=os.getcwd())))
         log_plan(jobs, to_run, self.sweep_dir, [self.sweep_dir, cwd / "multirun", *map(Path, map(str, self.history))],
                  self.resume, self.rerun, plan_s, self.dry)
@@ -151,6 +153,15 @@ class BenchSweeper(Sweeper):
         if not to_run:
             return []
         return Runner(self.folder, self.launcher, self.over_budget, self.run_ended).run(to_run, sequential)
+
+    def refuse_unsubmittable(self) -> None:
+        """Exit 2 with one line, before any run is recorded, where the launcher says nothing can be submitted
+        (hydra/launcher=slurm without a SLURM client here, or with a partition the cluster lacks)."""
+        fn = getattr(self.launcher, "preflight", None)
+        why = fn() if fn is not None else None
+        if why:
+            print(f"bench: {why}; nothing was submitted", file=sys.stderr, flush=True)
+            raise SystemExit(2)
 
     def over_budget(self) -> Optional[str]:
         """Why no further run should start (None: go on); the knob search stops at its GPU-time budget."""

@@ -7,6 +7,7 @@ from typing import Optional
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher, SlurmLauncher
 from omegaconf import DictConfig
 
+from bench.launch.slurm import preflight
 from bench.launch.slurm.collect import JobCollector, squeue_states
 from bench.launch.slurm.resources import JobResources, check_warning_time
 from bench.launch.slurm.submit import JobSubmitter
@@ -21,6 +22,11 @@ class BenchSlurmLauncher(PerJobLauncher, SlurmLauncher):
     """hydra/launcher=slurm: one SLURM job per run, sized by its world_size; jobs run in parallel."""
 
     parallel_jobs = True
+
+    def preflight(self) -> Optional[str]:
+        """Why no job of the sweep can be submitted (no SLURM client, no such partition), in one line; None: go
+        on.  The sweeper asks before it records any run (bench/launch/slurm/preflight.py)."""
+        return preflight.check(self.params)
 
     def check_resources(self, res: dict) -> None:
         check_warning_time(res.get("timeout_min"), self.params.get("signal_delay_s"))

@@ -1,9 +1,13 @@
 """Submit each job of a sweep on its own, with its own size: a fresh submitit executor per job (no job
 array: SLURM runs them in parallel).  A job sbatch refuses (GPUs, a partition or an account the
-cluster lacks), or bench refuses before sbatch (ConfigError), is recorded ``failed`` with the reason,
-and the sweep goes on instead of ending with a traceback and its runs left ``pending``."""
+cluster lacks), or bench refuses before sbatch (ConfigError), is recorded ``failed`` with the reason in one
+line (bench/launch/slurm/preflight.py ``refusal``), and the sweep goes on instead of ending with a traceback and
+its runs left ``pending``; a refusal about the launcher's settings (account, partition, QOS) is the answer for
+every job: the jobs after it are recorded with it, not submitted again."""
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -13,6 +17,7 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import DictConfig
 
 from bench.launch.slurm.interrupt import cancel_unfinished
+from bench.launch.slurm.preflight import refusal
 from bench.launch.slurm.record import job_dir, log, mark_failed
 from bench.schema import ConfigError
 
@@ -35,6 +40,8 @@ class JobSubmitter:
     _EXECUTOR: str
     parallel_jobs = False  # the bench sweeper launches jobs one at a time unless True
     job_nums: Optional[list[int]] = None  # set by the bench sweeper: the jobs' numbers
+    _for_all: Optional[str] = None
+    _said: set[str]  # the refusals logged so far in this launch
     params: dict
     config: Optional[DictConfig]
     hydra_context: Any
@@ -48,6 +55,8 @@ class JobSubmitter:
         _repository_importable()
         submitted: list = []  # (num, overrides, sweep config, submitit job)
         refused: dict[int, JobReturn] = {}
+        self._said = set()
+        self._for_all = None  # a refusal that is every job's answer (the account, partition or QOS)
         try:
             for num, overrides in zip(nums, job_overrides):
                 self._submit(num, list(overrides), submitted, refused)
@@ -72,31 +81,39 @@ class JobSubmitter:
         it was not (in ``refused``)."""
         sc = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
         res = self.job_resources(sc)
+        if self._for_all is not None:  # sbatch refused an earlier job for a setting all of them share
+            refused[num] = self._refused(num, overrides, sc, self._for_all)
+            return
         try:  # refused before sbatch: e.g. a time limit the time-limit warning could end at its start
             self.check_resources(res)
         except ConfigError as e:
-            refused[num] = self._refused(num, overrides, sc, e)
+            refused[num] = self._refused(num, overrides, sc, str(e))
             return
-        executor = self._executor()
-        executor.update_parameters(**{**self._base_params(), **self._prefixed(res)})
         try:
-            job = executor.submit(self, overrides, "hydra.sweep.dir", num, f"job_id_for_{num}", Singleton.get_state())
+            executor = self._executor()
+            executor.update_parameters(**{**self._base_params(), **self._prefixed(res)})
+            with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's stderr: it is in the record
+                job = executor.submit(self, overrides, "hydra.sweep.dir", num, f"job_id_for_{num}",
+                                      Singleton.get_state())
         except Exception as e:  # sbatch refused it (GPUs, partition, account the cluster lacks):
-            refused[num] = self._refused(num, overrides, sc, e)  # this run fails, the sweep goes on
+            line, for_all = refusal(e, self.params)  # this run fails, the sweep goes on
+            self._for_all = line if for_all else None
+            refused[num] = self._refused(num, overrides, sc, line)
             return
         log.info("[%s] #%d submitted as %s: %s (%s)", self._EXECUTOR, num, job.job_id,
                  " ".join(filter_overrides(overrides)), ", ".join(f"{k}={v}" for k, v in res.items() if v is not None))
         submitted.append((num, overrides, sc, job))
 
-    def _refused(self, num: int, overrides: list, sc: DictConfig, e: Exception) -> JobReturn:
-        """Record the run of a job that was not submitted ``failed``, with why; the sweep goes on."""
+    def _refused(self, num: int, overrides: list, sc: DictConfig, msg: str) -> JobReturn:
+        """Record the run of a job that was not submitted ``failed``, with why (one line); the sweep goes on."""
         from bench.runs import read_result
 
         d = job_dir(sc, num)
         r = read_result(d) if d.is_dir() else None
-        msg = f"the job could not be submitted: {type(e).__name__}: {' '.join(str(e).split())[-2000:]}"
         mark_failed(d, sc, msg, r.info if r else {})
-        log.error("[%s] #%d: %s", self._EXECUTOR, num, msg)
+        if msg not in self._said:  # each reason once; the sweep's summary counts the runs it ended
+            self._said.add(msg)
+            log.error("[%s] #%d: %s", self._EXECUTOR, num, msg)
         ret = JobReturn(overrides=overrides, working_dir=os.getcwd(), task_name="bench")
         ret.return_value = "failed"
         ret.status = JobStatus.COMPLETED  # recorded; the sweep goes on
