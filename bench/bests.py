@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterable, Optional
 from bench.hardware import match as match_hardware
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.schema import BenchConfig, fields_of
+from bench.units import count_text
 
 SHIPPED = Path(__file__).with_name("bests.json")
 NEAR = 1.0
@@ -127,7 +128,7 @@ def plan_workload(plan, device: Optional[str]) -> dict:
 
 def describe(e: dict) -> str:
     w = e["workload"]
-    return (f"{w.get('model')} ({w['arch']}, {w['parameters'] / 1e9:.3g}B parameters), world_size {w['world_size']}, "
+    return (f"{w.get('model')} ({w['arch']}, {count_text(w['parameters'])} parameters), world_size {w['world_size']}, "
             f"{w['tokens_per_microbatch']} tokens per micro-batch, {w['precision']} on {w['device']}")
 
 

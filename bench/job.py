@@ -36,6 +36,7 @@ from bench.jsonio import read_json_dict, write_json_atomic
 from bench.metrics import STATUSES, identity
 from bench.runs import holds_completed, read_failures, run_key, write_status
 from bench.schema import ConfigError, Plan
+from bench.units import count_text
 
 log = logging.getLogger("bench")
 
@@ -236,8 +237,8 @@ def dry_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = ()) -> str
     mem = plan.memory
     verdict = fits(mem, plan)
     lay = mem["layout"]
-    log.info("plan: model=%s (%.3gB parameters, %.3g GFLOP/token) strategy=%s world_size=%d tp=%d pp=%d dp=%d "
-             "micro-batch %d x %d, recompute=%s; %s%s", plan.model["name"], mem["parameters"] / 1e9,
+    log.info("plan: model=%s (%s parameters, %.3g GFLOP/token) strategy=%s world_size=%d tp=%d pp=%d dp=%d "
+             "micro-batch %d x %d, recompute=%s; %s%s", plan.model["name"], count_text(mem["parameters"]),
              mem["flops_per_token"] / 1e9, plan.strategy["name"], plan.world_size, lay["tp"], lay["pp"], lay["dp"],
              lay["micro_batch_size"], lay["microbatches"], lay["recompute"], mem["summary"],
              f" -> would be skipped: {verdict}; {way_out(plan)}" if verdict else "")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from multirun_analysis import trust
 from multirun_analysis.load import load_runs, problems_of
 from multirun_analysis.planned import planned
 from multirun_analysis.plots import NoDataError, make_plots
@@ -69,6 +70,8 @@ def analyze(*paths, out_dir=None, plots: bool = True, memory_budget_gib: float |
     summary = summarize(runs)
     for _, r in summary[summary["baseline_note"].notna()].iterrows() if len(summary) else []:
         problems.append(("", f"{r['model']}/{r['label']} ws={r['world_size']:g}: {r['baseline_note']}"))
+    if trust.unrecorded_host_load(runs):
+        problems.append(("", trust.unrecorded_host_load(runs)))
     failed = failed_runs(runs)
     overhead = fixed_overhead(runs)
     write_tables(out, runs, summary, failed, problems, overhead)

@@ -21,6 +21,9 @@
   ranking mixes them says so (float8 computes a numerically different thing; compare the losses too).
 * ``memory_budget_gib``: only runs whose measured peak per device (mem_peak_mb: the CUDA allocator's
   peak, or host RSS on CPU) fits are ranked; the others are listed with their peak.
+* **Not to trust**: a best whose runs are flagged (multirun_analysis/trust.py: few timed steps, a large spread of
+  step times, a busy host) keeps its place by its number but says so, and where the winner is flagged the
+  fastest strategy whose best is not flagged is named beside it.
 * The winner's command: the command it ran with (provenance), as the ``python -m bench ...`` that runs
   its setting once (bench.runs.rerun_command: without the sweep's or search's machinery).
 """
@@ -33,10 +36,11 @@ from typing import Optional
 import pandas as pd
 
 from bench.runs import rerun_command
+from bench.units import count_text
 from bench.strategies.registry import knob_text, specs
 from bench.schema import BenchConfig, fields_of
 from multirun_analysis import layouts
-from multirun_analysis.tables import fmt_value, key_columns, plain
+from multirun_analysis.tables import devices_word, fmt_value, key_columns, plain
 
 WORKLOAD = ("model", "world_size", "tokens_per_step")
 FLOAT8 = "fp8"  # the precision whose runs are named apart and flagged when ranked beside 16-bit ones
@@ -142,6 +146,8 @@ def default_vs_best(summary: pd.DataFrame) -> pd.DataFrame:
                      "knobs_that_differ": ", ".join(differ) if d is not None else "(no default run)",
                      "best_mem_peak_mb": best.get("mem_peak_mb"), "best_mfu": best.get("mfu"),
                      "command": best.get("command"), "n_settings": len(g),
+                     "not_to_trust": best.get("not_to_trust"), "device_type": best.get("device_type"),
+                     "total_params": best.get("total_params"),
                      "best_measured": f"{_timed_steps(g.loc[[best.name]]).iloc[0]:.0f} timed steps x "
                                       f"{fmt_value(best.get('n_runs'))} run(s)"})
     return pd.DataFrame(rows)
@@ -177,7 +183,9 @@ def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> 
         fits = g if budget is None else g[pd.to_numeric(g["best_mem_peak_mb"], errors="coerce") <= budget]
         over = g.drop(fits.index)
         fits = fits.sort_values("best_tokens_per_s", ascending=False)
-        head = f"**{model}, {ws} GPU{'s' if ws != '1' else ''}, {tps} tokens per step**"
+        size = _num(g["total_params"].max()) if "total_params" in g else math.nan
+        head = (f"**{model}{f' ({count_text(size)} parameters)' if size > 0 else ''}, {devices_word(g, float(ws))}, "
+                f"{tps} tokens per step**")
         if fits.empty:
             out.append(f"- {head}: no strategy fits {memory_budget_gib:g} GiB per GPU.")
         else:
@@ -188,7 +196,7 @@ def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> 
                        f"tokens/s, peak {_mib(w['best_mem_peak_mb'])} per device"
                        + (f" (within {memory_budget_gib:g} GiB)" if budget else "")
                        + (f"; ties with {', '.join(tied)} (the repeats overlap: their order is run-to-run noise)"
-                          if tied else "") + ":")
+                          if tied else "") + _distrust(w) + _trusted_instead(w, fits) + ":")
             cmd = command_line(w["command"])
             if cmd:
                 out += ["", "  ```bash", f"  {cmd}", "  ```", ""]
@@ -201,12 +209,29 @@ def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> 
                 pct = 100 * r["best_tokens_per_s"] / w["best_tokens_per_s"]
                 out.append(f"    {i}. {r['strategy_id']}: {pct:.0f}% of the winner{tie}; {gain}; peak "
                            f"{_mib(r['best_mem_peak_mb'])}; measured over {r['best_measured']}"
-                           + (f" ({_layout(r)[2:]})" if _layout(r) else ""))
+                           + (f" ({_layout(r)[2:]})" if _layout(r) else "") + _distrust(r))
         for _, r in over.iterrows():
             out.append(f"    - does not fit {memory_budget_gib:g} GiB: {r['strategy_id']} (peak "
                        f"{_mib(r['best_mem_peak_mb'])})")
         out += _precision_note(g)
     return out
+
+
+def _distrust(r: pd.Series) -> str:
+    """"; not to trust: <flags>" of a ranked row whose best run(s) are flagged (multirun_analysis/trust.py), else ""."""
+    f = r.get("not_to_trust")
+    return f"; **not to trust: {f}** (see Problems)" if isinstance(f, str) and f else ""
+
+
+def _trusted_instead(w: pd.Series, fits: pd.DataFrame) -> str:
+    """Where the winner is flagged: the fastest strategy whose best is not, and its share of the winner."""
+    if not _distrust(w):
+        return ""
+    ok = [r for _, r in fits.iterrows() if not _distrust(r)]
+    if not ok:
+        return "; no strategy of this workload was measured without a flag"
+    r = ok[0]
+    return f"; the fastest not flagged: {r['strategy_id']} ({100 * r['best_tokens_per_s'] / w['best_tokens_per_s']:.0f}%)"
 
 
 def _precision_note(g: pd.DataFrame) -> list[str]:

@@ -27,7 +27,7 @@ from bench.runs import STATUSES, with_added_defaults
 from bench.schema import BenchConfig, fields_of
 
 SHORTHANDS = {n for n, f in fields_of(BenchConfig).items() if f.metadata.get("alias")}
-from multirun_analysis import breakdown
+from multirun_analysis import breakdown, trust
 
 SCHEMA_VERSION = 1  # the metrics.json schema this module was written against
 RUN_MARKERS = (".hydra/config.yaml", "metrics.json", "status.json")
@@ -38,8 +38,8 @@ NOT_SCALAR = {"step_time_s.all", "loss.per_step"}  # long lists: in metrics.json
 META_COLUMNS = ("run_dir", "status", "usable", "reason", "error_type", "error_message", "status_json",
                 "schema_version", "overrides", "device_type", "timed_steps", "n_ranks", "tokens",
                 "time_s", "tokens_per_s", "time_per_token_s", "mem_mean_mb", "mem_peak_mb",
-                "mem_total_mb", "mem_source", "problems")
-NON_CONFIG_PREFIXES = tuple(s + "." for s in METRIC_SECTIONS) + ("prov.", "rank0.", "profile.")
+                "mem_total_mb", "mem_source", "not_to_trust", "problems")
+NON_CONFIG_PREFIXES = tuple(s + "." for s in METRIC_SECTIONS) + ("prov.", "rank0.", "profile.", "trust.")
 RANK0_TIMES = ("setup_s", "startup_phases_s", "setup_phases_s")  # rank 0's start-up, as rank0.* columns
 FRONT = ("model", "strategy", "impl", "world_size", "precision", "compile", "global_batch", "seq_len")
 
@@ -174,6 +174,9 @@ def read_run(d: str | os.PathLike) -> tuple[dict, dict]:
     _metric_columns(m, row)
     _measures(m, row, problems)
     _usability(row, problems)
+    flags, lines = trust.run_flags(m, bool(row["usable"]))  # what not to trust (multirun_analysis/trust.py)
+    row.update(flags)
+    problems += lines
     row["problems"] = "; ".join(problems) or None
     return row, flat_cfg
 

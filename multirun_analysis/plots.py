@@ -18,9 +18,8 @@ from matplotlib.ticker import FuncFormatter
 
 from bench.strategies.registry import specs
 from multirun_analysis.summarize import variant_labels
-from multirun_analysis.tables import plain
+from multirun_analysis.tables import devices_word, plain
 
-GPU_AXIS = "GPUs (world_size ranks)"
 
 
 class NoDataError(ValueError):
@@ -91,8 +90,9 @@ def _gpu_axis(ax, ws):
     ax.set_xticks(ws, [f"{w:g}" for w in ws])
 
 
-def _gpus(w) -> str:
-    return f"{float(w):g} GPU" + ("" if float(w) == 1 else "s")
+def _axis(s: pd.DataFrame) -> str:
+    """The x axis of a plot against world_size: what it counts ("GPUs", "CPU ranks")."""
+    return f"{devices_word(s)} (world_size)"
 
 
 def _panels(s: pd.DataFrame, col: str, what: str):
@@ -123,11 +123,12 @@ def _lines_vs_gpus(s: pd.DataFrame, col: str, ylabel: str, title: str, what: str
             top = max(top, (y + err[1] if err else y).max())
         if ideal is not None:
             ax.axhline(ideal, color="grey", ls="--", lw=1, label="ideal")
+            top = max(top, ideal)
         _gpu_axis(ax, m["world_size"])
-        if ideal is None:  # absolute quantities: from zero, so that differences are not exaggerated
-            ax.set_ylim(0, 1.08 * top if top > 0 else None)
+        # from zero, quantities and ratios alike: differences are not exaggerated
+        ax.set_ylim(0, 1.08 * top if top > 0 else None)
         ax.yaxis.set_major_formatter(FuncFormatter(number))
-        ax.set(xlabel=GPU_AXIS, ylabel=ylabel, title=f"{title} — model {model}")
+        ax.set(xlabel=_axis(d), ylabel=ylabel, title=f"{title} — model {model}")
         ax.grid(alpha=0.3)
     _legend(fig, axes)
     return fig
@@ -136,7 +137,7 @@ def _lines_vs_gpus(s: pd.DataFrame, col: str, ylabel: str, title: str, what: str
 def plot_throughput(summary: pd.DataFrame) -> Figure:
     """Throughput vs GPUs, one line per strategy variant, one panel per model."""
     return _lines_vs_gpus(summary, "tokens_per_s", "throughput [tokens/s]\n(median; bars: min–max of repeats)",
-                          "Throughput vs GPUs", "throughput")
+                          f"Throughput vs {devices_word(summary)}", "throughput")
 
 
 def plot_scaling_efficiency(summary: pd.DataFrame) -> Figure:
@@ -151,7 +152,7 @@ def plot_memory(summary: pd.DataFrame) -> Figure:
     d = _need(summary, "mem_peak_mb", "memory measurements")
     src = ", ".join(sorted({str(x) for x in d.get("mem_source", pd.Series(dtype=object)).dropna()})) or "?"
     return _lines_vs_gpus(d, "mem_peak_mb", f"peak memory per device [GiB]\n({src})",
-                          "Peak memory vs GPUs", "memory measurements", scale=1 / 1024)
+                          f"Peak memory vs {devices_word(d)}", "memory measurements", scale=1 / 1024)
 
 
 def _bars(ax, cats: list[str], series: dict[str, dict[str, float]], ylabel: str, title: str,
@@ -189,6 +190,7 @@ def plot_variants(summary: pd.DataFrame) -> Figure:
         raise NoDataError("no runs of a strategy with a variants figure (" + ", ".join(
             f"strategy={n}: {t}" for n, (_, t) in figures.items()) + ")")
     fig, axes = _figure(2 * len(panels), per_row=2)
+    _gpus = lambda w: devices_word(summary, w)  # noqa: E731
     look = styles({_gpus(w) for _, _, m in panels for w in m["world_size"]})  # one GPU count, one colour, everywhere
     for k, (title, model, m) in enumerate(panels):
         cats = sorted(m["_cat"].unique())
@@ -210,6 +212,7 @@ def plot_pp_microbatches(summary: pd.DataFrame) -> Figure:
     if p.empty:
         raise NoDataError("no pipeline-parallel runs (pp > 1 with microbatches) in the summary")
     p["_label"] = variant_labels(p, exclude=("microbatches",))
+    _gpus = lambda w: devices_word(p, w)  # noqa: E731
     models = list(dict.fromkeys(p["model"].map(str)))
     p["_series"] = [f"{lab} pp={int(float(pp))}, {_gpus(ws)}" for lab, pp, ws in zip(p["_label"], p["pp"], p["world_size"])]
     look = styles(p["_series"])
@@ -235,6 +238,7 @@ def plot_mfu(summary: pd.DataFrame) -> Figure:
     """MFU (%) by strategy variant, grouped by GPU count, one panel per model."""
     d, models, colors, fig, axes = _panels(
         summary, "mfu", "MFU (no known peak FLOP/s: CPU runs or unknown GPU; set metrics.peak_tflops)")
+    _gpus = lambda w: devices_word(d, w)  # noqa: E731
     for ax, model in zip(axes, models):
         m = d[d["model"].map(str) == model]
         cats = [_gpus(w) for w in sorted(m["world_size"].astype(float).unique())]
@@ -255,6 +259,7 @@ def plot_time_breakdown(summary: pd.DataFrame) -> Figure:
     if d.empty:
         raise NoDataError("no profiled runs with a time breakdown (run with metrics.profile_steps=k)")
     d["_label"] = _labels(d)
+    _gpus = lambda w: devices_word(d, w)  # noqa: E731
     models = list(dict.fromkeys(d["model"].map(str)))
     fig, axes = _figure(len(models), per_row=2, w=max(6.0, 1.2 * d.groupby(d["model"].map(str)).size().max() + 2.5))
     for ax, model in zip(axes, models):

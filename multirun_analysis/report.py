@@ -14,7 +14,7 @@ import pandas as pd
 
 from multirun_analysis.planned import planned_section
 from multirun_analysis.prediction import by_strategy, rank_correlation, report_section
-from multirun_analysis import answer, breakdown, versus
+from multirun_analysis import answer, breakdown, trust, versus
 from multirun_analysis.tables import fmt_value, md_table, table_rows
 from multirun_analysis.summarize import DEFINITIONS
 
@@ -22,11 +22,12 @@ COMPACT = [("model", "model", str), ("label", "strategy", str), ("world_size", "
            ("n_runs", "n", "{:g}"), ("tokens_per_s", "tokens/s", "{:,.0f}"), ("time_s", "time s", "{:.3f}"),
            ("mem_peak_mb", "peak GiB", lambda v: _gib(v)), ("mfu", "MFU %", "pct"),
            ("scaling_efficiency_pct", "eff %", "{:.1f}"), ("overhead_pct", "overhead %", "{:+.1f}"),
-           ("memory_ratio", "mem ×", "{:.2f}")]
+           ("memory_ratio", "mem ×", "{:.2f}"), ("not_to_trust", "not to trust", str)]
 SUMMARY_MD = COMPACT[:7] + [("mem_mean_mb", "mean GiB", lambda v: _gib(v)), ("mem_total_mb", "total GiB", lambda v: _gib(v)),
                             ("gpu_util_mean_pct", "util %", "{:.1f}"), ("mfu", "MFU %", "pct"),
                             ("tokens_per_s_min", "tokens/s min", "{:,.0f}"),
-                            ("tokens_per_s_max", "tokens/s max", "{:,.0f}"), ("n_failed", "failed", "{:g}")]
+                            ("tokens_per_s_max", "tokens/s max", "{:,.0f}"), ("n_failed", "failed", "{:g}"),
+                            COMPACT[-1]]
 BASELINE_MD = [COMPACT[0], COMPACT[1], COMPACT[2], ("baseline_tokens_per_s", "baseline tokens/s", "{:,.0f}"),
                ("scaling_factor", "scaling ×", "{:.2f}"), ("scaling_efficiency_pct", "efficiency %", "{:.1f}"),
                ("overhead_pct", "overhead %", "{:+.1f}"), ("memory_ratio", "memory ×", "{:.2f}"),
@@ -50,7 +51,8 @@ def compact_table(summary: pd.DataFrame) -> str:
     if not rows:
         return "(no completed runs)"
     w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
-    line = lambda cells: "  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(cells))  # noqa
+    text = {0, 1, len(heads) - 1} if heads[-1] == "not to trust" else {0, 1}
+    line = lambda cells: "  ".join((c.ljust if i in text else c.rjust)(w[i]) for i, c in enumerate(cells)).rstrip()  # noqa
     return "\n".join([line(heads), line(["-" * x for x in w])] + [line(r) for r in rows])
 
 
@@ -82,7 +84,8 @@ DEFAULT_BEST_MD = [("model", "model", str), ("world_size", "GPUs", "{:g}"), ("to
                    ("best_tokens_per_s", "best tokens/s", "{:,.0f}"), ("gain", "gain ×", "{:.2f}"),
                    ("knobs_that_differ", "best differs in", str), ("best_mem_peak_mb", "best peak GiB", lambda v: _gib(v)),
                    ("layout", "best layout", str),
-                   ("best_measured", "best measured over", str), ("n_settings", "settings run", "{:g}")]
+                   ("best_measured", "best measured over", str), ("n_settings", "settings run", "{:g}"),
+                   ("not_to_trust", "not to trust", str)]
 PREDICTION_MD = [("strategy", "strategy", str), ("runs", "runs", "{:g}"), ("median_error_pct", "median error %", "{:+.1f}"),
                  ("min_error_pct", "min %", "{:+.1f}"), ("max_error_pct", "max %", "{:+.1f}"),
                  ("within_10pct", "within ±10%", "{:g}"),
@@ -138,7 +141,8 @@ def write_report(out_dir: Path, inputs, runs: pd.DataFrame, summary: pd.DataFram
           "## Answer: the fastest strategy at its best settings, per model, GPU count and tokens per step", "",
           "Runs of different models, GPU counts or tokens per step are never ranked together."
           + (f" Only strategies whose measured peak fits {memory_budget_gib:g} GiB per GPU are ranked."
-             if memory_budget_gib else ""), ""]
+             if memory_budget_gib else "")
+          + f" A run is marked **not to trust** for {trust.THRESHOLDS}; each such run is listed under Problems.", ""]
     md += answer.ranked(summary, memory_budget_gib)
     if len(failed):
         md += ["", f"Not ranked: {len(failed)} run(s) that did not complete "

@@ -29,12 +29,14 @@ Per experiment (summary.csv; one row per experiment with >= 1 usable run), over 
   <key columns>     the experiment's config values; ``label`` = strategy + the knobs that
                     split it (see variant_labels)
   n_runs, n_failed  usable repeats; runs of the same key that are not usable
+  not_to_trust      the flags of its usable runs (few steps, spread, host busy; "(k of n runs)" where not
+                    every repeat has it): multirun_analysis/trust.py says when a run is flagged
   command           the command the first usable repeat ran with (provenance)
   failed_statuses, seeds, device_type, mem_source: the distinct values, comma-joined
   tokens, time_s, tokens_per_s, step_time_median_s (step_time_s.median), mem_mean_mb,
   mem_peak_mb, mem_total_mb, gpu_util_mean_pct (utilization.gpu_util_mean_pct: mean over
   ranks), mfu (flops.mfu), mfu_vs_measured_peak, achieved_tflops_per_device, loss_last,
-  joules_per_token, n_microbatches (layout.microbatches: the resolved micro-batch count of
+  joules_per_token, total_params (flops.total_params: the model's parameters), n_microbatches (layout.microbatches: the resolved micro-batch count of
   tp/pp/megatron runs, where the ``microbatches`` key column holds the setting: p, 4p, 8, ...),
   layout_tp, layout_pp, layout_dp, layout_micro_batch_size, layout_grad_accum (layout.*: the layout
   that ran, micro-batch size and accumulation steps resolved; multirun_analysis/layouts.py),
@@ -83,7 +85,7 @@ import pandas as pd
 
 from bench.runs import volatile_keys
 from bench.strategies.registry import baseline_name
-from multirun_analysis import breakdown
+from multirun_analysis import breakdown, trust
 from multirun_analysis.load import SHORTHANDS, config_columns
 from multirun_analysis.tables import fmt_value, key_columns, plain
 
@@ -106,6 +108,7 @@ MEASURES = {
     "mfu_vs_measured_peak": ("flops.mfu_vs_measured_peak", False),
     "achieved_tflops_per_device": ("flops.achieved_tflops_per_device", False),
     "loss_last": ("loss.last", False), "joules_per_token": ("energy.joules_per_token", False),
+    "total_params": ("flops.total_params", False),
     "n_microbatches": ("layout.microbatches", False),
     **{f"layout_{k}": (f"layout.{k}", False) for k in ("tp", "pp", "dp", "micro_batch_size", "grad_accum")},
     "startup_s": ("job.startup_s", False), "teardown_s": ("job.teardown_s", False),
@@ -152,6 +155,7 @@ def summarize(runs: pd.DataFrame, compare: bool = True, baseline: dict | None = 
         rec.update(n_runs=len(ok), n_failed=len(bad), failed_statuses=_joined(bad["status"]),
                    seeds=_joined(ok["seed"]) if "seed" in ok else None,
                    device_type=_joined(ok["device_type"]), mem_source=_joined(ok["mem_source"]),
+                   not_to_trust=trust.of_runs(ok["not_to_trust"]) if "not_to_trust" in ok else None,
                    command=ok["prov.command"].dropna().iloc[0] if "prov.command" in ok and ok["prov.command"].notna().any()
                    else None)
         for name, (src, minmax) in MEASURES.items():
@@ -163,7 +167,8 @@ def summarize(runs: pd.DataFrame, compare: bool = True, baseline: dict | None = 
         rec["tokens_per_s_per_device"] = rec["tokens_per_s"] / ws if ws and ws > 0 else math.nan
         rec["time_per_token_s"] = 1.0 / rec["tokens_per_s"] if rec["tokens_per_s"] > 0 else math.nan
         recs.append(rec)
-    cols = key + ["n_runs", "n_failed", "failed_statuses", "seeds", "device_type", "mem_source", "command"]
+    cols = key + ["n_runs", "n_failed", "failed_statuses", "seeds", "device_type", "mem_source", "not_to_trust",
+                  "command"]
     s = pd.DataFrame.from_records(recs) if recs else pd.DataFrame(columns=cols + list(MEASURES))
     s.attrs.update(key_columns=key, **{k: runs.attrs.get(k, []) for k in ("model_columns", "strategy_columns")})
     s.insert(len(key), "label", variant_labels(s))
@@ -256,7 +261,8 @@ def variant_labels(s: pd.DataFrame, exclude: Iterable[str] = ()) -> pd.Series:
 
 def failed_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """Every run that is not usable (oom, failed, invalid, timeout, interrupted, incomplete)."""
-    cols = ["status", "reason", "model", "strategy", "world_size", "precision", "overrides", "error_type",
+    cols = ["status", "reason", "model", "strategy", "world_size", "device", "device_type", "precision", "overrides",
+            "error_type",
             "error_message", "status_json", "problems", "run_dir"]
     f = runs[~runs["usable"].astype(bool)] if len(runs) else runs
     return f[[c for c in cols if c in f.columns]].reset_index(drop=True)
@@ -274,11 +280,12 @@ def fixed_overhead(runs: pd.DataFrame) -> pd.DataFrame:
         over = _col(g, "job.overhead_s")
         rec.update(n_runs=len(g), startup_s=_col(g, "job.startup_s").median(),
                    teardown_s=_col(g, "job.teardown_s").median(), fixed_overhead_s=over.median(),
-                   fixed_overhead_s_max=over.max(), setup_s=_col(g, "rank0.setup_s").median())
+                   fixed_overhead_s_max=over.max(), setup_s=_col(g, "rank0.setup_s").median(),
+                   device_type=_joined(g["device_type"]) if "device_type" in g else None)
         med = {c.split(".", 2)[2]: _col(g, c).median() for c in phases}
         med = sorted(((v, k) for k, v in med.items() if not math.isnan(v)), reverse=True)
         rec["setup_phases"] = ", ".join(f"{k} {v:.1f} s" for v, k in med) or None
         recs.append(rec)
     cols = by + ["n_runs", "startup_s", "teardown_s", "fixed_overhead_s", "fixed_overhead_s_max", "setup_s",
-                 "setup_phases"]
+                 "setup_phases", "device_type"]
     return pd.DataFrame.from_records(recs, columns=cols)

@@ -19,8 +19,29 @@ def _cell(v, fmt) -> str:
 
 
 def table_rows(df: pd.DataFrame, spec):
+    """Headings and cells; a "GPUs" heading names the devices the rows ran on (devices_word)."""
     spec = [s for s in spec if s[0] in df.columns]
-    return [h for _, h, _ in spec], [[_cell(r[c], f) for c, _, f in spec] for _, r in df.iterrows()]
+    heads = [devices_word(df) if h == "GPUs" else h for _, h, _ in spec]
+    return heads, [[_cell(r[c], f) for c, _, f in spec] for _, r in df.iterrows()]
+
+
+def device_types(df: pd.DataFrame) -> set:
+    """The device types rows ran on (device_type, else the config's device): {"cpu"}, {"cuda"}, both, or none known."""
+    for c in ("device_type", "device"):
+        if df is not None and c in df.columns:
+            got = {t.strip() for x in df[c].dropna() for t in str(x).split(",")} - {"", "auto", "None"}
+            if got:
+                return got
+    return set()
+
+
+def devices_word(df: pd.DataFrame, n: float | None = None) -> str:
+    """What world_size counts: "GPUs", "CPU ranks", or "devices" where both ran; with n: "1 GPU", "2 CPU ranks"."""
+    types = device_types(df)
+    word = "CPU rank" if types == {"cpu"} else "device" if len(types) > 1 or types - {"cuda", "cpu"} else "GPU"
+    if n is None:
+        return word + "s"
+    return f"{float(n):g} {word}" + ("" if float(n) == 1 else "s")
 
 
 def md_table(df: pd.DataFrame, spec) -> str:

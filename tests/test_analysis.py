@@ -148,7 +148,7 @@ def test_failed_runs_has_the_invalid_job(analysed):
 def test_report(analysed):
     _, out = analysed
     md = (out / "report.md").read_text()
-    for s in ("## Answer", "2 GPUs, 1024 tokens per step**: use **ddp**", "tokens/s", "## Failed and incomplete runs", SINGLE_WS2_REASON,
+    for s in ("## Answer", "2 CPU ranks, 1024 tokens per step**: use **ddp**", "tokens/s", "## Failed and incomplete runs", SINGLE_WS2_REASON,
               "![throughput](throughput.png)", "variants: skipped", "## Environment", "torch 2",
               "scaling_efficiency_pct = 100 * scaling_factor / N"):
         assert s in md, s

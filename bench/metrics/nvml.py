@@ -1,11 +1,14 @@
 """NVML sampling of GPU utilization, memory and energy (nvidia-ml-py).
 
 A background thread samples at a fixed interval, so nothing is read inside the timed step.
-Everything degrades to None where NVML or a counter is unavailable (CPU runs, MIG, ...)."""
+Everything degrades to None where NVML or a counter is unavailable (CPU runs, MIG, ...).  The sampler also
+brackets the window with the host's CPU use (bench/metrics/host.py), on CPU runs too."""
 from __future__ import annotations
 
 import threading
 from typing import Optional
+
+from bench.metrics.host import HostCpu
 
 
 def _nvml():
@@ -45,6 +48,7 @@ class NvmlSampler:
         self._thread: Optional[threading.Thread] = None
         self.energy_j: Optional[float] = None
         self._energy0: Optional[int] = None
+        self.host = HostCpu()
 
     def _energy_mj(self) -> Optional[int]:
         try:
@@ -62,6 +66,7 @@ class NvmlSampler:
             self._stop.wait(self.interval)
 
     def start(self) -> None:
+        self.host.start()
         if self.h is None:
             return
         self._energy0 = self._energy_mj()
@@ -69,6 +74,7 @@ class NvmlSampler:
         self._thread.start()
 
     def stop(self) -> None:
+        self.host.stop()
         if self._thread is None:
             return
         self._stop.set()
@@ -85,4 +91,5 @@ class NvmlSampler:
             "nvml_mem_used_peak_mb": max(self.mem_used) if self.mem_used else None,
             "nvml_mem_used_mean_mb": avg(self.mem_used),
             "energy_j": self.energy_j,
+            **self.host.summary(),  # host_cpus, host_busy_cpus, process_cpus
         }
