@@ -22,26 +22,23 @@ any folder outside the fit without writing anything.
 
 The solver is scipy's (trust-region reflective); the loss is scipy's "huber" (f_scale = HUBER) on the runs'
 residuals and the plain square on the prior's, passed as a callable (``Problem.loss``) because a string loss applies
-to every residual: with loss="huber" on all, the prior turns linear beyond 10% and the fit ends at a higher value of
-this objective (8.005, against 7.895 for the hand-rolled Levenberg-Marquardt it replaced and 7.881 for the
-callable form) and a worse held-out error (median 8.4%, steps >= 100 ms 9.8%, against 8.3% / 9.2% with the
-callable form; measured 2026-11-27 on the 26 folders then fitted, datasheet peaks).
+to every residual: with loss="huber" on all, the prior turns linear beyond HUBER and the fit ended at a higher value
+of this objective and a worse held-out error.
 
-Set by hand, not fitted (each halved and doubled, refitted, held out by folder, same day: fit cost / held-out median
-/ steps >= 100 ms against 7.881 / 8.3% / 9.2%): bench/traffic.py DTENSOR_LAYER_HOST 6 (x0.5: 8.14 / 8.4 / 10.0; x2:
-8.03 / 8.2 / 9.6), ZeRO's FETCH_OPS 12 (8.28 / 8.3 / 9.3; 8.18 / 8.5 / 10.3) and PARAM_OPS 8 (8.57 / 8.5 / 9.5;
-8.17 / 8.5 / 9.7), Megatron's PARAM_OPS 3 (7.59 / 8.7 / 10.0; 10.34 / 10.0 / 13.2), predict.COLLECTIVE_LATENCY_S
-20 us (7.92 / 8.4 / 9.1; 7.83 / 8.2 / 9.3), predict.HOST_LINK_GBPS 25 (7.93 / 8.3 / 9.3; 7.87 / 8.2 / 9.1).  No
-move improves the held-out error on steps >= 100 ms beyond 0.1 point, and the one that lowers the fit cost most
-(Megatron's 1.5) worsens it: the runs do not pin these better than their measured evidence (comments at each),
-and fitting them would mean one host-count term per strategy in the traffic dicts, a larger model.  The pipeline's 4 hooks per
-micro-batch (bench/traffic.py) and OPTIMIZER_PASSES (bytes counted, not fitted) were not varied.
+Set by hand, not fitted: bench/traffic.py DTENSOR_LAYER_HOST, ZeRO's FETCH_OPS and PARAM_OPS, Megatron's PARAM_OPS,
+predict.COLLECTIVE_LATENCY_S and predict.HOST_LINK_GBPS.  Each was halved and doubled, refitted and held out by
+folder: no move improved the held-out error on steps >= 100 ms by more than a tenth of a point, and the one that
+lowered the fit cost most (Megatron's PARAM_OPS halved) worsened it: the runs do not pin these better than their
+measured evidence (comments at each), and fitting them would mean one host-count term per strategy in the traffic
+dicts, a larger model.  The pipeline's 4 hooks per micro-batch (bench/traffic.py) and OPTIMIZER_PASSES (bytes
+counted, not fitted) were not varied.
 
 The matmuls are fitted against a measured peak (predict.peak_ratio), so that a probe's profile needs no refit.  Each
-recorded run has rank 0's measured peak, but taking every run at its own measurement did not help (held out: median
-8.2%, p90 32.9%, against 8.3% / 32.7% at the datasheet peak): the runs are taken at the typical share,
-predict.MEASURED_OVER_DATASHEET, which leaves the model as it was up to the prior on e_max (started at 0.9: its
-held-out median 8.2%, steps >= 100 ms 9.2%; 0.75 and 0.95 gave 8.3% / 9.2% and 8.3% / 9.4%).
+recorded run has rank 0's measured peak, but taking every run at its own measurement did not help: the runs are taken
+at the typical share, predict.MEASURED_OVER_DATASHEET, which leaves the model as it was up to the prior on e_max.
+
+The numbers of these comparisons, as measured on the day (they are a record, not the current fit's): docs/results.md,
+"How the fit was chosen".  The current fit's error: bench/calibration.json, and docs/results.md's block it renders.
 """
 from __future__ import annotations
 

@@ -1,21 +1,28 @@
-"""Writes docs/knobs.md, the reference of every configuration key, from the dataclass schemas.
+"""Writes docs/knobs.md, the reference of every configuration key, from the dataclass schemas, and the numbers
+README.md and docs/*.md quote from a record (QUOTES).
 
 Why: every default, valid choice, knob-search candidate and one-line explanation already lives in
 the schemas (bench/schema.py, and each strategy's module, found through the strategy registry),
 declared with ``bench.schema.knob``. A hand-kept table drifts from them; a generated one cannot, and
 tests/test_docs.py fails when the committed file differs from what :func:`render` returns.
 
-    python -m bench.docgen            # (re)write docs/knobs.md
-    python -m bench.docgen --check    # exit 1 if docs/knobs.md is stale
+    python -m bench.docgen            # (re)write docs/knobs.md and every quoted number
+    python -m bench.docgen --check    # exit 1 if docs/knobs.md or a quoted number is stale
+
+A quoted number (``Quote``): a pattern on a page whose groups are the numbers as printed, and the record they
+come from (bench/calibration.json, a results folder's README); the page is rewritten where they differ, and
+tests/test_docs.py fails until it is.  docs/results.md's calibration block is rendered whole by
+``python -m bench.calibrate`` (bench/calibration_error.py).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from omegaconf import MISSING
 
@@ -23,7 +30,8 @@ from bench.hardware import PRESETS, HardwareConfig
 from bench.strategies.registry import specs
 from bench.schema import BenchConfig
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "knobs.md"
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "knobs.md"
 ALIAS = re.compile(r"^\$\{bench_alias:(\w+),(.*)\}$")  # a default written by bench.schema.alias_default
 HEAD = ["| key | default | valid choices | search candidates | what it does |", "|---|---|---|---|---|"]
 
@@ -99,16 +107,103 @@ def render() -> str:
     return "\n".join(md)
 
 
+@dataclasses.dataclass(frozen=True)
+class Quote:
+    page: str  # relative to the repository's root
+    pattern: str  # a regex that matches once on the page; its groups are the quoted numbers as printed
+    source: str  # the record, as a reader finds it
+    values: Callable[[], tuple]  # the numbers as the record gives them, printed as the page prints them
+
+
+def _calibration() -> dict:
+    return json.loads((ROOT / "bench" / "calibration.json").read_text())
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _held_out() -> tuple:
+    e = _calibration()["error"]
+    return _pct(e["median_abs"]), _pct(e["p90_abs"]), f"{e['runs']:,}"
+
+
+def _folder_median(folder: str) -> Callable[[], tuple]:
+    return lambda: (_pct(_calibration()["per_folder"][folder]["median_abs"]),)
+
+
+def _last_match(page: str, pattern: str) -> Callable[[], tuple]:
+    """The groups of the pattern's last match on a record page (a results folder's later note replaces earlier)."""
+    def values() -> tuple:
+        hits = re.findall(pattern, (ROOT / page).read_text())
+        if not hits:
+            raise LookupError(f"{page} no longer says {pattern!r}")
+        return hits[-1] if isinstance(hits[-1], tuple) else (hits[-1],)
+    return values
+
+
+EDGE = "results/2026-11-27-h100x4-edge/README.md"
+QUOTES = (
+    Quote("README.md", r"held out by folder: median (\d+\.\d%), 90th percentile (\d+\.\d%) over ([\d,]+) runs",
+          "bench/calibration.json: error", _held_out),
+    Quote("README.md", r"predicted off its calibration with the probe's link (−\d+\.\d%) \(DDP\) and (−\d+\.\d%) \(FSDP2\)",
+          f"{EDGE}: its later note", _last_match(EDGE, r"predicted\s+(−\d+\.\d%) \(DDP\) and (−\d+\.\d%) \(FSDP2\)")),
+    Quote("docs/results.md", r"the throughput prediction, out of sample, had a median error of (\d+\.\d%)",
+          "bench/calibration.json: per_folder 2026-11-26-h200x4-llama8b", _folder_median("2026-11-26-h200x4-llama8b")),
+    Quote("docs/results.md", r"held-out throughput prediction beside its measurement \(median error (\d+\.\d%)",
+          "bench/calibration.json: per_folder 2026-11-25-h200x2-llama-predict",
+          _folder_median("2026-11-25-h200x2-llama-predict")),
+)
+
+
+def _requote(q: Quote, text: str) -> tuple[str, Optional[str]]:
+    """The page's text with the quote's numbers from its record, and what was wrong (None: nothing)."""
+    hits = list(re.finditer(q.pattern, text))
+    if len(hits) != 1:
+        return text, f"{q.page}: {len(hits)} matches of {q.pattern!r} (want 1): reword the pattern or the page"
+    m, want = hits[0], tuple(q.values())
+    if m.groups() == want:
+        return text, None
+    new = text[:m.start()] + "".join(
+        text[(m.end(i - 1) if i > 1 else m.start()):m.start(i)] + want[i - 1] for i in range(1, len(want) + 1)) \
+        + text[m.end(len(want)):]
+    return new, f"{q.page} quotes {' / '.join(m.groups())} where {q.source} says {' / '.join(want)}"
+
+
+def stale_quotes(pages: Optional[dict] = None, quotes=QUOTES) -> list[str]:
+    """One line per quoted number that differs from its record (``pages``: page -> text, default the files)."""
+    out = []
+    for q in quotes:
+        text = (pages or {}).get(q.page)
+        _, wrong = _requote(q, text if text is not None else (ROOT / q.page).read_text())
+        out += [wrong] if wrong else []
+    return out
+
+
+def write_quotes(quotes=QUOTES) -> list[str]:
+    """Rewrite every stale quoted number from its record; returns what changed."""
+    changed = []
+    for q in quotes:
+        path = ROOT / q.page
+        new, wrong = _requote(q, path.read_text())
+        if wrong and new != path.read_text():
+            path.write_text(new)
+        changed += [wrong] if wrong else []
+    return changed
+
+
 def main(argv: list[str]) -> int:
     text = render()
     if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is stale: run `python -m bench.docgen` and commit it", file=sys.stderr)
-            return 1
-        return 0
+        stale = ([f"{OUT} is stale"] if not OUT.exists() or OUT.read_text() != text else []) + stale_quotes()
+        for line in stale:
+            print(f"{line}: run `python -m bench.docgen` and commit it", file=sys.stderr)
+        return 1 if stale else 0
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(text)
     print(f"wrote {OUT}")
+    for line in write_quotes():
+        print(f"rewrote: {line}")
     return 0
 
 

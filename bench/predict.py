@@ -67,9 +67,10 @@ CASE_MIN_RUNS = 5  # a strategy's own error is quoted from this many recorded ru
 OPTIMIZER_PASSES = 1.75  # fused AdamW: reads params, grads, m, v, writes params, m, v: 7 of 4 state parts
 HOST_LINK_GBPS = 25.0  # host <-> device over PCIe (offload), one direction, achieved
 COLLECTIVE_LATENCY_S = 20e-6  # one NCCL collective's start-up inside a node (small-message latency)
-# measured / datasheet bf16 matmul peak (an 8192^3 matmul, bench/worker.py measure_matmul_peak): the median over the
-# recorded runs' rank 0 (metrics.json flops.matmul_peak_tflops_measured: 0.77-0.82 on H100 and H200 alike, median
-# 0.80); a datasheet preset's peaks are taken at this share, a probe's (measured) at their value
+# measured / datasheet bf16 matmul peak (an 8192^3 matmul, bench/worker.py measure_matmul_peak): set by hand to the
+# median over the recorded runs' rank 0 (metrics.json flops.matmul_peak_tflops_measured; their range on the day it
+# was set: docs/results.md, "How the fit was chosen"); a datasheet preset's peaks are taken at this share, a probe's
+# (measured) at their value
 MEASURED_OVER_DATASHEET = 0.80
 
 # The fitted constants (values: bench/calibration.json), each with its physical reading and what checks it; here the
@@ -82,8 +83,10 @@ DEFAULTS = {
     "x_half": 2e6,  # matmul size (tokens per micro-batch x d_model / tp) at which matmuls run at half e_max
     "passes": 4.0,  # HBM passes over the stored activation bytes for the unfused elementwise kernels of a step
     "fused": 0.5,  # share of those passes left once torch.compile fuses the elementwise kernels
-    "link_eff": 0.7,  # achieved / datasheet link bandwidth (NCCL all-reduce bus bandwidth on 2 x H200: 261-326 of
-    #                   450 GB/s, 64 MiB to 1 GiB: 0.58-0.72; shared/FACTS.md)
+    "link_eff": 0.7,  # achieved / datasheet link bandwidth; its physical reading is NCCL's all-reduce bus bandwidth
+    #                   over the datasheet's (measured range: docs/results.md, "How the fit was chosen").  The fitted
+    #                   value may fall outside that range: it also absorbs what the model leaves out of a step's
+    #                   communication (python -m bench.calibrate prints it beside the others)
     "grad_exposed": 0.3,  # share of the overlapped gradient reduction that backward does not hide
     "param_exposed": 0.3,  # share of the overlapped parameter all-gathers that compute does not hide
     "fp8_cast": 4.0,  # HBM cost of a float8 cast (amax, scale, transposes) in units of its 3-byte read-and-write

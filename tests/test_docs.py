@@ -1,5 +1,6 @@
-"""The documentation cannot go stale: docs/knobs.md is what bench.docgen renders from the schemas,
-and every relative link in README.md and docs/*.md points to a file or folder of the repository."""
+"""The documentation cannot go stale: docs/knobs.md is what bench.docgen renders from the schemas, every number
+README.md and docs quote from a record is what the record says (bench.docgen QUOTES), and every relative link in
+README.md and docs/*.md points to a file or folder of the repository."""
 from __future__ import annotations
 
 import re
@@ -29,3 +30,21 @@ def test_relative_links_point_to_existing_paths():
             if not path.exists() or ROOT not in (path, *path.parents):
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_quoted_numbers_match_their_records():
+    """README.md and docs quote numbers of bench/calibration.json and of a results folder's note: each is what its
+    record says now (python -m bench.docgen rewrites them)."""
+    assert not docgen.stale_quotes(), "\n".join(docgen.stale_quotes())
+
+
+def test_a_drifted_quote_is_caught_and_rewritten():
+    readme = (ROOT / "README.md").read_text()
+    q = next(q for q in docgen.QUOTES if q.page == "README.md" and "calibration.json" in q.source)
+    median = docgen._held_out()[0]
+    drifted = readme.replace(f"median {median}, 90th percentile", "median 99.9%, 90th percentile", 1)
+    assert drifted != readme
+    assert docgen.stale_quotes({"README.md": drifted}, [q]) == [
+        f"README.md quotes 99.9% / {' / '.join(docgen._held_out()[1:])} where bench/calibration.json: error says "
+        f"{' / '.join(docgen._held_out())}"]
+    assert docgen._requote(q, drifted)[0] == readme  # the rewrite restores what the record says
