@@ -119,6 +119,29 @@ def format_summary(s: dict, code: int) -> list[str]:
     return lines
 
 
+def waits(config: DictConfig) -> bool:
+    """Whether the sweep's launcher waited for its jobs (hydra.launcher.wait=false: submit and walk away)."""
+    return OmegaConf.select(config, "hydra.launcher.wait", default=True) is not False
+
+
+def queued_report(sweep_dir: Path, s: dict) -> tuple[list[str], int]:
+    """Lines and exit code of a sweep whose jobs were left queued (hydra.launcher.wait=false): their job ids, the
+    sweep folder and the command that reports them; runs bench recorded without a job, by reason."""
+    from bench.launch.slurm.record import QUEUED
+
+    queued = read_json_dict(sweep_dir / QUEUED) or {}
+    ids = [queued[str(r.get("num"))]["job_id"] for r in s["rows"] if str(r.get("num")) in queued
+           and r["status"] in ("pending", "running", "unknown")]
+    c = s["counts"]
+    lines = [f"[sweep] QUEUED {len(ids)} of {s['runs']} runs as SLURM jobs {', '.join(ids)} in {sweep_dir} "
+             f"(invalid={c['invalid']} skipped={c['skipped']} failed={c['failed']} resumed={s['resumed']})"]
+    lines += reason_lines([(r["status"], r.get("num"), r.get("reason")) for r in s["rows"]
+                           if r["status"] in (*NOT_RUN, "failed")])
+    lines.append(f"[sweep] this process may end, the jobs run on; their report: python -m bench.sweep.collect "
+                 f"{sweep_dir} (--wait: until they are over, then the analysis)")
+    return lines, (1 if c["failed"] else 0)
+
+
 class SweepCallback(Callback):
     """Summary and exit code of a multirun (registered in conf/config.yaml, hydra.callbacks); what the
     sweep did is read from its folder (the manifest), not from the sweeper's memory."""
@@ -129,6 +152,14 @@ class SweepCallback(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         man = read_json_dict(sweep_dir / MANIFEST) or {}
         s = summarize(sweep_dir)
+        if not waits(config) and (sweep_dir / "queued.json").exists():
+            lines, code = queued_report(sweep_dir, s)
+            for line in lines:
+                log.info(line)
+            sys.stdout.flush()
+            if code:
+                raise SystemExit(code)
+            return
         code = exit_code_of(s, bool(man.get("interrupted")))
         s["exit_code"] = code
         write_json_atomic(sweep_dir / SUMMARY, {k: v for k, v in s.items()})

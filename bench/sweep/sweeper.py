@@ -138,6 +138,7 @@ class BenchSweeper(Sweeper):
                  self.resume, self.rerun, plan_s, self.dry)
         if self.dry:
             write_plans(self.sweep_dir, jobs)
+            self.log_sbatch_script(to_run)
             log.info("[sweep] dry run: nothing run; each run's plan and prediction in %s/plans.json "
                      "(python -m multirun_analysis %s ranks them)", self.sweep_dir, self.sweep_dir)
             return []
@@ -153,6 +154,20 @@ class BenchSweeper(Sweeper):
         if not to_run:
             return []
         return Runner(self.folder, self.launcher, self.over_budget, self.run_ended).run(to_run, sequential)
+
+    def log_sbatch_script(self, to_run: list[Job]) -> None:
+        """A dry run through hydra/launcher=slurm: the batch script the first run's job would get."""
+        fn = getattr(self.launcher, "sbatch_preview", None)
+        if fn is None or not to_run:
+            return
+        try:
+            script = fn(list(to_run[0].overrides) + [subdir_override(to_run[0].dir)])
+        except Exception as e:  # no srun here: submitit will not build one
+            log.info("[sweep] no sbatch script shown (submitit builds it only where SLURM's client is): %s",
+                     " ".join(str(e).split()))
+            return
+        log.info("[sweep] the sbatch script of job #%d (each job is sized by its own world_size):\n%s",
+                 to_run[0].num, script.rstrip())
 
     def refuse_unsubmittable(self) -> None:
         """Exit 2 with one line, before any run is recorded, where the launcher says nothing can be submitted

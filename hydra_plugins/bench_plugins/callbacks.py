@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from bench.jsonio import read_json_dict
-from bench.sweep.status_report import SUMMARY, SweepCallback
+from bench.sweep.status_report import SUMMARY, SweepCallback, waits
 
 log = logging.getLogger("bench.sweep")
 
@@ -25,6 +25,8 @@ class SingleRunSweepCallback(SweepCallback):
         super().on_multirun_end(config, **kwargs)
         if OmegaConf.select(config, "hydra.sweeper.dry_run", default=False) or config.get("dry_run"):
             return  # nothing ran, no summary written
+        if not waits(config):
+            return  # submitted and left queued (hydra.launcher.wait=false): python -m bench.sweep.collect reports it
         rows = (read_json_dict(Path(str(config.hydra.sweep.dir)) / SUMMARY) or {}).get("rows") or []
         code = exit_code(rows[0]["status"]) if len(rows) == 1 else 0
         if code:

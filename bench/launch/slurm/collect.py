@@ -87,6 +87,22 @@ def squeue_states(job_ids: list[str]) -> Optional[dict[str, tuple[str, str]]]:
     return out
 
 
+def ended_without_status(job_id: str, queued: Optional[tuple[str, str]]) -> tuple[str, str]:
+    """(status, reason) of a run whose job ``job_id`` is over without a final status, from SLURM's last
+    (state, reason) of it, if any: ``timeout`` for TIMEOUT / TimeLimit, ``oom`` for OUT_OF_MEMORY, else ``failed``."""
+    state, reason = queued or (None, None)
+    if never_starts(queued):
+        return "failed", (f"SLURM cannot start job {job_id}: it was pending with reason {reason} "
+                          f"({NEVER_STARTS[reason]}), so bench cancelled it; fewer ranks per job, or a partition that "
+                          "holds it (hydra.launcher.*)")
+    if not state:
+        return "failed", f"submitit job {job_id} ended without a final status"
+    msg = f"SLURM job {job_id} ended {state} (reason {reason}) without a final status from the run"
+    if state == "TIMEOUT" or reason == "TimeLimit":
+        return "timeout", msg + ": it reached its time limit (hydra.launcher.timeout_min)"
+    return ("oom" if state == "OUT_OF_MEMORY" else "failed"), msg
+
+
 class JobCollector:
     """Mixin over hydra-submitit-launcher's launchers: wait for the submitted jobs, one JobReturn each."""
 
@@ -196,18 +212,7 @@ class JobCollector:
         TIMEOUT / TimeLimit, ``oom`` for OUT_OF_MEMORY, else ``failed``; returns the status recorded."""
         from bench.runs import read_result
 
-        state, reason = queued or (None, None)
-        msg = f"submitit job {job.job_id} ended without a final status"
-        status = "failed"
-        if never_starts(queued):
-            msg = (f"SLURM cannot start job {job.job_id}: it was pending with reason {reason} ({NEVER_STARTS[reason]}), "
-                   "so bench cancelled it; fewer ranks per job, or a partition that holds it (hydra.launcher.*)")
-        elif state:
-            msg = f"SLURM job {job.job_id} ended {state} (reason {reason}) without a final status from the run"
-            if state == "TIMEOUT" or reason == "TimeLimit":
-                status, msg = "timeout", msg + ": it reached its time limit (hydra.launcher.timeout_min)"
-            elif state == "OUT_OF_MEMORY":
-                status = "oom"
+        status, msg = ended_without_status(str(job.job_id), queued)
         if error is not None:
             msg += f": {type(error).__name__}: {' '.join(str(error).split())[-2000:]}"
         mark_failed(d, sc, msg, info, status)

@@ -3,13 +3,18 @@ the job, the job died before rank 0 could record, Ctrl-C in the sweep): the swee
 from __future__ import annotations
 
 import logging
+import os
+import time
 from pathlib import Path
 
+from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from bench.jsonio import write_json_atomic
+from bench.jsonio import read_json_dict, write_json_atomic
 
 log = logging.getLogger("bench.slurm")
+
+QUEUED = "queued.json"  # <sweep dir>/queued.json: the jobs a sweep submitted without waiting (hydra.launcher.wait=false)
 
 
 def job_dir(sc: DictConfig, num: int) -> Path:
@@ -34,3 +39,20 @@ def mark_failed(d: Path, sc: DictConfig, message: str, info: dict, status: str =
         write_json_atomic(d / "status.json", info)
     err_type = {"timeout": "SlurmTimeLimit", "interrupted": "KeyboardInterrupt"}.get(status, "JobFailure")
     mark_unfinished(d, task, status, err_type, message, read_failures(d))
+
+
+def leave_queued(executor: str, sweep_dir: Path, submitted: list) -> dict:
+    """hydra.launcher.wait=false: record the submitted jobs (num, overrides, sweep config, submitit job) in
+    ``<sweep dir>/queued.json`` - run folder and job id, what ``python -m bench.sweep.collect`` follows - and return
+    without waiting; each run's JobReturn says ``queued``."""
+    queued = read_json_dict(sweep_dir / QUEUED) or {}
+    out = {}
+    for num, overrides, sc, job in submitted:
+        queued[str(num)] = {"dir": job_dir(sc, num).name, "job_id": str(job.job_id), "executor": executor,
+                            "submitted": time.time(), "overrides": [o for o in overrides
+                                                                    if not o.startswith("hydra.sweep.subdir=")]}
+        ret = JobReturn(overrides=overrides, working_dir=os.getcwd(), task_name="bench")
+        ret.return_value, ret.status = "queued", JobStatus.COMPLETED
+        out[num] = ret
+    write_json_atomic(sweep_dir / QUEUED, queued)
+    return out

@@ -60,7 +60,7 @@ class JobResources:
     """Mixin over hydra-submitit-launcher's launchers: the executor parameters of one job."""
 
     _EXECUTOR: str  # submitit's cluster name: "slurm" or "local"
-    _OWN = {"submitit_folder", "max_num_timeout", "gpus_per_node", "tasks_per_node", "nodes"}
+    _OWN = {"submitit_folder", "max_num_timeout", "gpus_per_node", "tasks_per_node", "nodes", "wait"}
     params: dict
 
     def _uses_gpu(self, cfg: DictConfig) -> bool:

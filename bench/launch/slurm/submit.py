@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from bench.launch.slurm.interrupt import cancel_unfinished
 from bench.launch.slurm.preflight import refusal
-from bench.launch.slurm.record import job_dir, log, mark_failed
+from bench.launch.slurm.record import job_dir, leave_queued, log, mark_failed
 from bench.schema import ConfigError
 
 
@@ -60,11 +60,24 @@ class JobSubmitter:
         try:
             for num, overrides in zip(nums, job_overrides):
                 self._submit(num, list(overrides), submitted, refused)
-            done = dict(zip([item[0] for item in submitted], self._collect(submitted)))
+            if not self.params.get("wait", True):  # submit and walk away: python -m bench.sweep.collect later
+                done = leave_queued(self._EXECUTOR, Path(str(self.config.hydra.sweep.dir)), submitted)
+            else:
+                done = dict(zip([item[0] for item in submitted], self._collect(submitted)))
             return [refused[num] if num in refused else done[num] for num in nums]
         except KeyboardInterrupt:
             cancel_unfinished(self._EXECUTOR, submitted)
             raise
+
+    def sbatch_preview(self, overrides: Sequence[str]) -> str:
+        """The batch script sbatch would get for the job of ``overrides`` (a dry run prints it); building it needs
+        srun here, as submitting does (submitit refuses without it)."""
+        assert self.config is not None and self.hydra_context is not None
+        sc = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        executor = self._executor()
+        executor.update_parameters(**{**self._base_params(), **self._prefixed(self.job_resources(sc))})
+        inner = executor._executor
+        return inner._make_submission_file_text(inner._submitit_command_str, "preview")
 
     def _executor(self):
         """A fresh executor for each job: update_parameters merges, and None means "keep", so one
