@@ -125,3 +125,15 @@ def test_runs_without_a_host_record_are_said_unknown_not_flagged(single_cpu, tmp
     assert a.runs["not_to_trust"].isna().all()
     assert ("", "host load not recorded for 1 of 1 completed run(s) (recorded before bench measured its host's CPU "
                 "use): whether another process competed with them is unknown") in a.problems
+
+
+def test_the_docs_quote_the_thresholds_the_analysis_applies():
+    from multirun_analysis import trust
+    from tests.conftest import REPO
+
+    doc = (REPO / "docs" / "measurement.md").read_text()
+    readme = (REPO / "README.md").read_text()
+    for quoted in (f"fewer than {trust.MIN_TIMED_STEPS} timed steps", f"above ±{trust.MAX_SEM_PCT:g}%",
+                   f"at least {trust.OTHERS_MIN_CPUS:g} CPU", f"less than {trust.IDLE_MIN_CPUS:g} was left idle"):
+        assert quoted in doc, quoted
+    assert f"fewer than {trust.MIN_TIMED_STEPS} timed steps" in readme
