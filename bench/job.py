@@ -64,8 +64,10 @@ def finish(run_dir: Path, raw: dict, status: str, error: Optional[dict], failure
                                        "traceback": None}
         m = metrics.skeleton(plan.cfg if plan else raw, status if status in STATUSES else "failed", error)
         m["failures"] = failures
-        if plan is not None:
+        if plan is not None:  # a failure names the resolved model and its plan, whatever the model's source
             m["memory"]["plan"] = plan.memory
+        # what the allocator saw on the rank that failed first (its failure record; None on CPU)
+        m["memory"]["allocator"] = next((f["allocator"] for f in failures or [] if f.get("allocator")), None)
         m["placement"] = _placement(run_dir)
     timing = job_timing(run_dir, t0, time.time())
     m["job"] = {"key": base["key"], **timing}
@@ -154,11 +156,11 @@ def run(cfg: DictConfig, run_dir: Path, command: list[str], t0: Optional[float] 
                           plan)
         plan.cfg["_command"] = command
         outcome = launch_local(plan, run_dir)
-        return finish(run_dir, raw, outcome.status, outcome.error, outcome.failures, base, t0)
+        return finish(run_dir, raw, outcome.status, outcome.error, outcome.failures, base, t0, plan)
     except KeyboardInterrupt:
         finish(run_dir, raw, "interrupted", {"rank": None, "type": "KeyboardInterrupt",
                                              "message": "interrupted (Ctrl-C)", "traceback": None},
-               read_failures(run_dir), base, t0)
+               read_failures(run_dir), base, t0, plan)
         raise
 
 
@@ -223,7 +225,8 @@ def run_task(cfg: DictConfig, run_dir: Path, command: list[str], t0: float, expl
     if rank == 0:
         log.info("run %s: %s, rank %d of %d (%d node(s)), master %s:%s", run_dir, env["describe"], rank, ntasks,
                  env["nodes"], os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
-    return launch_task_rank(plan, run_dir, rank, lambda o: finish(run_dir, raw, o.status, o.error, o.failures, base, t0))
+    return launch_task_rank(plan, run_dir, rank, lambda o: finish(run_dir, raw, o.status, o.error, o.failures, base, t0,
+                                                                        plan))
 
 
 def dry_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = ()) -> str:
