@@ -12,7 +12,8 @@ tests/test_docs.py fails when the committed file differs from what :func:`render
 A quoted number (``Quote``): a pattern on a page whose groups are the numbers as printed, and the record they
 come from (bench/calibration.json, a results folder's README); the page is rewritten where they differ, and
 tests/test_docs.py fails until it is.  docs/results.md's calibration block is rendered whole by
-``python -m bench.calibrate`` (bench/calibration_error.py).
+``python -m bench.calibrate`` (bench/calibration_error.py); the memory plan's accuracy it quotes, from the recorded
+runs re-planned, by ``python -m multirun_analysis.quoted`` (its quotes, on this module's Quote).
 """
 from __future__ import annotations
 

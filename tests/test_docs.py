@@ -38,6 +38,15 @@ def test_quoted_numbers_match_their_records():
     assert not docgen.stale_quotes(), "\n".join(docgen.stale_quotes())
 
 
+def test_the_memory_plans_quoted_accuracy_is_todays_replanning_of_the_recorded_runs():
+    """docs/results.md's memory-plan numbers: every recorded GPU run re-planned by today's code (about 5 s;
+    python -m multirun_analysis.quoted rewrites them)."""
+    from multirun_analysis import quoted
+
+    stale = docgen.stale_quotes(quotes=quoted.QUOTES)
+    assert not stale, "\n".join(stale)
+
+
 def test_a_drifted_quote_is_caught_and_rewritten():
     readme = (ROOT / "README.md").read_text()
     q = next(q for q in docgen.QUOTES if q.page == "README.md" and "calibration.json" in q.source)
