@@ -15,7 +15,7 @@ import pandas as pd
 from multirun_analysis.planned import planned_section
 from multirun_analysis.prediction import by_strategy, rank_correlation, report_section
 from multirun_analysis import answer, breakdown, trust, versus
-from multirun_analysis.tables import fmt_value, md_table, table_rows
+from multirun_analysis.tables import devices_word, fmt_value, md_table, table_rows
 from multirun_analysis.summarize import DEFINITIONS
 
 COMPACT = [("model", "model", str), ("label", "strategy", str), ("world_size", "GPUs", "{:g}"),
@@ -138,8 +138,9 @@ def write_report(out_dir: Path, inputs, runs: pd.DataFrame, summary: pd.DataFram
         path.write_text("\n".join(dry_run_report(inputs, plans, problems, memory_budget_gib)) + "\n")
         return path
     md = _head(inputs, runs, summary, failed) + [
-          "## Answer: the fastest strategy at its best settings, per model, GPU count and tokens per step", "",
-          "Runs of different models, GPU counts or tokens per step are never ranked together."
+          f"## Answer: the fastest strategy at its best settings, per model, {devices_word(summary)[:-1]} count and "
+          "tokens per step", "",
+          f"Runs of different models, {devices_word(summary)[:-1]} counts or tokens per step are never ranked together."
           + (f" Only strategies whose measured peak fits {memory_budget_gib:g} GiB per GPU are ranked."
              if memory_budget_gib else "")
           + f" A run is marked **not to trust** for {trust.THRESHOLDS}; each such run is listed under Problems.", ""]
