@@ -92,3 +92,21 @@ def test_a_sweep_none_of_whose_runs_can_run_exits_2_with_each_reason_once(tmp_pa
     assert "3 invalid (#0-#2): invalid config: world_size=2: strategy=single runs on exactly 1 device" in text
     summary = json.loads((sweep / "summary.json").read_text())
     assert summary["exit_code"] == 2 and summary["counts"]["invalid"] == 3
+
+
+def test_a_slurm_client_that_reaches_no_cluster_is_one_line(tmp_path, monkeypatch):
+    """sinfo fails (no slurm.conf, no controller): nothing can be submitted; sinfo's error in the one line.  A
+    cluster without a default partition needs one named."""
+    from bench.launch.slurm.preflight import check
+
+    env = fake_slurm(tmp_path / "bin", "exit 1")
+    (tmp_path / "bin" / "sinfo").write_text("#!/bin/sh\necho 'sinfo: error: _establish_config_source: failed to "
+                                            "fetch config' >&2\nexit 1\n")
+    monkeypatch.setenv("PATH", env["PATH"])
+    assert check({}) == ("cannot submit to SLURM: SLURM's client here reaches no cluster (sinfo: sinfo: error: "
+                         "_establish_config_source: failed to fetch config): submit from the cluster's login node "
+                         "(SLURM_CONF names a cluster's slurm.conf)")
+    fake_slurm(tmp_path / "bin", "exit 1", partitions="gpu cpu")
+    assert check({"partition": None}) == ("cannot submit to SLURM: no partition: hydra.launcher.partition=null and the "
+                                          "cluster has no default one; valid: gpu, cpu (sinfo)")
+    assert check({"partition": "gpu"}) is None

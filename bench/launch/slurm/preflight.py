@@ -2,8 +2,8 @@
 
 Before any run of a ``hydra/launcher=slurm`` sweep is recorded (bench/sweep/sweeper.py calls the launcher's
 ``preflight``): the SLURM client (sbatch to submit, srun in the batch script - submitit refuses to build one
-without it -, squeue to follow the jobs, scancel to cancel them) must be on PATH, and the partition must be one
-the cluster has (``sinfo``), or the cluster must have a default one.  Such a sweep exits 2 with that line and
+without it -, squeue to follow the jobs, scancel to cancel them) must be on PATH and reach a cluster (``sinfo``
+answers), and the partition must be one the cluster has, or the cluster must have a default one.  Such a sweep exits 2 with that line and
 leaves no run record.
 
 After that, what only sbatch can tell (an account the cluster requires, a QOS it does not know) comes from
@@ -27,18 +27,19 @@ def missing_client() -> list[str]:
     return [b for b in CLIENT if shutil.which(b) is None]
 
 
-def partitions(timeout_s: float = 15.0) -> Optional[tuple[list[str], Optional[str]]]:
-    """(the cluster's partitions, its default one or None) as ``sinfo`` lists them; None where sinfo is missing,
-    fails or does not answer (then sbatch's own refusal names the problem)."""
+def partitions(timeout_s: float = 15.0) -> tuple[Optional[list[str]], Optional[str], Optional[str]]:
+    """(the cluster's partitions, its default one, None) as ``sinfo`` lists them; (None, None, sinfo's error) where
+    it fails (no cluster configured, the controller unreachable: sbatch would fail too); (None, None, None) where
+    sinfo is missing or does not answer in time (then sbatch's own refusal names the problem)."""
     if shutil.which("sinfo") is None:
-        return None
+        return None, None, None
     try:
         p = subprocess.run(["sinfo", "--all", "--noheader", "--format=%P"], capture_output=True, text=True,
                            timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired):
-        return None
+        return None, None, None
     if p.returncode:
-        return None
+        return None, None, sbatch_error(p.stderr or p.stdout)
     names: list[str] = []
     default = None
     for word in p.stdout.split():
@@ -47,7 +48,7 @@ def partitions(timeout_s: float = 15.0) -> Optional[tuple[list[str], Optional[st
             default = name
         if name and name not in names:
             names.append(name)
-    return (names, default) if names else None
+    return (names or None), default, None
 
 
 def check(params: dict) -> Optional[str]:
@@ -56,10 +57,12 @@ def check(params: dict) -> Optional[str]:
     if missing:
         return (f"{PREFIX}{', '.join(missing)} not on PATH (this machine has no SLURM client): submit from the "
                 "cluster's login node, or run here without submit=slurm / hydra/launcher=slurm")
-    found = partitions()
-    if found is None:
+    names, default, error = partitions()
+    if error:
+        return (f"{PREFIX}SLURM's client here reaches no cluster (sinfo: {error}): submit from the cluster's login "
+                "node (SLURM_CONF names a cluster's slurm.conf)")
+    if not names:
         return None
-    names, default = found
     part = params.get("partition")
     if part in (None, ""):
         if default is None:
