@@ -7,14 +7,21 @@ One optimizer step of the slowest rank, in seconds::
                                                        the peak a probe measured, or a datasheet's at the share
                                                        runs measure (MEASURED_OVER_DATASHEET);
                                                        fp8: the float8 matmuls' share at the fp8 peak (_peak)
-               e(x) = e_max x / (x + x_half)           x = tokens per micro-batch x d_model / tp (matmul size)
+               e(x) = e_max x / (x + x_half)           x = tokens per micro-batch x d_model / tp (matmul size),
+                                                       x REFERENCE_MATMUL_FLOPS / the GPU's bf16 matmul rate
            + passes x activation bytes / HBM x (fused if compiled)   elementwise work, memory bound
            + 1.75 x model-state bytes / HBM                          the AdamW step (reads p g m v, writes p m v)
            + fp8_cast x float8 cast bytes / HBM                      fp8: casting each converted Linear's input and
                                                                      output gradient (3 bytes an element: read bf16,
                                                                      write float8; amax and transposes in fp8_cast)
-  comm     = (grad_exposed x grad_reduce + param_exposed x param_gather + tail + activation + p2p)
-               / (link x link_eff) + 20 us x collectives + offload / PCIe
+  comm     = exposed(grad_reduce, BACKWARD_SHARE x compute, grad_exposed)
+           + exposed(param_gather, compute, param_exposed) + (tail + activation + p2p) / link'
+           + 20 us x collectives + offload / PCIe
+             exposed(w, window, share) = max(w' - window, 0) + share x min(w', window), w' = w / link':
+             what overlaps costs its exposed share while compute lasts, and all of it beyond (a slow link's
+             reduction outlasts the backward it hides behind)
+             link' = link x link_eff, and / LINK_BUSBW_OVER_DATASHEET where the link figure is already NCCL's
+             bus bandwidth (a probe's, a PCIe preset's) rather than a datasheet's
              bytes per kind from the strategy (StrategySpec.traffic, bench/traffic.py); the link is the bus
              bandwidth of the group each kind travels over (bench/topology.py: TP inside a node, a data-parallel
              group across nodes costed hierarchically, HSDP's gradient and parameter traffic over its shard group and
@@ -72,6 +79,18 @@ COLLECTIVE_LATENCY_S = 20e-6  # one NCCL collective's start-up inside a node (sm
 # was set: docs/results.md, "How the fit was chosen"); a datasheet preset's peaks are taken at this share, a probe's
 # (measured) at their value
 MEASURED_OVER_DATASHEET = 0.80
+# the matmul rate the matmul-size constant x_half was fitted at: the recorded runs' GPUs (H100 / H200, bf16 989.4
+# TFLOP/s datasheet) at the measured share.  A matmul's fixed cost (launch, the first wave's ramp) is a time, so the
+# size at which it equals the work scales with the GPU's rate: on a GPU k times slower, x_half / k
+REFERENCE_MATMUL_FLOPS = 989.4e12 * MEASURED_OVER_DATASHEET
+# NCCL's all-reduce bus bandwidth at its largest message over a datasheet's NVLink figure (450 GB/s): H100 x 4
+# 352.6 GB/s (results/2026-11-27-h100x4-edge, probe at 1 GiB), H200 x 2 326 GB/s (1 GiB); link_eff is fitted on
+# datasheet links, so a link already given as NCCL's bus bandwidth (a probe's, the PCIe presets') is this much
+# faster in link_eff's terms
+LINK_BUSBW_OVER_DATASHEET = 0.75
+# the share of a step's compute that gradient reductions issued during backward can hide behind (backward is two of
+# the three matmul passes); parameter gathers are prefetched through forward and backward (the whole compute)
+BACKWARD_SHARE = 2.0 / 3.0
 
 # The fitted constants (values: bench/calibration.json), each with its physical reading and what checks it; here the
 # fit's starting point.  Set by hand, not fitted (python -m bench.calibrate's docstring says why): OPTIMIZER_PASSES,
@@ -154,8 +173,16 @@ def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, fl
     topo = plan_topology(plan, hw)
     return {**_device_terms(plan, hw, mem), **_host_terms(plan, traffic),
             **{f"{k}_s": v for k, v in topo.seconds(traffic).items()},
-            "offload_s": traffic.get("offload", 0.0) / (HOST_LINK_GBPS * 1e9),
+            "offload_s": traffic.get("offload", 0.0) / (HOST_LINK_GBPS * 1e9), "link_scale": link_scale(hw),
             "collectives": traffic.get("collectives", 0.0)}
+
+
+def link_scale(hw: HardwareConfig) -> float:
+    """link_eff's figure is fitted against datasheet links; a link given as NCCL's measured bus bandwidth (a probe's
+    profile, a preset whose link is PCIe: bench/hardware.py gives those as NCCL's figures) is already past the
+    datasheet-to-bus-bandwidth loss: 1 / LINK_BUSBW_OVER_DATASHEET, else 1."""
+    achieved = hw.source == "probe" or hw.intra_node_link == "pcie"
+    return 1.0 / LINK_BUSBW_OVER_DATASHEET if achieved else 1.0
 
 
 def peak_ratio(hw: HardwareConfig) -> float:
@@ -173,7 +200,8 @@ def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict) -> dict[str, float]
     return {
         "flops": hardware_flops_per_token(m, plan.layout.recompute) * m["global_batch"] * m["seq_len"] / plan.world_size,
         "peak": _peak(plan, hw), "peak_ratio": peak_ratio(hw),
-        "matmul_size": plan.micro_batch_size * m["seq_len"] * m["d_model"] / plan.tp,
+        "matmul_size": plan.micro_batch_size * m["seq_len"] * m["d_model"] / plan.tp * REFERENCE_MATMUL_FLOPS
+        / (float(hw.peak_tflops["bf16"]) * 1e12 * peak_ratio(hw)),
         "elementwise_s": activations / hbm,
         "optimizer_s": OPTIMIZER_PASSES * sum(mem["model_states"]["device_mb"].values()) * MB / hbm,
         "bubble": (plan.pp - 1) / (plan.layout.virtual_pipeline * ga) if plan.pp > 1 else 0.0,
@@ -207,14 +235,23 @@ def _host_terms(plan: Plan, traffic: dict) -> dict[str, float]:
             "host_lockstep": float(plan.world_size > 1 and traffic.get("hooks", 0.0) > 0)}
 
 
+def _exposed(wire, window, share):
+    """Overlapped communication's cost: its exposed share while the compute it hides behind lasts, all of it
+    beyond that (floats or numpy arrays)."""
+    hidden = np.minimum(wire, window)
+    return wire - hidden + share * hidden
+
+
 def combine(t: dict, k: dict) -> dict:
     """The step and its parts from ``terms`` and the constants; works on floats or numpy arrays alike."""
     eff = k["e_max"] * t["matmul_size"] / (t["matmul_size"] + k["x_half"])
     fused = np.where(t["compiled"] > 0, k["fused"], 1.0)
     compute = (t["flops"] / (t["peak"] * t["peak_ratio"] * eff) + k["passes"] * t["elementwise_s"] * fused + t["optimizer_s"]
                + k["fp8_cast"] * t["fp8_cast_s"])
-    wire = (k["grad_exposed"] * t["grad_reduce_s"] + k["param_exposed"] * t["param_gather_s"] + t["tail_s"]
-            + t["activation_s"] + t["p2p_s"]) / k["link_eff"]
+    link = k["link_eff"] * t.get("link_scale", 1.0)
+    wire = (_exposed(t["grad_reduce_s"] / link, BACKWARD_SHARE * compute, k["grad_exposed"])
+            + _exposed(t["param_gather_s"] / link, compute, k["param_exposed"])
+            + (t["tail_s"] + t["activation_s"] + t["p2p_s"]) / link)
     comm = wire + COLLECTIVE_LATENCY_S * t["collectives"] + t["offload_s"]
     bubble = (compute + comm) * t["bubble"]
     device = compute + comm + bubble
