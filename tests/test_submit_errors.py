@@ -49,18 +49,6 @@ def test_without_a_slurm_client_a_submission_is_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in out and not _records(sweep)  # no run left pending
 
 
-def test_a_partition_the_cluster_lacks_is_one_line_naming_the_valid_ones(tmp_path):
-    called = tmp_path / "sbatch_called"
-    env = fake_slurm(tmp_path / "bin", f"touch {called}\nexit 1", partitions="debug* long")
-    sweep = tmp_path / "sweep"
-    code, out, err = _bench(env, "--multirun", "hydra/launcher=slurm", *RUN, "seed=0,1",
-                            "hydra.launcher.partition=gpu", f"hydra.sweep.dir={sweep}")
-    assert code == 2, out + err
-    assert err.strip() == ("bench: cannot submit to SLURM: hydra.launcher.partition=gpu: the cluster has no partition "
-                           "gpu; valid: debug, long (sinfo); nothing was submitted"), err
-    assert not called.exists() and not _records(sweep)
-
-
 def test_an_account_sbatch_refuses_fails_every_run_with_one_line(tmp_path):
     """sbatch asked once: the account is every job's, so the other two runs are recorded with the same answer."""
     calls = tmp_path / "sbatch_calls"
@@ -96,7 +84,7 @@ def test_a_sweep_none_of_whose_runs_can_run_exits_2_with_each_reason_once(tmp_pa
 
 def test_a_slurm_client_that_reaches_no_cluster_is_one_line(tmp_path, monkeypatch):
     """sinfo fails (no slurm.conf, no controller): nothing can be submitted; sinfo's error in the one line.  A
-    cluster without a default partition needs one named."""
+    cluster without a default partition needs one named; one it does not have is named with the valid ones."""
     from bench.launch.slurm.preflight import check
 
     env = fake_slurm(tmp_path / "bin", "exit 1")
@@ -110,3 +98,6 @@ def test_a_slurm_client_that_reaches_no_cluster_is_one_line(tmp_path, monkeypatc
     assert check({"partition": None}) == ("cannot submit to SLURM: no partition: hydra.launcher.partition=null and the "
                                           "cluster has no default one; valid: gpu, cpu (sinfo)")
     assert check({"partition": "gpu"}) is None
+    fake_slurm(tmp_path / "bin", "exit 1", partitions="debug* long")  # the sweeper exits 2 with it, as without a client
+    assert check({"partition": "gpu"}) == ("cannot submit to SLURM: hydra.launcher.partition=gpu: the cluster has no "
+                                           "partition gpu; valid: debug, long (sinfo)")

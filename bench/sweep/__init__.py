@@ -36,7 +36,10 @@ is waited for and one it completed is not run again, so two ``resume=true`` swee
 
 :class:`SweepCallback` (``hydra.callbacks.bench_sweep``) prints the summary at the end of the
 multirun, writes ``<sweep dir>/summary.json`` and sets the exit code: 0 when every run completed
-or was invalid / skipped (a combination that cannot run does not fail a sweep), 130 when the sweep was
-interrupted, 1 when any run failed, ran out of memory, timed out or never reported a status.
+or was invalid / skipped and one completed (a combination that cannot run does not fail a sweep), 2 (3) when
+no run could run: every one invalid (or predicted not to fit), 130 when the sweep was interrupted, 1 when any
+run failed, ran out of memory, timed out or never reported a status.  The reasons runs did not complete are
+printed once each, with how many runs and which.  A sweep submitted without waiting
+(``hydra.launcher.wait=false``) ends with its job ids instead; :mod:`bench.sweep.collect` reports it later.
 Progress and summary are plain log lines (no carriage returns), fine in non-interactive logs.
 """

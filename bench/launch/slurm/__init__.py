@@ -37,8 +37,10 @@ executor parameters before submitting it:
 
 Modules: ``resources`` (each job's size and time limit), ``submit`` (one executor and submission
 per job), ``collect`` (when a job is over, and its run's status), ``interrupt`` (Ctrl-C), ``record``
-(a run's folder and the status bench gives it), ``launchers`` (the two launcher classes, registered
-in hydra_plugins/bench_plugins/launchers.py).
+(a run's folder and the status bench gives it; the jobs left queued by ``hydra.launcher.wait=false``, which
+bench/sweep/collect.py follows later), ``preflight`` (why nothing can be submitted - no SLURM client, no
+cluster, no such partition - in one line before any run is recorded, and sbatch's refusals in one line),
+``launchers`` (the two launcher classes, registered in hydra_plugins/bench_plugins/launchers.py).
 
 Planning side.  The sweeper plans every job on the machine that submits (a login node, often without a GPU):
 ``submit=slurm`` (set with hydra/launcher=slurm by bench/__main__.py, which also makes one run a one-job
