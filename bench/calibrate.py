@@ -2,6 +2,7 @@
 
     python -m bench.calibrate results/ [--out bench/calibration.json] [--freeze FOLDER] [--unfreeze FOLDER]
     python -m bench.calibrate --frozen results/<folder> [...]     # score runs recorded after it, no refit
+    python -m bench.calibrate --by-regime results/                # each link regime held out whole, its error
 
 Reads every ``<folder>/runs.json`` under the given directories (bench/calibration_runs.py), fits the prediction's
 constants (scipy.optimize.least_squares on log step time, Huber loss at HUBER, with a weak pull towards
@@ -215,6 +216,37 @@ def frozen_report(dirs: list[Path], cal_path: Path = CALIBRATION) -> dict:
     return scored
 
 
+def by_regime(dirs: list[Path]) -> dict[str, dict]:
+    """``--by-regime``: each link regime (``link_regime``: default NVLink, peer-to-peer off, sockets, ...) held out
+    whole: its runs predicted by constants fitted on every other regime's runs (frozen folders included: this is an
+    evaluation across regimes, not the shipped fit), no refit on them; the error per regime."""
+    runs, _ = load_runs(result_folders(dirs))
+    out = {}
+    for regime in sorted({r["regime"] for r in runs}):
+        inside, rest = [r for r in runs if r["regime"] == regime], [r for r in runs if r["regime"] != regime]
+        if not rest:
+            out[regime] = {"runs": len(inside), "error": None, "fitted_on": 0}
+            continue
+        out[regime] = {"runs": len(inside), "fitted_on": len(rest),
+                       "error": error_statement(inside, predict_runs(inside, fit(rest)))}
+    return out
+
+
+def regime_table(scores: dict[str, dict]) -> str:
+    """The per-regime table ``--by-regime`` prints (docs/results.md quotes it)."""
+    rows = ["| link regime (held out) | runs | fitted on | median | 90th percentile | winner right |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for regime, v in scores.items():
+        e = v["error"]
+        if e is None:
+            rows.append(f"| {regime} | {v['runs']} | 0 | - | - | - |")
+            continue
+        win = f"{e['winner_agree']} of {e['winner_groups']}" if e["winner_groups"] else "no group"
+        rows.append(f"| {regime} | {v['runs']} | {v['fitted_on']} | {100 * e['median_abs']:.1f}% | "
+                    f"{100 * e['p90_abs']:.1f}% | {win} |")
+    return "\n".join(rows)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.calibrate", description=__doc__.split("\n\n")[0])
     ap.add_argument("dirs", nargs="+", type=Path, help="results folders, or directories of them")
@@ -225,8 +257,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--freeze", action="append", default=[], metavar="FOLDER",
                     help="keep this results folder (its name) out of the fit and score it as frozen")
     ap.add_argument("--unfreeze", action="append", default=[], metavar="FOLDER", help="fold a frozen folder back in")
+    ap.add_argument("--by-regime", action="store_true", help="hold each link regime out whole (fit on the others) "
+                    "and print its error; writes nothing")
     args = ap.parse_args(argv)
-    if args.frozen:
+    if args.by_regime:
+        print(regime_table(by_regime(args.dirs)))
+    elif args.frozen:
         frozen_report(args.dirs, args.out)
     else:
         calibrate(args.dirs, args.out, freeze=args.freeze, unfreeze=args.unfreeze)

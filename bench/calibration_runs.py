@@ -105,5 +105,6 @@ def load_runs(folders: list[Path]) -> tuple[list[dict], dict]:
             runs.append({"folder": path.name, "plan": plan, "device": hw.gpu, "terms": terms(plan, hw),
                          "case": (gpu_type(hw), str(nodes), plan.strategy["name"]),
                          "host": host_key(prov.get("hostname"), prov.get("cpu_count")),
+                         "regime": plan.cfg.get("link_regime") or "default",
                          "step": float(rec["step_time_s"]["median"]), "tokens": m["global_batch"] * m["seq_len"]})
     return runs, left

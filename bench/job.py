@@ -113,18 +113,18 @@ def plan_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = (),
     if plan is not None:
         from bench.memory_model import memory_plan
 
-        plan = resolve_choices(plan, explicit, gpus)
+        plan = resolve_choices(plan, explicit, gpus, run_dir.name)
         plan.memory = memory_plan(plan)
     final = plan.cfg if plan else raw
     return raw, {"key": run_key(final), **identity(final), "t_start": time.time()}, plan, err
 
 
-def resolve_choices(plan: Plan, explicit: Iterable[str], gpus: Optional[int]) -> Plan:
+def resolve_choices(plan: Plan, explicit: Iterable[str], gpus: Optional[int], run: str = "") -> Plan:
     """``micro_batch_size=auto`` / ``tuning=best``: the fastest predicted setting that fits, not only the largest
     micro-batch (bench/planner/resolve.py; here, since validation is a layer below prediction)."""
     from bench.planner.resolve import resolved
 
-    return resolved(plan, explicit, gpus)
+    return resolved(plan, explicit, gpus, run)
 
 
 def run(cfg: DictConfig, run_dir: Path, command: list[str], t0: Optional[float] = None,

@@ -2,7 +2,7 @@
 beside what bench predicts for the same runs with ``hardware=rtx_a6000`` (``python -m bench.study``).
 
 "Distributed Training Strategies on Commodity Hardware" (Akbulut, Chowdhury, Gutierrez; ../shared/seeds) states
-its efficiencies in words, for models of 300M parameters and up; ``PUBLISHED`` quotes them.  Efficiency is the
+its efficiencies in words, for models of 300M parameters and up; bench/study_reference.json quotes them.  Efficiency is the
 study's: N-GPU tokens/s / (N x one GPU's tokens/s at the same global batch), the 1-GPU run its ``single``.
 Each run is the study's own (``+experiment=paper_megatron`` / ``paper_zero``: its batch, sequence, accumulation),
 planned on any machine.  Nothing here is fitted to these numbers: docs/study.md says what changed and why.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import re
 import statistics
 from pathlib import Path
@@ -20,15 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "study.md"
 BEGIN = "<!-- study: begin (python -m bench.study --write renders this block) -->"
 END = "<!-- study: end -->"
-MODELS = ("300m", "500m", "1b")  # "medium to large" in the study's words: its statements are about these
-# (label, preset, arm, world size, the study's words, the efficiency they state or None where they give no number)
-PUBLISHED = (
-    ("DP (Megatron DDP)", "paper_megatron", "megatron_dp", 2, "data parallelism exceeds 80%", 0.80),
-    ("DP (Megatron DDP)", "paper_megatron", "megatron_dp", 4, "4 GPUs only offers negative scaling", None),
-    ("ZeRO-1", "paper_zero", "zero1", 2, "data parallelism (including ZeRO) on 2 devices ... near 80%", 0.80),
-    ("ZeRO-1", "paper_zero", "zero1", 4, "its 4 GPU scaling efficiency is ~60%", 0.60),
-    ("TP (Megatron)", "paper_megatron", "tp", 2, "tensor parallelism shows ~60% throughput efficiency", 0.60),
-)
+# the study's statements, each with the preset and arm of its runs (data, not code: bench/study_reference.json)
+REFERENCE = json.loads((Path(__file__).with_name("study_reference.json")).read_text())
+MODELS = tuple(REFERENCE["models"])
+PUBLISHED = tuple(REFERENCE["statements"])
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,14 +49,15 @@ def _tokens_per_s(preset: str, arm: str, model: str, world_size: int) -> Optiona
 def rows() -> list[dict]:
     """One row per published statement: the study's number and bench's prediction per model and their median."""
     out = []
-    for label, preset, arm, ws, words, published in PUBLISHED:
-        eff = {}
+    for st in PUBLISHED:
+        preset, ws, eff = st["preset"], st["world_size"], {}
         for model in MODELS:
-            one, many = _tokens_per_s(preset, "single", model, 1), _tokens_per_s(preset, arm, model, ws)
+            one = _tokens_per_s(preset, REFERENCE["baseline_arm"], model, 1)
+            many = _tokens_per_s(preset, st["arm"], model, ws)
             eff[model] = many / (ws * one) if one and many else None
         known = [v for v in eff.values() if v is not None]
-        out.append({"strategy": label, "gpus": ws, "study_words": words, "study": published, "bench": eff,
-                    "bench_median": statistics.median(known) if known else None})
+        out.append({"strategy": st["label"], "gpus": ws, "study_words": st["words"], "study": st["efficiency"],
+                    "bench": eff, "bench_median": statistics.median(known) if known else None})
     return out
 
 

@@ -178,6 +178,19 @@ def _apply_one(out: dict, mem: Any, keys, values, evidence: str, unless: list, s
     return trial, new
 
 
+def with_search(record: dict, spec, changes: dict) -> dict:
+    """The record after the planner's search (bench/planner/resolve.py) chose ``changes`` on top of the profile: a
+    setting the profile skipped that the search then set is applied, with the search as its evidence, so that the
+    log does not say "skipped" of what runs."""
+    out = {**record, "applied": dict(record["applied"]), "skipped": dict(record["skipped"])}
+    for k, v in changes.items():
+        if k in out["skipped"] and out["skipped"][k]["value"] == v:
+            del out["skipped"][k]
+            out["applied"][k] = {"value": v, "evidence": "the planner's search: fits, fastest predicted"}
+    out["summary"] = _summary(out, spec, True)
+    return out
+
+
 def _summary(record: dict, spec, anything: bool) -> str:
     """One line for the log: where the settings came from, then what was applied, kept and skipped."""
     def settings(part: str) -> str:

@@ -101,7 +101,7 @@ def test_micro_batch_auto_chooses_the_fastest_setting_that_fits_and_names_the_ru
     with caplog.at_level(logging.INFO, logger="bench"):
         assert dry_run(cfg, tmp_path, ["strategy.micro_batch_size", "strategy", "model", "hardware"]) == "planned"
     planned = json.loads((tmp_path / "plan.json").read_text())
-    line = next(m for m in caplog.messages if m.startswith("planner: chose"))
+    line = next(m for m in caplog.messages if m.startswith("planner (") and "): chose" in m)
     assert "runner-up" in line and "fits" in line
     assert verdict_of(planned["memory"]) == "fits"
     chosen = planned["prediction"]["tokens_per_s"]

@@ -13,6 +13,7 @@ from bench.planner.search import search
 from bench.planner.table import lines, record, same_setting, write
 from bench.runs import override_key
 from bench.schema import ConfigError
+from bench.units import count_text
 from bench.strategies.registry import specs
 
 log = logging.getLogger("bench.planner")
@@ -52,7 +53,7 @@ def header_lines(facts: dict, q: Question, counts: dict) -> list[str]:
     return [
         f"planner: {facts['nodes']} node(s) x {min(ws, per_node)} {facts['gpu']} (hardware={facts['hardware']}, "
         f"{facts['memory_gib']:g} GiB each{budget}), world_size {ws}",
-        f"model {facts['model']} ({facts['parameters'] / 1e9:.3g}B parameters), sequence {facts['seq_len']}, global "
+        f"model {facts['model']} ({count_text(facts['parameters'])} parameters), sequence {facts['seq_len']}, global "
         f"batch {facts['global_batch']} = {facts['tokens_per_step']:,} tokens per step ({facts['global_batch_from']})"
         f"{train}",
         f"searched {counts['planned']} plans ({counts['invalid']} candidates do not validate and are skipped); "

@@ -19,6 +19,7 @@ from bench.planner.search import MICRO_BATCH, best_micro_batch, improve_knobs, r
 from bench.predict import device_hardware
 from bench.schema import Plan
 from bench.strategies.registry import get_spec
+from bench.tuning_profiles import with_search
 
 log = logging.getLogger("bench")
 
@@ -92,7 +93,8 @@ def apply(plan: Plan, choice: dict, gpus: Optional[int] = None) -> Plan:
     new = validate(c, gpus=gpus, explicit=list(choice["changes"]))
     new.cfg["tuning"] = tuning
     record = {k: choice[k] for k in ("chosen", "runner_up", "changes")}
-    new.tuning = {**plan.tuning, "planner": record} if plan.tuning else None
+    new.tuning = {**with_search(plan.tuning, get_spec(plan.strategy["name"]), choice["changes"]), "planner": record} \
+        if plan.tuning else None
     if plan.micro_batch_auto is not None:
         new.micro_batch_auto = {**plan.micro_batch_auto, "chosen": new.micro_batch_size, "grad_accum": new.grad_accum,
                                 "reason": f"the fastest predicted that fits (bench/planner): {choice['chosen']}",
@@ -100,12 +102,13 @@ def apply(plan: Plan, choice: dict, gpus: Optional[int] = None) -> Plan:
     return new
 
 
-def resolved(plan: Plan, explicit: Iterable[str] = (), gpus: Optional[int] = None) -> Plan:
+def resolved(plan: Plan, explicit: Iterable[str] = (), gpus: Optional[int] = None, run: str = "") -> Plan:
     """The plan a run (bench/job.py) or a sweep's job runs: with the choice applied, and the choice and the
-    runner-up logged; the plan itself when there is nothing to choose."""
+    runner-up logged (naming ``run``, the run's folder: a sweep's lines interleave); the plan itself when there is
+    nothing to choose."""
     choice = choose(plan, list(explicit), gpus)
     if choice is None:
         return plan
-    log.info("planner: chose %s; runner-up %s (%d settings planned)", choice["chosen"], choice["runner_up"],
-             choice["searched"])
+    log.info("planner%s: chose %s; runner-up %s (%d settings planned)", f" ({run})" if run else "",
+             choice["chosen"], choice["runner_up"], choice["searched"])
     return apply(plan, choice, gpus)

@@ -88,7 +88,8 @@ def compose(job: Job, load: Callable[[list[str]], DictConfig], gpus: Callable[[d
     try:
         explicit = [override_key(o) for o in job.overrides]
         # auto / tuning=best resolved as the run itself resolves them (bench/job.py), so both compute one run key
-        plan = resolved(validate(dict(job.cfg), gpus=gpus(job.cfg), explicit=explicit), explicit, gpus(job.cfg))
+        plan = resolved(validate(dict(job.cfg), gpus=gpus(job.cfg), explicit=explicit), explicit, gpus(job.cfg),
+                        f"job {job.num}: {' '.join(job.overrides)}")
     except ConfigError as e:
         job.key, job.ident = run_key(job.cfg), identity(job.cfg)
         job.action, job.reason = "invalid", str(e)
