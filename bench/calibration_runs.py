@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from bench.hardware import match
+from bench.hardware import recorded
 from bench.predict import gpu_type, host_key, plan_topology, terms
 from bench.runs import with_added_defaults
 from bench.schema import BenchConfig, fields_of
@@ -96,7 +96,7 @@ def load_runs(folders: list[Path]) -> tuple[list[dict], dict]:
                 why = left["why_not_replannable"]
                 why[str(e)[:120]] = why.get(str(e)[:120], 0) + 1
                 continue
-            hw = match(device_name(rec))
+            hw = recorded((rec.get("config") or {}).get("hardware"), device_name(rec))  # its profile, else its GPU's
             if hw is None:
                 left["unknown_device"] += 1
                 continue

@@ -131,6 +131,18 @@ def resolve(cfg: dict) -> Optional[HardwareConfig]:
     return replace(base, **given)
 
 
+def recorded(hardware: Any, device_name: Optional[str]) -> Optional[HardwareConfig]:
+    """The hardware a recorded run was planned for: the preset or probe profile its ``config.hardware`` names (every
+    field as it was then: a profile's measured link and peaks), else (``hardware=auto``, or a record of fields this
+    code no longer has) the preset of the GPU it ran on, ``device_name``; None for neither."""
+    if isinstance(hardware, dict) and hardware.get("name") not in (None, "auto"):
+        try:
+            return resolve({"hardware": hardware})
+        except (TypeError, ValueError):
+            pass
+    return match(device_name)
+
+
 def preset_nodes() -> dict[str, HardwareConfig]:
     """What bench/config.py registers in Hydra's ConfigStore group ``hardware``."""
     return {"auto": HardwareConfig(), **PRESETS}

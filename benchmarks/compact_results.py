@@ -139,8 +139,8 @@ def keep(rel: str, size: int) -> bool:
     if any(part in RAW_DIRS or part.startswith(".") for part in p.parts[:-1]):
         return False
     name, suf = p.name, p.suffix.lower()
-    if name in (RUNS_JSON, "README.md") or suf == ".md":
-        return True
+    if name in (RUNS_JSON, "README.md") or suf == ".md" or (p.parent.name == "hardware" and suf == ".yaml"):
+        return True  # hardware/*.yaml: the probe's profiles the runs were planned with
     if name in DROP_NAMES or name.endswith("_errors.txt") or size == 0:
         return False
     if suf == ".csv":

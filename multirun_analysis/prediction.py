@@ -74,18 +74,11 @@ def _oom(m: dict) -> bool:
 
 
 def recorded_hardware(m: dict):
-    """The hardware a run was planned for, as its record says: the preset or probe profile it named
-    (``config.hardware``: every field as it was then, a profile's measured link and peaks included), else
-    (``hardware=auto``) the preset of the GPU it ran on; None for neither."""
-    from bench.hardware import match, resolve
+    """The hardware a run was planned for, as its record says (bench/hardware.py ``recorded``): the preset or probe
+    profile it named, else the preset of the GPU it ran on."""
+    from bench.hardware import recorded as recorded_hw
 
-    h = (m.get("config") or {}).get("hardware")
-    if isinstance(h, dict) and h.get("name") not in (None, "auto"):
-        try:
-            return resolve({"hardware": h})
-        except (TypeError, ValueError):  # a record of fields this code no longer has: the GPU's preset
-            pass
-    return match(_device(m))
+    return recorded_hw((m.get("config") or {}).get("hardware"), _device(m))
 
 
 def hardware_label(m: dict) -> Optional[str]:

@@ -220,3 +220,35 @@ def test_a_dry_run_and_its_measurement_analysed_together_give_one_table(tmp_path
     png = (tmp_path / "a" / "prediction.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and "![prediction](prediction.png)" in md
     assert "Spearman" in md and "peak GiB" in md and "MiB" not in md
+
+
+SLOW = REPO / "results" / "2026-11-27-h100x4-slow-links"
+
+
+def test_each_run_is_repredicted_with_the_hardware_it_recorded(tmp_path):
+    """Runs planned with a probe's profile (hardware=h100x4_<regime>, link_regime=<regime>, 4 x H100) are re-predicted
+    with that profile, as the run itself predicted, not with the GPU name's NVLink preset: prediction.csv's number is
+    bench.predict's with the profile file the probe wrote, and on sockets the preset's is several times higher."""
+    import pandas as pd
+    import yaml
+
+    from bench.calibrate import replan
+    from bench.hardware import HardwareConfig, match
+    from bench.predict import predict
+    from multirun_analysis.prediction import main
+
+    subprocess.run([sys.executable, "benchmarks/unpack_runs.py", str(SLOW / "runs.json"), "--out", str(tmp_path)],
+                   cwd=REPO, check=True, capture_output=True, timeout=60)
+    assert main([str(tmp_path), "--out", str(tmp_path / "a")]) == 0
+    t = pd.read_csv(tmp_path / "a" / "prediction.csv", dtype={"run": str})
+    assert len(t) >= 20 and set(t["link_regime"]) >= {"default", "p2p_off", "sockets"}
+    for row in t.itertuples():
+        rec = json.loads((tmp_path / SLOW.name / row.run / "metrics.json").read_text())
+        regime = rec["config"]["link_regime"]
+        profile = yaml.safe_load((SLOW / "hardware" / f"h100x4_{regime}.yaml").read_text())
+        assert row.hardware == f"h100x4_{regime} (probe)"
+        plan = replan(rec)
+        assert row.predicted_tokens_per_s == pytest.approx(predict(plan, HardwareConfig(**profile))["tokens_per_s"],
+                                                           rel=1e-9)
+        if regime == "sockets":  # 2.6 GB/s measured against the preset's 450 GB/s NVLink
+            assert predict(plan, match(row.device))["tokens_per_s"] > 3 * row.predicted_tokens_per_s
