@@ -56,6 +56,7 @@ def is_cpu_profile(preset: HardwareConfig) -> bool:
 def planned_gpus(c: dict, gpus: int) -> int:
     """The GPUs the layout may use under ``hardware=`` (module docstring); ConfigError where the plan would be
     for the wrong device: a preset this run is not on, or a submitted GPU job planned for this machine's CPU."""
+    _check_link_regime(c)
     preset = resolve(c)  # complete: bench.hardware.check has passed
     if preset is None:
         if submitting(c) and c["device"] != "cpu" and not cuda_device_count():
@@ -73,6 +74,16 @@ def planned_gpus(c: dict, gpus: int) -> int:
         return gpus if c["device"] == "cpu" else max(gpus, c["world_size"])
     _check_landed(c, preset, cpu)
     return 0 if cpu else gpus
+
+
+def _check_link_regime(c: dict) -> None:
+    """A link regime is NCCL's environment, put into each rank by the local launcher (bench/link_regime.py); the
+    ranks of a SLURM job start on its nodes, where nothing would set it."""
+    regime = c.get("link_regime", "default")
+    if regime != "default" and (c.get("submit") or in_submitted_job()):
+        raise ConfigError("link_regime", regime, "is set by the local launcher only; for a SLURM job, export its NCCL "
+                          "variables (bench/link_regime.py REGIMES) in the job's environment and leave link_regime "
+                          "at default")
 
 
 def _check_landed(c: dict, preset: HardwareConfig, cpu: bool) -> None:

@@ -2,8 +2,8 @@
 # GPU_RUNS entry ("REGIME|MODEL|WORLD|ARMS") at tuning=best, planned with that regime's probe profile.
 #   . benchmarks/gpu_env.sh && PROBE="default p2p_off" GPU_RUNS="p2p_off|llama3_1b|4|ddp,fsdp" bash benchmarks/slow_links.sh $OUT 540
 # Files in OUT: hardware/h100x4_<regime>.yaml (the profiles) and benchmarks/gpu.py's progress.log, table.txt,
-# runs.json, machine.txt.  HW_DIR: a folder whose hardware/ holds the profiles of an earlier call (default: OUT).  sockets and few_channels are probed --quick (messages up to 64 MiB: a full probe of
-# sockets takes minutes).
+# runs.json, machine.txt.  HW_DIR: a folder whose hardware/ holds the profiles of an earlier call (default: OUT).
+# sockets and few_channels are probed --quick (messages up to 64 MiB: a full probe of sockets takes minutes).
 set -u
 OUT=$1; DEADLINE=$(( $(date +%s) + $2 )); N=$(nvidia-smi -L | wc -l)
 mkdir -p "$OUT/hardware"

@@ -86,7 +86,7 @@ def test_the_debug_log_is_left_to_a_user_who_set_nccl_debug(tmp_path, monkeypatc
 
 @pytest.mark.slow
 def test_a_run_records_its_regime_and_nccl_settings(tmp_path):
-    p = run_bench("strategy=ddp", "world_size=2", "link_regime=p2p_off", *CPU_FAST[:-2], "steps=2",
+    p = run_bench("link_regime=p2p_off", *CPU_FAST[:-2], "steps=2",
                   "warmup_steps=1", run_dir=tmp_path, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     m = json.loads((tmp_path / "metrics.json").read_text())
@@ -94,3 +94,12 @@ def test_a_run_records_its_regime_and_nccl_settings(tmp_path):
     assert m["config"]["link_regime"] == "p2p_off" and nccl["regime"] == "p2p_off"
     assert nccl["settings"]["NCCL_P2P_DISABLE"] == "1"
     assert nccl["transports"] is None and nccl["transports_note"] == "backend gloo: no NCCL"
+
+
+def test_a_regime_is_refused_for_a_slurm_job_whose_ranks_would_not_get_it():
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["link_regime=sockets", "submit=slurm", "hardware=h100_sxm_80gb",
+                                           "strategy=ddp", "world_size=2"])
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, gpus=0)
+    assert (e.value.key, e.value.value) == ("link_regime", "sockets") and "SLURM" in e.value.valid

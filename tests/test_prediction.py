@@ -251,4 +251,4 @@ def test_each_run_is_repredicted_with_the_hardware_it_recorded(tmp_path):
         assert row.predicted_tokens_per_s == pytest.approx(predict(plan, HardwareConfig(**profile))["tokens_per_s"],
                                                            rel=1e-9)
         if regime == "sockets":  # 2.6 GB/s measured against the preset's 450 GB/s NVLink
-            assert predict(plan, match(row.device))["tokens_per_s"] > 3 * row.predicted_tokens_per_s
+            assert predict(plan, match(row.device))["tokens_per_s"] > 2 * row.predicted_tokens_per_s
