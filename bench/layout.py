@@ -49,13 +49,20 @@ class Layout:
     micro_batch_size: int = 1
     grad_accum: int = 1
     recompute: str = "none"
+    recompute_every: int = 1
 
     def __post_init__(self):
-        for k in ("tp", "pp", "dp", "dp_replicate", "virtual_pipeline", "micro_batch_size", "grad_accum"):
+        for k in ("tp", "pp", "dp", "dp_replicate", "virtual_pipeline", "micro_batch_size", "grad_accum",
+                  "recompute_every"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
         if self.dp % self.dp_replicate:
             raise ValueError(f"dp_replicate={self.dp_replicate} does not divide dp={self.dp}")
+
+    def checkpointed(self, blocks: float) -> float:
+        """How many of a stage's ``blocks`` are checkpointed (their forward run again in backward): all under
+        recompute=full, every ``recompute_every``-th of them (the first included), none otherwise."""
+        return checkpointed_blocks(self.recompute, self.recompute_every, blocks)
 
     @property
     def dp_shard(self) -> int:
@@ -143,3 +150,10 @@ def resolve_schedule(schedule: str, virtual: int) -> str:
 
 TOKEN_RULE = ("one rank per data-parallel replica counts its slice of the global batch: tensor-parallel "
               "rank 0 on the last pipeline stage (other ranks count 0 and report no loss)")
+
+
+def checkpointed_blocks(recompute: str, every: int, blocks: float) -> float:
+    """Blocks 0, k, 2k, ... of ``blocks`` checkpointed under recompute=full (bench/parallel/ac.py): ceil(blocks / k)."""
+    if recompute != "full":
+        return 0.0
+    return float(-(-int(round(blocks)) // every)) if blocks == int(round(blocks)) else blocks / every

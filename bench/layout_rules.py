@@ -31,7 +31,18 @@ def build(c: dict) -> Layout:
         if s.get("microbatches") is not None:
             mbs, n_micro = _microbatch_count(m, s, pp, dp)
     return Layout(tp=tp, pp=pp, dp=dp, dp_replicate=_replicas(s, ws, tp, pp, dp), virtual_pipeline=v,
-                  schedule=sched, micro_batch_size=mbs, grad_accum=n_micro, recompute=c["recompute"])
+                  schedule=sched, micro_batch_size=mbs, grad_accum=n_micro, recompute=c["recompute"],
+                  recompute_every=_recompute_every(c))
+
+
+def _recompute_every(c: dict) -> int:
+    """recompute_every: a positive count, and only where it acts (recompute=full)."""
+    every = c.get("recompute_every", 1)
+    check_positive("recompute_every", every)
+    if every != 1 and c["recompute"] != "full":
+        raise ConfigError("recompute_every", every, f"acts with recompute=full (which blocks to checkpoint); "
+                          f"recompute={c['recompute']}: leave it 1 or set recompute=full")
+    return every
 
 
 def _micro_batch(m: dict, s: dict, dp: int, ws: int) -> tuple[int, int]:

@@ -215,13 +215,14 @@ def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str,
     mode = plan.layout.recompute
     copies = weight_copy_bytes(plan, lay, ranks)
     head_copy = autocast_copy_bytes(plan, lay, ranks["head"])
-    if mode == "full":  # block inputs kept; the blocks' copies are not saved (their forward runs again)
-        per_mb = layers * layer["block_input"]
+    if mode == "full":  # checkpointed blocks keep their input; their copies are not saved (their forward runs again)
+        ck = plan.layout.checkpointed(layers)  # all of them, or every recompute_every-th
+        per_mb = ck * layer["block_input"] + (layers - ck) * layer["bytes"]
         recomputed = layer["bytes"] + (copies - head_copy) / layers  # the blocks' copies, one layer's at a time
-        at_loss = head_copy
+        at_loss = head_copy + (copies - head_copy) * (layers - ck) / layers
     else:
-        per_mb, recomputed, at_loss = layers * layer["bytes"], 0.0, copies
-    saved = 0.0 if mode == "full" else k * layers * layer["float8_saved"]  # the float8-saved inputs' share
+        ck, per_mb, recomputed, at_loss = 0.0, layers * layer["bytes"], 0.0, copies
+    saved = k * (layers - ck) * layer["float8_saved"]  # the float8-saved inputs' share (not of checkpointed blocks)
     vocab = m["vocab_size"] / (plan.tp if lay.tp_splits_vocab else 1)
     logits = b * m["seq_len"] * vocab * lay.loss_bytes_per_logit if ranks["head"] else 0.0
     return {"layers_on_rank": layers, "microbatches_in_flight": k, "per_layer_per_microbatch": layer["bytes"],

@@ -107,11 +107,12 @@ class ModelDescription:
     def flops_per_token(self) -> int:
         return 6 * self.matmul_params() + 12 * self.layers * self.d * self.seq
 
-    def hardware_flops_per_token(self, recompute: str) -> int:
-        """FLOPs the device executes per token, the recomputed forward included (HFU's numerator)."""
+    def hardware_flops_per_token(self, recompute: str, share: float = 1.0) -> int:
+        """FLOPs the device executes per token, the recomputed forward included (HFU's numerator); ``share``: the
+        checkpointed share of the blocks under full recompute (recompute_every)."""
         attn_fwd = 4 * self.layers * self.d * self.seq
-        extra = {"none": 0, "selective": attn_fwd, "full": 2 * self.layers * self.block_params() + attn_fwd}
-        return self.flops_per_token() + extra[recompute]
+        extra = {"none": 0, "selective": attn_fwd, "full": share * (2 * self.layers * self.block_params() + attn_fwd)}
+        return round(self.flops_per_token() + extra[recompute])
 
     # -- precision=fp8
     def float8_matmul_params(self) -> int:

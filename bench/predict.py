@@ -20,8 +20,9 @@ One optimizer step of the slowest rank, in seconds::
              exposed(w, window, share) = max(w' - window, 0) + share x min(w', window), w' = w / link':
              what overlaps costs its exposed share while compute lasts, and all of it beyond (a slow link's
              reduction outlasts the backward it hides behind)
-             link' = link x link_eff, and / LINK_BUSBW_OVER_DATASHEET where the link figure is already NCCL's
-             bus bandwidth (a probe's, a PCIe preset's) rather than a datasheet's
+             link' = a datasheet link x link_eff (fitted: NCCL's share of the datasheet, and NVLink's losses at
+             a step's message sizes); a link given as NCCL's bus bandwidth (a probe's, a PCIe preset's) as it
+             is, at the step's typical message size on the probe's all-reduce curve (measured_link_factor)
              bytes per kind from the strategy (StrategySpec.traffic, bench/traffic.py); the link is the bus
              bandwidth of the group each kind travels over (bench/topology.py: TP inside a node, a data-parallel
              group across nodes costed hierarchically, HSDP's gradient and parameter traffic over its shard group and
@@ -83,11 +84,6 @@ MEASURED_OVER_DATASHEET = 0.80
 # TFLOP/s datasheet) at the measured share.  A matmul's fixed cost (launch, the first wave's ramp) is a time, so the
 # size at which it equals the work scales with the GPU's rate: on a GPU k times slower, x_half / k
 REFERENCE_MATMUL_FLOPS = 989.4e12 * MEASURED_OVER_DATASHEET
-# NCCL's all-reduce bus bandwidth at its largest message over a datasheet's NVLink figure (450 GB/s): H100 x 4
-# 352.6 GB/s (results/2026-11-27-h100x4-edge, probe at 1 GiB), H200 x 2 326 GB/s (1 GiB); link_eff is fitted on
-# datasheet links, so a link already given as NCCL's bus bandwidth (a probe's, the PCIe presets') is this much
-# faster in link_eff's terms
-LINK_BUSBW_OVER_DATASHEET = 0.75
 # the share of a step's compute that gradient reductions issued during backward can hide behind (backward is two of
 # the three matmul passes); parameter gathers are prefetched through forward and backward (the whole compute)
 BACKWARD_SHARE = 2.0 / 3.0
@@ -173,16 +169,30 @@ def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, fl
     topo = plan_topology(plan, hw)
     return {**_device_terms(plan, hw, mem), **_host_terms(plan, traffic),
             **{f"{k}_s": v for k, v in topo.seconds(traffic).items()},
-            "offload_s": traffic.get("offload", 0.0) / (HOST_LINK_GBPS * 1e9), "link_scale": link_scale(hw),
+            "offload_s": traffic.get("offload", 0.0) / (HOST_LINK_GBPS * 1e9), **measured_link(hw, traffic),
             "collectives": traffic.get("collectives", 0.0)}
 
 
-def link_scale(hw: HardwareConfig) -> float:
-    """link_eff's figure is fitted against datasheet links; a link given as NCCL's measured bus bandwidth (a probe's
-    profile, a preset whose link is PCIe: bench/hardware.py gives those as NCCL's figures) is already past the
-    datasheet-to-bus-bandwidth loss: 1 / LINK_BUSBW_OVER_DATASHEET, else 1."""
-    achieved = hw.source == "probe" or hw.intra_node_link == "pcie"
-    return 1.0 / LINK_BUSBW_OVER_DATASHEET if achieved else 1.0
+def measured_link(hw: HardwareConfig, traffic: dict) -> dict[str, float]:
+    """How the link figure is read: ``link_fitted`` 1 for a datasheet figure (link_eff, fitted on such runs,
+    applies); 0 for one that is NCCL's bus bandwidth already (a probe's profile, a PCIe preset: bench/hardware.py
+    gives those as NCCL's), used as measured, times ``link_factor``: the probe's all-reduce bus bandwidth at the
+    step's typical message (its bytes over its collectives) over the figure (1 without a curve).  On a slow link
+    NCCL reaches its figure at a bucket's size; NVLink does not (its losses are in link_eff)."""
+    if hw.source != "probe" and hw.intra_node_link != "pcie":
+        return {"link_fitted": 1.0, "link_factor": 1.0}
+    curve = ((((hw.probe or {}).get("curves") or {}).get("intra_node") or {}).get("all_reduce")) or []
+    sent = sum(traffic.get(k, 0.0) for k in ("grad_reduce", "param_gather", "tail", "activation", "p2p"))
+    calls = traffic.get("collectives", 0.0)
+    if not curve or not hw.intra_node_gbps or not sent or not calls:
+        return {"link_fitted": 0.0, "link_factor": 1.0}
+    return {"link_fitted": 0.0, "link_factor": _on_curve(curve, sent / calls) / float(hw.intra_node_gbps)}
+
+
+def _on_curve(curve: list[dict], message: float) -> float:
+    """Bus bandwidth at ``message`` bytes: log-linear between the probe's measured sizes, flat beyond them."""
+    sizes = np.log([p["bytes"] for p in curve])
+    return float(np.interp(np.log(max(message, 1.0)), sizes, [p["busbw_gbps"] for p in curve]))
 
 
 def peak_ratio(hw: HardwareConfig) -> float:
@@ -198,7 +208,8 @@ def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict) -> dict[str, float]
     hbm = float(hw.hbm_gbps) * 1e9
     activations = (act["per_layer_per_microbatch_mb"] * act["layers_on_rank"] + act["logits_mb"]) * MB * ga
     return {
-        "flops": hardware_flops_per_token(m, plan.layout.recompute) * m["global_batch"] * m["seq_len"] / plan.world_size,
+        "flops": hardware_flops_per_token(m, plan.layout.recompute, plan.layout.recompute_every) * m["global_batch"]
+        * m["seq_len"] / plan.world_size,
         "peak": _peak(plan, hw), "peak_ratio": peak_ratio(hw),
         "matmul_size": plan.micro_batch_size * m["seq_len"] * m["d_model"] / plan.tp * REFERENCE_MATMUL_FLOPS
         / (float(hw.peak_tflops["bf16"]) * 1e12 * peak_ratio(hw)),
@@ -216,7 +227,7 @@ def _float8_cast_bytes(plan: Plan, layers_on_rank: float) -> float:
         return 0.0
     m = plan.model
     tokens = plan.micro_batch_size * m["seq_len"] * plan.grad_accum
-    passes = 2.0 if plan.layout.recompute == "full" else 1.0
+    passes = 1.0 + plan.layout.checkpointed(layers_on_rank) / layers_on_rank  # the checkpointed blocks' forward twice
     return 3.0 * tokens * float8_cast_elements_per_layer_token(m) * layers_on_rank * passes / plan.tp
 
 
@@ -248,7 +259,7 @@ def combine(t: dict, k: dict) -> dict:
     fused = np.where(t["compiled"] > 0, k["fused"], 1.0)
     compute = (t["flops"] / (t["peak"] * t["peak_ratio"] * eff) + k["passes"] * t["elementwise_s"] * fused + t["optimizer_s"]
                + k["fp8_cast"] * t["fp8_cast_s"])
-    link = k["link_eff"] * t.get("link_scale", 1.0)
+    link = np.where(t.get("link_fitted", 1.0) > 0, k["link_eff"], 1.0) * t.get("link_factor", 1.0)
     wire = (_exposed(t["grad_reduce_s"] / link, BACKWARD_SHARE * compute, k["grad_exposed"])
             + _exposed(t["param_gather_s"] / link, compute, k["param_exposed"])
             + (t["tail_s"] + t["activation_s"] + t["p2p_s"]) / link)

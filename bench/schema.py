@@ -197,6 +197,9 @@ class BenchConfig:
     recompute: str = knob("none", "activation recomputation: none | full (each block's forward again in backward, "
                           "only block inputs kept) | selective (the attention core again: Korthikanti et al. 2022)",
                           choices=("none", "full", "selective"), added=True)
+    recompute_every: int = knob(1, "with recompute=full: checkpoint every k-th block of a stage (1: all; 2: every "
+                                "second, half of full's extra forward and about half of what it saves)",
+                                added=True)
     tf32: bool = knob(False, "allow TF32 matmuls when precision=fp32 on GPU")
     tuning: str = knob("default", "default: every knob as set | best: the strategy's best measured settings "
                        "(its profile; explicit settings win, knobs that cannot apply are skipped and recorded)",

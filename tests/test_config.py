@@ -85,7 +85,7 @@ def test_step_timing_error_lists_the_choices():
 
 
 @pytest.mark.parametrize("override,expect", [
-    ("strategy=nope", "Could not find 'strategy/nope'"),
+    ("strategy=nope", "there is no strategy option 'nope'"),
     ("model.not_a_key=1", "not_a_key"),
     ("steps=many", "steps"),
 ])

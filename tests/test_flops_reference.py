@@ -38,3 +38,27 @@ def test_flops_per_token_match_pytorchs_flop_counter(overrides):
     counted = counter.get_total_flops() / (b * s)
     assert counted == pytest.approx(flops_per_token(m), rel=0.01)
     assert total_params(m) == sum(p.numel() for p in model.parameters())  # the built model's own count
+
+
+def test_checkpointing_every_second_block_recomputes_half_as_much_as_pytorchs_flop_counter_counts():
+    """recompute=full with recompute_every=2 (2 of llama_tiny's 4 blocks checkpointed): the extra FLOPs of the
+    recomputed forward, as FlopCounterMode counts a checkpointed step, are the share the plan counts of full's.
+    (Their size: torch's non-reentrant checkpoint stops once every tensor backward needs is back, so a block's
+    last projection, whose output nothing saves, does not run again; the plan counts the whole block forward as
+    Megatron's recompute does: 1.23M against 1.58M FLOPs a token per block here.)"""
+    from bench.metrics.flops import hardware_flops_per_token
+    from bench.parallel.ac import apply_ac
+
+    m = model_cfg("model=llama_tiny")
+    counted = {}
+    for every in (0, 1, 2):
+        model = build_model(m, 0, "cpu")
+        if every:
+            apply_ac(model, "full", every)
+        x = torch.randint(0, m["vocab_size"], (2, m["seq_len"] + 1))
+        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+            lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
+        counted[every] = counter.get_total_flops()
+    share = (counted[2] - counted[0]) / (counted[1] - counted[0])
+    planned = [hardware_flops_per_token(m, "full", e) - flops_per_token(m) for e in (1, 2)]
+    assert share == pytest.approx(planned[1] / planned[0], rel=0.01) and share == pytest.approx(0.5, rel=0.01)

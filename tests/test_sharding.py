@@ -172,6 +172,14 @@ def test_gradient_accumulation_one_step_per_global_batch(strategy, tmp_path_fact
         assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 1, 4)
 
 
+@pytest.mark.parametrize("strategy", [("strategy=fsdp",), ("strategy=zero", "strategy.zero_stage=2")], ids=["fsdp2", "zero2"])
+def test_every_second_block_checkpointed_matches_single(strategy, tmp_path_factory, baseline):
+    """recompute=full recompute_every=2: blocks 0 and 2 of the 4 checkpointed, the same losses as single's."""
+    m = single_run(tmp_path_factory, "every2", *strategy, "world_size=2", "recompute=full", "recompute_every=2")
+    assert_same_loss(m, baseline)
+    assert "every 2th transformer block" in str(m["layout"]), m["layout"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("offload", [
     ("strategy.zero_stage=1", "strategy.offload_optimizer=cpu"),

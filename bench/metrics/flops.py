@@ -45,9 +45,13 @@ HFU_FORMULA = ("hardware_flops_per_token = flops_per_token + recomputed forward:
                "selective: 4*L*d*seq (the attention core); none: 0")
 
 
-def hardware_flops_per_token(model: dict, recompute: str) -> int:
-    """FLOPs the device executes per token, recomputed forward included (HFU's numerator; MFU's excludes it)."""
-    return describe_model(model).hardware_flops_per_token(recompute)
+def hardware_flops_per_token(model: dict, recompute: str, every: int = 1) -> int:
+    """FLOPs the device executes per token, recomputed forward included (HFU's numerator; MFU's excludes it);
+    ``every``: recompute_every (every k-th block checkpointed)."""
+    from bench.layout import checkpointed_blocks
+
+    share = checkpointed_blocks(recompute, every, model["n_layers"]) / model["n_layers"] if recompute == "full" else 1.0
+    return describe_model(model).hardware_flops_per_token(recompute, share)
 
 
 def float8_matmul_params(model: dict) -> int:

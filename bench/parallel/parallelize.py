@@ -50,7 +50,7 @@ def parallelize(model: nn.Module, plan, mesh, policy: DataParallel, pp_rank: int
             info.update(apply_tp(model, mesh["tp"], float8=float8_tp(plan)))
     stage_ids, chunks = split_stages(model, pp_rank, plan.pp, plan.layout.virtual_pipeline)
     for chunk in chunks:
-        info.update(apply_ac(chunk, plan.layout.recompute))
+        info.update(apply_ac(chunk, plan.layout.recompute, plan.layout.recompute_every))
     whole = compiles_whole_model(plan, policy)
     if cfg["compile"] and not whole:  # per block, after TP (DTensor dispatch traced away)
         for chunk in chunks:

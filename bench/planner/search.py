@@ -24,7 +24,7 @@ PP = (1, 2, 4)
 RECOMPUTE = ("none", "selective", "full")
 LEADERS = 12  # rows whose strategy knobs are searched
 PER_STRATEGY = 2  # and each strategy's best rows
-UNFIT_STRATEGY = 24  # and, where none of a strategy's rows fits, that many of them
+UNFIT_STRATEGY = 48  # and, where none of a strategy's rows fits, that many of them
 MAX_COMBINATIONS = 32  # of a row's counted knobs' values
 MICRO_BATCH = "strategy.micro_batch_size"
 MICRO_BATCH_COUNT = "strategy.microbatches"
@@ -70,7 +70,11 @@ def precisions(spec: StrategySpec, cfg: dict, fixed: set[str]) -> list[dict]:
 
 
 def recomputes(fixed: set[str]) -> list[dict]:
-    return [{}] if "recompute" in fixed else [{"recompute": r} for r in RECOMPUTE]
+    """none, selective, full, and full on every second block (recompute_every=2: memory and extra forward between)."""
+    if "recompute" in fixed:
+        return [{}] if "recompute_every" in fixed or "full" not in RECOMPUTE else [{}, {"recompute_every": 2}]
+    every = [] if "recompute_every" in fixed else [{"recompute": "full", "recompute_every": 2}]
+    return [{"recompute": r} for r in RECOMPUTE] + every
 
 
 def best_micro_batch(ev: Evaluator, base: dict, changes: dict, fixed: set[str]) -> Optional[Row]:

@@ -95,7 +95,7 @@ class Zero(Strategy):
         self.ds_version = deepspeed.__version__
         with self.setup_phase("bench model"):
             model = build_model(p.model, cfg["seed"], dev)
-        self.ac = apply_ac(model, cfg["recompute"])
+        self.ac = apply_ac(model, p.layout.recompute, p.layout.recompute_every)
         self.ds_config = build_ds_config(p)
         o = cfg["optim"]
         kw = dict(lr=o["lr"], betas=(o["beta1"], o["beta2"]), weight_decay=o["weight_decay"])

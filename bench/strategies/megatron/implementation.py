@@ -54,6 +54,10 @@ def rules(plan: Plan) -> None:
     impl, tp, pp = s["impl"], plan.tp, plan.pp
     fix = ("use strategy=ddp (or strategy=tp/pp with strategy.impl=torch)" if s["name"] == NAME
            else "use strategy.impl=torch (torch-native TP/PP, runs on CPU)")
+    if plan.layout.recompute_every != 1:
+        raise ConfigError("recompute_every", plan.layout.recompute_every, "megatron-core's partial recompute "
+                          "checkpoints the first N layers of a stage (recompute_method=block), not every k-th: not "
+                          f"wired here; use recompute_every=1, or {fix}")
     if c["precision"] == "fp8":
         raise ConfigError("strategy.impl", impl, "megatron-core's float8 needs Transformer Engine, which bench "
                           "does not run; precision=fp8 (torchao) runs with strategy.impl=torch, or strategy=fsdp "
