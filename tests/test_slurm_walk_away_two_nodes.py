@@ -15,19 +15,9 @@ import sys
 import pytest
 
 from tests.conftest import CPU_FAST, REPO
-from tests.test_slurm_two_nodes import GLOO_IF, _assert_gone, _cluster
+from tests.test_slurm_two_nodes import GLOO_IF, two_nodes  # noqa: F401 - the module's cluster fixture
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def two_nodes():
-    cluster = _cluster()
-    try:
-        yield cluster
-    finally:
-        cluster.down()
-        _assert_gone(cluster)
 
 
 def test_walk_away_from_a_run_across_two_nodes(two_nodes, tmp_path):
