@@ -77,6 +77,10 @@ def test_a_probe_profile_in_your_config_dir_is_planned_and_its_commands_name_the
     assert head["job"]["hardware"] == "h100x4_probe" and head["job"]["world_size"] == 4  # the profile's node
     assert rows[0]["command"].startswith(f"python -m bench --config-dir {tmp_path} ")
     assert_first_row_replans(rows, str(tmp_path))
+    from bench.planner.measure import sweep_command  # measure_top's sweep searches the same dir
+
+    cmd = sweep_command(["row1"], tmp_path / "conf", [], [], tmp_path / "m", parse(argv).config_dirs)
+    assert f"file://{tmp_path}]" in next(a for a in cmd if a.startswith("hydra.searchpath="))
     assert main(["--config-dir", str(tmp_path / "missing"), "hardware=mynode"]) == 2
     assert "--config-dir" in capsys.readouterr().err
 

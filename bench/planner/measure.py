@@ -32,10 +32,13 @@ def arm_yaml(own: list[str]) -> str:
     return f"# @package _global_\n# written by python -m bench.planner measure_top\n{head}{body}"
 
 
-def sweep_command(names: list[str], conf: Path, common: list[str], measure_with: list[str], sweep: Path) -> list[str]:
+def sweep_command(names: list[str], conf: Path, common: list[str], measure_with: list[str], sweep: Path,
+                  config_dirs: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """The sweep that measures the rows: their arms' folder and the user's config dirs (--config-dir) searched."""
     replaced = {override_key(o) for o in measure_with}
     job = [o for o in common if override_key(o) not in replaced] + list(measure_with)
-    return [sys.executable, "-m", "bench", "--multirun", f"hydra.searchpath=[file://{conf.resolve()}]",
+    path = ",".join(f"file://{d}" for d in (str(conf.resolve()), *config_dirs))
+    return [sys.executable, "-m", "bench", "--multirun", f"hydra.searchpath=[{path}]",
             f"+planned={','.join(names)}", *job, f"hydra.sweep.dir={sweep.resolve()}"]
 
 
@@ -113,7 +116,7 @@ def measure(q, head: dict, records: list[dict], folder: Path) -> int:
         names.append(f"row{r['rank']}")
         (conf / f"{names[-1]}.yaml").write_text(arm_yaml([o for o in r["overrides"] if o not in common]))
     sweep = folder / SUBDIR
-    cmd = sweep_command(names, conf.parent, common, q.measure_with, sweep)
+    cmd = sweep_command(names, conf.parent, common, q.measure_with, sweep, q.config_dirs)
     print("measuring: " + " ".join(cmd[2:]), flush=True)
     rc = subprocess.run(cmd).returncode
     runs = _measured(sweep) if sweep.is_dir() else {}
