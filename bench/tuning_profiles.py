@@ -11,8 +11,8 @@ fastest and the evidence (a results/ folder).  Applied in order, each entry is:
   when the entry's own condition says the measurement does not hold for this layout (an optional third
   element, ``unless(plan) -> reason or None`` over the validated layout: e.g. a distributed optimizer at
   data-parallel size 1);
-* ``skipped`` when the memory plan predicts an out-of-memory with it and none without it (never worse for
-  memory: the plan's numbers are the reason);
+* ``skipped`` when the memory plan predicts an out-of-memory with it, or a plan too close to the limit to tell
+  ("tight"), and one that fits without it (never worse for memory: the plan's numbers are the reason);
 * ``applied`` otherwise.
 
 Which settings: with ``tuning=best`` the nearest measured workload's (bench/bests.py: a knob search's
@@ -136,13 +136,19 @@ def _micro_batch_entry(c: dict, base: Any, explicit: set, record: dict) -> list:
 
 
 def _memory(plan: Any) -> Optional[tuple[dict, Optional[str]]]:
-    """(memory plan, why it does not fit or None) of a plan; None without one."""
+    """(memory plan, why it does not fit cleanly: an out-of-memory, or "tight"; None where it fits) of a plan;
+    None without one."""
     from bench.memory_model import fits, memory_plan
 
     if plan is None:
         return None
     mem = memory_plan(plan)
-    return mem, fits(mem, plan)
+    return mem, fits(mem, plan) or ("tight" if mem.get("tight") else None)
+
+
+def _worse(why: Optional[str]) -> int:
+    """A memory verdict's order (_memory's second part): fits 0, tight 1, out of memory 2."""
+    return 0 if why is None else 1 if why == "tight" else 2
 
 
 def _apply_one(out: dict, mem: Any, keys, values, evidence: str, unless: list, spec, check: Callable[[dict], Any],
@@ -164,9 +170,10 @@ def _apply_one(out: dict, mem: Any, keys, values, evidence: str, unless: list, s
         plan = check(trial)
         why_not = unless[0](plan) if unless else None
         new = None if why_not else _memory(plan)
-        if not why_not and new and new[1] and mem and mem[1] is None:  # never worse for memory
-            why_not = (f"the memory plan predicts an out-of-memory with it ({new[0]['summary']}), and none "
-                       f"without it ({mem[0]['summary']})")
+        if not why_not and new and mem and _worse(new[1]) > _worse(mem[1]):  # never worse for memory
+            worse = "is tight with it" if new[1] == "tight" else "predicts an out-of-memory with it"
+            better = "tight" if mem[1] == "tight" else "fits"
+            why_not = f"the memory plan {worse} ({new[0]['summary']}), and {better} without it ({mem[0]['summary']})"
     except ConfigError as e:
         why_not = str(e)
     if why_not:
