@@ -18,6 +18,8 @@ per replica counts them: ``tp_rank == 0`` on the last pipeline stage.  The run's
 """
 from __future__ import annotations
 
+import math
+
 import re
 from dataclasses import dataclass, replace
 from typing import Any
@@ -156,4 +158,4 @@ def checkpointed_blocks(recompute: str, every: int, blocks: float) -> float:
     """Blocks 0, k, 2k, ... of ``blocks`` checkpointed under recompute=full (bench/parallel/ac.py): ceil(blocks / k)."""
     if recompute != "full":
         return 0.0
-    return float(-(-int(round(blocks)) // every)) if blocks == int(round(blocks)) else blocks / every
+    return float(math.ceil(blocks / every)) if float(blocks).is_integer() else blocks / every

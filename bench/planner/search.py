@@ -72,7 +72,7 @@ def precisions(spec: StrategySpec, cfg: dict, fixed: set[str]) -> list[dict]:
 def recomputes(fixed: set[str]) -> list[dict]:
     """none, selective, full, and full on every second block (recompute_every=2: memory and extra forward between)."""
     if "recompute" in fixed:
-        return [{}] if "recompute_every" in fixed or "full" not in RECOMPUTE else [{}, {"recompute_every": 2}]
+        return [{}] if "recompute_every" in fixed else [{}, {"recompute_every": 2}]
     every = [] if "recompute_every" in fixed else [{"recompute": "full", "recompute_every": 2}]
     return [{"recompute": r} for r in RECOMPUTE] + every
 
@@ -178,14 +178,14 @@ def leaders(rows: list[Row]) -> list[int]:
     best, and, for a strategy none of whose rows fits, its ``UNFIT_STRATEGY`` closest to fitting (a knob the plan
     counts, FSDP2's sync_every_microbatch or an offload, can make a layout fit that does not without it)."""
     fitting = {r.strategy for r in rows if r.verdict == FITS}
-    picked: dict[int, None] = {}
+    picked: list[int] = []
     per: dict[str, int] = {}
     for i, r in enumerate(rows):
         n = per.get(r.strategy, 0)
         if i < LEADERS or n < (PER_STRATEGY if r.strategy in fitting else UNFIT_STRATEGY):
-            picked[i] = None
+            picked.append(i)
         per[r.strategy] = n + 1
-    return list(picked)
+    return picked
 
 
 def _unique(rows: list[Row]) -> list[Row]:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from bench.planner.evaluate import Row, error_statement, get_key, job_cost, mfu
+from bench.strategies.registry import get_spec
 
 
 def fmt(v: Any) -> str:
@@ -35,8 +36,6 @@ SHOWN = {"strategy.tp", "strategy.pp", "strategy.micro_batch_size", "strategy.mi
 def knobs(row: Row, base: dict) -> str:
     """The strategy and every knob the search set to other than its composed default, beyond the layout columns
     (ZeRO's stage, FSDP2's reshard and unit size, offload, ...): what tells two rows of one layout apart."""
-    from bench.strategies.registry import get_spec
-
     always = set(get_spec(row.strategy).search_bases)  # ZeRO's stage: a row's identity even at its default
     own = [f"{k.split('.', 1)[-1]}={fmt(v)}" for k, v in sorted(row.changes.items())
            if k not in SHOWN and (v != get_key(base, k) or k in always)]
