@@ -189,6 +189,7 @@ class GPT(nn.Module):
             raise ValueError(f"arch={arch!r}: valid: {', '.join(ARCHS)}")
         if arch == "gpt" and n_kv_heads not in (None, n_heads):
             raise ValueError("grouped-query attention (n_kv_heads != n_heads) needs arch=llama")
+        self.seq_len = seq_len
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(seq_len, d_model) if arch == "gpt" else None
         self.blocks = nn.ModuleDict({str(i): Block(d_model, n_heads, d_ff, arch, n_kv_heads, rope_theta, norm_eps,
@@ -212,17 +213,24 @@ class GPT(nn.Module):
             else:
                 nn.init.normal_(p, std=0.02)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Token ids [b, s] -> logits [b, s, vocab] (or hidden states between pipeline stages)."""
+    def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Token ids [b, s] -> logits [b, s, vocab] (or hidden states between pipeline stages).
+        ``positions`` [1, s]: each token's place in the whole sequence, where this rank holds only some of
+        them (context parallelism: a load-balanced shard of the sequence); None: 0 .. s-1."""
+        pos = torch.arange(x.shape[1], device=x.device) if positions is None else positions[0]
         if self.tok_emb is not None:
             if self.pos_emb is not None:
-                pos = torch.arange(x.shape[1], device=x.device)
                 x = self.tok_emb(x) + self.pos_emb(pos)
             else:
                 x = self.tok_emb(x)
         rope = None
-        if len(self.blocks):  # rotary tables once per forward (None for gpt)
-            rope = next(iter(self.blocks.values())).attn.rope(x.shape[1], x.device)
+        if len(self.blocks):  # rotary tables once per forward (None for gpt), at this rank's positions
+            attn = next(iter(self.blocks.values())).attn
+            if positions is None:
+                rope = attn.rope(x.shape[1], x.device)
+            elif attn.rope_theta is not None:
+                cos, sin = attn.rope(self.seq_len, x.device)
+                rope = cos[pos], sin[pos]
         for block in self.blocks.values():
             x = block(x, rope=rope)
         if self.norm is not None:
