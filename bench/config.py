@@ -16,6 +16,7 @@ from typing import Any, Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from bench.parallel.cp import NO_CPU
 from bench.hardware import HardwareConfig, check as check_hardware, preset_nodes
 from bench.hardware_rules import compute_capability, cuda_device_count, planned_device_name, planned_gpus
 from bench.hf_config import resolve_model
@@ -220,6 +221,9 @@ def _device(c: dict, gpus: int) -> str:
         c["precision"] = "bf16" if device == "cuda" else "fp32"
     if device == "cpu" and c["precision"] == "fp16":
         raise ConfigError("precision", "fp16", "fp16 needs a GPU; on CPU use fp32 or bf16")
+    if device == "cpu" and c["strategy"].get("cp", 1) > 1:
+        raise ConfigError("strategy.cp", c["strategy"]["cp"], f"{NO_CPU}; use strategy.cp=1 on CPU, or plan it on a "
+                          "GPU you name: dry_run=true hardware=<preset>")
     if device == "cpu" and c["compile"] and c["compile_mode"] == "reduce-overhead":
         raise ConfigError("compile_mode", "reduce-overhead", "captures CUDA graphs, which need a GPU; on CPU use "
                           "compile_mode=default")

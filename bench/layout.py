@@ -1,20 +1,22 @@
-"""The parallel layout ``tp x pp x dp = world_size``: pure functions, no processes.
+"""The parallel layout ``tp x cp x dp x pp = world_size``: pure functions, no processes.
 
-Rank order is Megatron-core's default (``initialize_model_parallel(order="tp-cp-ep-dp-pp")``
-with cp = ep = 1): tensor-parallel rank varies fastest, then data-parallel, then pipeline::
+The dimensions are declared once, in ``DIMS`` (outermost first); everything that names them (the rank order,
+the DeviceMesh, the topology's groups) iterates it.  Rank order is Megatron-core's default
+(``initialize_model_parallel(order="tp-cp-ep-dp-pp")`` with ep = 1): tensor-parallel rank varies fastest,
+then context-parallel, then data-parallel, then pipeline::
 
-    rank = tp_rank + tp * dp_rank + tp * dp * pp_rank
+    rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
 
 so the ranks of one tensor-parallel group are adjacent (same node, fastest links) and a
-pipeline stage is a contiguous block of tp * dp ranks.  The torch-native implementation
-builds its DeviceMesh with the same order (shape ``(pp, dp, tp)``), so a given rank has
+pipeline stage is a contiguous block of tp * cp * dp ranks.  The torch-native implementation
+builds its DeviceMesh with the same order (shape ``(pp, dp, cp, tp)``), so a given rank has
 the same coordinates under both implementations.
 
 Token accounting (what ``Strategy.tokens_this_rank`` reports): every data-parallel replica
 processes its slice of the global batch once; within a replica the tensor-parallel ranks
-share the same tokens and only the last pipeline stage sees the loss, so exactly one rank
-per replica counts them: ``tp_rank == 0`` on the last pipeline stage.  The run's tokens
-(sum over ranks) are then the global batch, counted once.
+share the same tokens, the context-parallel ranks each hold 1/cp of every sequence, and only the
+last pipeline stage sees the loss, so the ranks with ``tp_rank == 0`` on the last pipeline stage
+count their own tokens.  The run's tokens (sum over ranks) are then the global batch, counted once.
 """
 from __future__ import annotations
 
@@ -25,11 +27,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 
+# the layout's dimensions, outermost first (the rank order and the DeviceMesh's dims)
+DIMS = ("pp", "dp", "cp", "tp")
+
+
 @dataclass(frozen=True)
 class Coord:
     dp: int
     pp: int
     tp: int
+    cp: int = 0
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ class Layout:
     pp: int
     dp: int
     dp_replicate: int = 1
+    cp: int = 1
     virtual_pipeline: int = 1
     schedule: str = "1f1b"
     micro_batch_size: int = 1
@@ -54,7 +62,7 @@ class Layout:
     recompute_every: int = 1
 
     def __post_init__(self):
-        for k in ("tp", "pp", "dp", "dp_replicate", "virtual_pipeline", "micro_batch_size", "grad_accum",
+        for k in ("tp", "pp", "dp", "cp", "dp_replicate", "virtual_pipeline", "micro_batch_size", "grad_accum",
                   "recompute_every"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
@@ -82,24 +90,27 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return math.prod(self.mesh_shape)
 
     @property
-    def mesh_shape(self) -> tuple[int, int, int]:
-        """DeviceMesh shape for dim names ("pp", "dp", "tp") (row-major = this rank order)."""
-        return (self.pp, self.dp, self.tp)
+    def mesh_shape(self) -> tuple[int, ...]:
+        """DeviceMesh shape for dim names ``DIMS`` (row-major = this rank order)."""
+        return tuple(getattr(self, d) for d in DIMS)
 
     def coords(self, rank: int) -> Coord:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside world of {self.world_size}")
-        return Coord(dp=(rank // self.tp) % self.dp, pp=rank // (self.tp * self.dp), tp=rank % self.tp)
+        out, rest = {}, rank
+        for d in reversed(DIMS):  # innermost varies fastest
+            out[d], rest = rest % getattr(self, d), rest // getattr(self, d)
+        return Coord(**out)
 
     def counts_tokens(self, c: Coord) -> bool:
         """The one rank per data-parallel replica that reports tokens and loss."""
         return c.tp == 0 and c.pp == self.pp - 1
 
     def tokens_this_rank(self, rank: int, global_batch: int, seq_len: int) -> int:
-        return global_batch // self.dp * seq_len if self.counts_tokens(self.coords(rank)) else 0
+        return global_batch // self.dp * seq_len // self.cp if self.counts_tokens(self.coords(rank)) else 0
 
 
 # --------------------------------------------------------------------------- micro-batches
@@ -152,6 +163,8 @@ def resolve_schedule(schedule: str, virtual: int) -> str:
 
 TOKEN_RULE = ("one rank per data-parallel replica counts its slice of the global batch: tensor-parallel "
               "rank 0 on the last pipeline stage (other ranks count 0 and report no loss)")
+CP_TOKEN_RULE = ("each context-parallel rank of a data-parallel replica counts its 1/cp of the replica's tokens "
+                 "(tensor-parallel rank 0 on the last pipeline stage; other ranks count 0 and report no loss)")
 
 
 def checkpointed_blocks(recompute: str, every: int, blocks: float) -> float:

@@ -17,12 +17,15 @@ from bench.schema import ConfigError, Plan, check_positive
 def build(c: dict) -> Layout:
     """The layout of a composed configuration (plain containers), or a ConfigError naming the knob."""
     s, m, ws = c["strategy"], c["model"], c["world_size"]
-    tp, pp = s.get("tp", 1), s.get("pp", 1)
-    check_positive("strategy.tp", tp)
-    check_positive("strategy.pp", pp)
-    if ws % (tp * pp):
-        raise ConfigError("world_size", ws, f"must be a multiple of strategy.tp x strategy.pp = {tp * pp}")
-    dp = ws // (tp * pp)
+    tp, pp, cp = s.get("tp", 1), s.get("pp", 1), s.get("cp", 1)
+    for key, size in (("tp", tp), ("pp", pp), ("cp", cp)):
+        check_positive(f"strategy.{key}", size)
+    if ws % (tp * pp * cp):
+        raise ConfigError("world_size", ws, f"must be a multiple of strategy.tp x strategy.pp x strategy.cp = "
+                          f"{tp} x {pp} x {cp} = {tp * pp * cp}")
+    dp = ws // (tp * pp * cp)
+    if cp > 1:
+        _check_context(m, s, cp)
     mbs, n_micro = _micro_batch(m, s, dp, ws)
     v, sched = 1, resolve_schedule("auto", 1)
     if "tp" in s:  # a strategy that splits the model: its shapes, pipeline and micro-batch count
@@ -30,9 +33,21 @@ def build(c: dict) -> Layout:
         v, sched = _pipeline(m, s, pp)
         if s.get("microbatches") is not None:
             mbs, n_micro = _microbatch_count(m, s, pp, dp)
-    return Layout(tp=tp, pp=pp, dp=dp, dp_replicate=_replicas(s, ws, tp, pp, dp), virtual_pipeline=v,
+    return Layout(tp=tp, pp=pp, dp=dp, cp=cp, dp_replicate=_replicas(s, ws, tp, pp, dp), virtual_pipeline=v,
                   schedule=sched, micro_batch_size=mbs, grad_accum=n_micro, recompute=c["recompute"],
                   recompute_every=_recompute_every(c))
+
+
+def _check_context(m: dict, s: dict, cp: int) -> None:
+    """What context parallelism splits: the sequence into 2 x cp chunks (each rank one from the head and its mirror
+    from the tail, so causal work is even); not with a pipeline or HSDP replicas (not implemented here)."""
+    if m["seq_len"] % (2 * cp):
+        raise ConfigError("strategy.cp", cp, f"needs model.seq_len={m['seq_len']} divisible by 2 x cp = {2 * cp} "
+                          "(the sequence is cut into 2 x cp load-balanced chunks)")
+    for key in ("pp", "dp_replicate"):
+        if s.get(key, 1) > 1:
+            raise ConfigError("strategy.cp", cp, f"with strategy.{key}={s[key]} is not implemented; use "
+                              f"strategy.{key}=1 with cp > 1 (context parallelism composes with FSDP2 and tp here)")
 
 
 def _recompute_every(c: dict) -> int:

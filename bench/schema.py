@@ -273,6 +273,10 @@ class Plan:
         return self.layout.pp
 
     @property
+    def cp(self) -> int:
+        return self.layout.cp
+
+    @property
     def dp_size(self) -> int:
         return self.layout.dp
 
@@ -297,7 +301,7 @@ class Plan:
 # The tp x pp x dp layout knobs of the strategies that split the model (dp = world_size / (tp * pp)), declared
 # once here; validation reads them into plan.layout (bench/layout_rules.py).
 SCHEDULES = ("auto", "gpipe", "1f1b", "interleaved_1f1b")
-LAYOUT_KNOBS = ("tp", "pp", "microbatches", "virtual_pipeline", "schedule")
+LAYOUT_KNOBS = ("tp", "pp", "cp", "microbatches", "virtual_pipeline", "schedule")
 
 
 def _layout_knobs(added: bool) -> type:
@@ -312,6 +316,8 @@ def _layout_knobs(added: bool) -> type:
                                  'rank: "p", "4p" (k x pp), an int, or null (null: strategy.micro_batch_size decides, '
                                  "one micro-batch by default)", added=added)
         virtual_pipeline: int = knob(1, "model chunks per pipeline rank (> 1: interleaved 1F1B)", added=added)
+        cp: int = knob(1, "context-parallel size: each sequence split over cp ranks, attention as a ring over them "
+                       "(PyTorch's context_parallel; CUDA only); dp = world_size / (tp x pp x cp)", added=True)
         schedule: str = knob("auto", "pipeline schedule: auto (1f1b; interleaved_1f1b when virtual_pipeline > 1) | "
                              "gpipe (torch-native pipelining only) | 1f1b | interleaved_1f1b", choices=SCHEDULES,
                              added=added)

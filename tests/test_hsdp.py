@@ -39,7 +39,7 @@ def test_hsdp_world_4_matches_single(tmp_path, single_cpu):
     assert t["tokens_per_step"] == t["tokens_per_step_expected"] == model["global_batch"] * model["seq_len"], t
     lay = m["layout"]
     assert (lay["dp"], lay["dp_replicate"], lay["dp_shard"]) == (4, 2, 2), lay
-    assert lay["device_mesh"] == {"shape": [1, 2, 2, 1], "dims": ["pp", "dp_replicate", "dp_shard", "tp"]}
+    assert lay["device_mesh"] == {"shape": [1, 2, 2, 1, 1], "dims": ["pp", "dp_replicate", "dp_shard", "cp", "tp"]}
     assert lay["dp_reduction"].startswith("HSDP") and "dp_replicate 2 x dp_shard 2" in lay["dp_reduction"]
 
 

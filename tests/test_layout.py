@@ -43,7 +43,7 @@ def test_specific_8_rank_layouts():
 @pytest.mark.parametrize("tp,pp,dp", LAYOUTS_8)
 def test_rank_coordinates_round_trip_and_partition(tp, pp, dp):
     lay = Layout(tp=tp, pp=pp, dp=dp)
-    assert lay.world_size == 8 and lay.mesh_shape == (pp, dp, tp)
+    assert lay.world_size == 8 and lay.mesh_shape == (pp, dp, 1, tp)
     coords = [lay.coords(r) for r in range(8)]
     assert len(set(coords)) == 8
     assert all(c.tp + tp * c.dp + tp * dp * c.pp == r for r, c in enumerate(coords))  # Megatron's order

@@ -213,7 +213,7 @@ def test_slurm_two_nodes_hsdp_shards_inside_replicates_across(two_nodes, sweep, 
     _assert_spans_both_nodes(d / "0", m, st)  # ranks 0-1 on node1, 2-3 on node2: one shard group each
     lay = m["layout"]
     assert (lay["dp"], lay["dp_replicate"], lay["dp_shard"]) == (4, 2, 2), lay
-    assert lay["device_mesh"] == {"shape": [1, 2, 2, 1], "dims": ["pp", "dp_replicate", "dp_shard", "tp"]}
+    assert lay["device_mesh"] == {"shape": [1, 2, 2, 1, 1], "dims": ["pp", "dp_replicate", "dp_shard", "cp", "tp"]}
     _no_jobs_left(two_nodes, tag)
 
 def test_slurm_two_nodes_job_that_cannot_be_placed(two_nodes, sweep, tmp_path):

@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from bench.model import DTYPES
 from bench.parallel.float8 import precompute_scales, precomputes_scales
-from bench.parallel.mesh import hsdp_mesh
+from bench.parallel.mesh import data_mesh
 
 
 def apply_fsdp(model: nn.Module, dp_mesh, precision: str, knobs: dict, offload: bool, device_type: str) -> dict:
@@ -188,12 +188,11 @@ class FSDP2(DataParallel):
     def wrap(self, chunks: list, plan, mesh, device: torch.device) -> tuple[list, dict]:
         # strategy.sync_every_microbatch: reduce-scatter after every micro-batch, not only the last
         self.sync_every_microbatch = bool(plan.strategy.get("sync_every_microbatch"))
-        replicate = plan.layout.dp_replicate
-        dp_mesh = hsdp_mesh(mesh, replicate) if replicate > 1 else mesh["dp"]
+        dp_mesh = data_mesh(mesh, plan.layout)
         info: dict = {}
-        if replicate > 1:  # the mesh as it ran (the layout's own is (pp, dp, tp))
-            info["device_mesh"] = {"shape": [plan.pp, *dp_mesh.shape, plan.tp],
-                                   "dims": ["pp", "dp_replicate", "dp_shard", "tp"]}
+        if plan.layout.dp_replicate > 1:  # the mesh as it ran (the layout's own is (pp, dp, cp, tp))
+            info["device_mesh"] = {"shape": [plan.pp, *dp_mesh.shape, plan.layout.cp, plan.tp],
+                                   "dims": ["pp", "dp_replicate", "dp_shard", "cp", "tp"]}
         for chunk in chunks:
             info.update(apply_fsdp(chunk, dp_mesh, plan.cfg["precision"], plan.strategy, self.offload(plan),
                                    device.type))

@@ -1,16 +1,16 @@
 """One DeviceMesh for the whole layout, in Megatron's rank order (bench/layout.py)."""
 from __future__ import annotations
 
-from bench.layout import Layout
+from bench.layout import DIMS, Layout
 
 
 def build_mesh(layout: Layout, device_type: str, rank: int):
-    """DeviceMesh of shape (pp, dp, tp), dims named so; checked against bench.layout's coordinates."""
+    """DeviceMesh of the layout's shape, dims named ``DIMS``; checked against bench.layout's coordinates."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(device_type, layout.mesh_shape, mesh_dim_names=("pp", "dp", "tp"))
+    mesh = init_device_mesh(device_type, layout.mesh_shape, mesh_dim_names=DIMS)
     c = layout.coords(rank)
-    if list(mesh.get_coordinate()) != [c.pp, c.dp, c.tp]:
+    if list(mesh.get_coordinate()) != [getattr(c, d) for d in DIMS]:
         raise RuntimeError(f"DeviceMesh coordinate {mesh.get_coordinate()} of rank {rank} differs from "
                            f"bench.layout's {c}")
     return mesh
@@ -28,3 +28,12 @@ def hsdp_mesh(mesh, replicate: int):
     if dp.size() % replicate:
         raise ValueError(f"dp_replicate={replicate} does not divide the data-parallel size {dp.size()}")
     return dp._unflatten(0, (replicate, dp.size() // replicate), ("dp_replicate", "dp_shard"))
+
+
+def data_mesh(mesh, layout: Layout):
+    """The mesh FSDP2 shards over: the dp dimension; with context parallelism dp x cp flattened (every rank of a
+    replica's sequence shares the sharded states and averages its gradients, torchtitan's dp_shard_cp); with
+    replicas (HSDP) the 2-D (dp_replicate, dp_shard) mesh."""
+    if layout.cp > 1:
+        return mesh["dp", "cp"]._flatten("dp_cp")
+    return hsdp_mesh(mesh, layout.dp_replicate) if layout.dp_replicate > 1 else mesh["dp"]

@@ -111,6 +111,8 @@ def _knob_rules(plan: Plan, impl: Implementation) -> None:
                               f"by strategy.tp={tp}")
     if c["compile"]:
         _refuse(plan, impl, "compile", True)
+    if plan.layout.cp > 1:
+        _refuse(plan, impl, "strategy.cp", plan.layout.cp)
     if s["bucket_size"] is not None and s["bucket_size"] <= 0:
         raise ConfigError("strategy.bucket_size", s["bucket_size"], "must be a positive number of parameters, or null")
     if s["overlap_param_gather"] and not s["use_distributed_optimizer"]:
@@ -196,7 +198,10 @@ TORCH_NATIVE = register_implementation(Implementation(
     refuses={"strategy.sequence_parallel": "is implemented for strategy.impl=megatron only; use "
                                            "sequence_parallel=false with impl=torch",
              "strategy.cuda_graph": "is implemented for strategy.impl=megatron only; with impl=torch use "
-                                    "compile=true"}))
+                                    "compile=true",
+             "strategy.cp": "is implemented for strategy=fsdp (FSDP2 shards and averages over dp x cp; "
+                            "strategy={name} with impl=torch reduces through DDP over dp alone); use strategy=fsdp "
+                            "strategy.cp=..."}))
 
 
 CUDA_GRAPHS_EVIDENCE = ("2 x H200, 300m: Megatron DDP=2 57% -> 79-85% of 2 x one GPU, TP=2 48.5% -> 61-64%, PP=2 m=4p "

@@ -8,10 +8,13 @@ when the optimizer is built) and in which layout knobs their schema has.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from bench.layout import TOKEN_RULE, Layout, resolve_schedule
+from bench.layout import CP_TOKEN_RULE, DIMS, TOKEN_RULE, resolve_schedule
 from bench.model import build_model, lm_loss
+from bench.parallel import cp as context_parallel
 from bench.parallel.dp import DataParallel
 from bench.parallel.mesh import build_mesh
 from bench.parallel.optim import LocalShardAdamW, adamw, clip_grads_
@@ -40,11 +43,11 @@ class TorchParallel(Strategy):
 
     def setup(self) -> None:
         p, dev, cfg, s = self.plan, self.dist.device, self.plan.cfg, self.plan.strategy
-        self.layout = Layout(tp=p.tp, pp=p.pp, dp=p.dp_size)
+        self.layout = p.layout
         self.coord = self.layout.coords(self.dist.rank)
         self.offload = self.policy.offload(p)
         self.mesh = None
-        if self.policy.needs_mesh(p) or p.tp > 1 or p.pp > 1:  # plain DDP reduces over the default group
+        if self.policy.needs_mesh(p) or p.tp > 1 or p.pp > 1 or p.layout.cp > 1:  # plain DDP reduces over the default group
             with self.setup_phase("device mesh"):
                 self.mesh = build_mesh(self.layout, dev.type, self.dist.rank)
         with self.setup_phase("bench model"):
@@ -87,9 +90,9 @@ class TorchParallel(Strategy):
             micro = self.stream.micro_batches(n, self.plan.micro_batch_size)
             loss = torch.zeros((), device=self.dist.device)
             for i, (x, y) in enumerate(micro):
-                with self.policy.no_sync(self.model, i == len(micro) - 1):
+                with self.policy.no_sync(self.model, i == len(micro) - 1), self.sequence_shard(x, y) as (x, y, pos):
                     with self.precision.autocast():
-                        mb_loss = lm_loss(self.model(x), y) / len(micro)
+                        mb_loss = lm_loss(self.model(x, positions=pos), y) / len(micro)
                     self.precision.backward(mb_loss)
                 loss += mb_loss.detach()
         else:
@@ -108,6 +111,13 @@ class TorchParallel(Strategy):
         if self.after_step is not None:
             self.after_step()
         return StepResult(loss=loss if self.layout.counts_tokens(self.coord) else None, skipped=skipped)
+
+    def sequence_shard(self, x: torch.Tensor, y: torch.Tensor):
+        """This rank's shard of the sequences and their positions under context parallelism (bench/parallel/cp.py);
+        without it the whole micro-batch (positions None: 0 .. s-1)."""
+        if self.layout.cp == 1:
+            return contextlib.nullcontext((x, y, None))
+        return context_parallel.sequence_shard(self.mesh["cp"], x, y)
 
     def _clip(self) -> None:
         grads = [q.grad for q in self.params if q.grad is not None]
@@ -129,10 +139,13 @@ class TorchParallel(Strategy):
                "optimizer": f"torch.optim.AdamW(fused={self.fused})"
                             + (" over each rank's local shards" if self.local_shards else ""),
                "recompute": cfg["recompute"], "compile": None, "dp_reduction": None,
-               "token_rule": TOKEN_RULE if p.tp > 1 or p.pp > 1 else "sum over data-parallel ranks"}
+               "token_rule": CP_TOKEN_RULE if self.layout.cp > 1 else
+                             TOKEN_RULE if p.tp > 1 or p.pp > 1 else "sum over data-parallel ranks"}
         if self.mesh is not None:
-            out["rank_order"] = "rank = tp_rank + tp*dp_rank + tp*dp*pp_rank (Megatron's default order)"
-            out["device_mesh"] = {"shape": list(self.layout.mesh_shape), "dims": ["pp", "dp", "tp"]}
+            out["rank_order"] = "rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank)) (Megatron's default order)"
+            out["device_mesh"] = {"shape": list(self.layout.mesh_shape), "dims": list(DIMS)}
+        if self.layout.cp > 1:
+            out.update(cp=self.layout.cp, **context_parallel.describe(self.layout.cp))
         if p.tp > 1 or p.pp > 1 or "microbatches" in s:
             out.update(microbatches=p.grad_accum, microbatches_setting=s.get("microbatches"),
                        pipeline_schedule=type(self.schedule).__name__ if self.schedule is not None else None,

@@ -141,4 +141,9 @@ MEGATRON_CORE = register_implementation(Implementation(
     preload=PRELOAD, label=(f"impl={NAME}",),
     refuses={"compile": "is not implemented for strategy={name} with strategy.impl=megatron; use compile=false "
                         "(strategy.cuda_graph=true takes the launch cost off instead), or strategy.impl=torch "
-                        "(compiles each transformer block)"}))
+                        "(compiles each transformer block)",
+             "strategy.cp": "is not available with strategy.impl=megatron here: megatron-core exchanges K/V for "
+                            "context parallelism only inside Transformer Engine's attention (its local "
+                            "DotProductAttention asserts context_parallel_size == 1), and bench runs megatron-core "
+                            "without Transformer Engine; use strategy=fsdp strategy.cp=... (PyTorch's "
+                            "context_parallel)"}))

@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from bench.layout import TOKEN_RULE, Layout, resolve_schedule
+from bench.layout import TOKEN_RULE, resolve_schedule
 from bench.model import DTYPES, build_model
 from bench.schema import CUDA_GRAPH_CAPTURE_STEP
 from bench.strategies.base import StepResult, Strategy
@@ -196,7 +196,7 @@ class MegatronModelParallel(Strategy):
         from megatron.core import parallel_state as ps
 
         p, cfg = self.plan, self.plan.cfg
-        self.layout = Layout(tp=p.tp, pp=p.pp, dp=p.dp_size)
+        self.layout = p.layout
         c = self.coord = self.layout.coords(self.dist.rank)
         v = p.strategy["virtual_pipeline"]
         with self.setup_phase("parallel groups"):
