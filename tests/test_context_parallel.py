@@ -40,7 +40,7 @@ def _refusal(*overrides: str) -> str:
       "hardware=h100_sxm_80gb"], "strategy.pp=2 is not implemented"),
     (["strategy=megatron", "strategy.cp=2", "world_size=2", "dry_run=true", "hardware=h100_sxm_80gb"],
      "Transformer Engine"),
-    (["strategy=tp", "strategy.cp=2", "world_size=4", "dry_run=true", "hardware=h100_sxm_80gb"],
+    (["strategy=tp", "strategy.impl=torch", "strategy.cp=2", "world_size=4", "dry_run=true", "hardware=h100_sxm_80gb"],
      "implemented for strategy=fsdp"),
 ])
 def test_cp_refused_in_one_line_before_launch(overrides, words):
