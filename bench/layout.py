@@ -76,8 +76,14 @@ class Layout:
 
     @property
     def dp_shard(self) -> int:
-        """Ranks that share one copy of the sharded model states (all dp ranks unless HSDP)."""
+        """Data-parallel ranks of one replica (all dp ranks unless HSDP)."""
         return self.dp // self.dp_replicate
+
+    @property
+    def state_shards(self) -> int:
+        """Ranks that share one copy of the sharded model states: a replica's data-parallel ranks times the
+        context-parallel ranks of each (FSDP2 shards over dp x cp, bench/parallel/mesh.py data_mesh)."""
+        return self.dp_shard * self.cp
 
     @property
     def per_rank_batch(self) -> int:

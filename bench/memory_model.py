@@ -13,11 +13,12 @@ peak allocated (what ``torch.cuda.max_memory_allocated`` measures: the largest r
 
 * Model states: the ZeRO paper's bytes per parameter (Rajbhandari et al. 2020) by how the strategy
   holds them (``StrategySpec.model_states``): mixed 16-bit (2 + 2 + 12), fp32 weights with a torch
-  optimizer (4 + 4 + 8), ...; ZeRO stage s over dp ranks divides the optimizer (s >= 1), the
+  optimizer (4 + 4 + 8), ...; ZeRO stage s over dp ranks (FSDP2: dp x cp, ``Layout.state_shards``) divides the optimizer (s >= 1), the
   gradients (s >= 2) and the parameters (s = 3); offload moves parts to the host.  Parameters per
   rank follow the layout: blocks / pp and their matrices / tp, the embedding on the first stage
   and the head on the last; a pipeline's first and last stages are both planned, the larger is the peak.
-* Activations per transformer layer and micro-batch of b sequences of s tokens (Korthikanti et al.
+* Activations per transformer layer and micro-batch of b sequences of s tokens (s = seq_len / cp: context
+  parallelism holds a shard of each sequence; attention's K / V ring beside them: ``cp_ring_bytes``) (Korthikanti et al.
   2022, "Reducing Activation Recomputation in Large Transformer Models", section 4, counted for
   bench's model: fused attention (no s x s scores), no dropout), each saved tensor once: the norm
   inputs, the projections' inputs (eager autocast: one 16-bit cast per projection; compiled or
@@ -60,6 +61,7 @@ from bench.memory_margins import (CONTEXT_BYTES, FRAGMENTATION, TIGHT, graph_poo
 from bench.model_spec import describe_model
 from bench.parallel.float8 import fsdp_float8_all_gather, saves_float8_inputs
 from bench.strategies.registry import FP32, ModelStates, get_spec
+from bench.traffic import RING_GRAD_BYTES, compute_bytes, kv_bytes, local_tokens
 from bench.schema import Plan
 
 GIB = 2**30
@@ -103,7 +105,7 @@ def params_per_rank(plan: Plan, tp_splits_vocab: bool, stage: Optional[str] = No
 def model_state_bytes(plan: Plan, psi: float, lay: ModelStates) -> tuple[dict, dict]:
     """(device bytes, host bytes) of this rank's model states held as ``lay`` says, psi parameters on it."""
     bp, bg, bo = lay.scheme.bytes
-    dp, stage = plan.layout.dp_shard, lay.stage  # HSDP: the ranks of one replica
+    dp, stage = plan.layout.state_shards, lay.stage  # HSDP: the ranks of one replica; x cp
     size = {"params": bp * psi / (dp if stage >= 3 else 1), "grads": bg * psi / (dp if stage >= 2 else 1),
             "optimizer": bo * psi / (dp if stage >= 1 else 1)}
     where = {"params": lay.offload_param, "grads": lay.offload_grads, "optimizer": lay.offload_optimizer}
@@ -154,7 +156,7 @@ def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
     e = describe_model(m).saved_per_token(bool(plan.cfg.get("compile")))  # elements, by kind (bench/model_spec.py)
     act, norm_in, per_consumer = _act_dtypes(plan, lay)
     lin = float8_input_bytes(plan, act, per_consumer)  # a converted Linear's saved input: q/k/v, gate/up, down
-    tokens = m["seq_len"] * b
+    tokens = b * m["seq_len"] // plan.cp  # the rank's shard of each sequence under context parallelism
     # replicated over tp (split too with sequence parallelism): the two norms' inputs and the projections' inputs
     sp = tp if lay.sequence_parallel else 1
     norms = e.norm_inputs * norm_in / sp
@@ -224,10 +226,21 @@ def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str,
         ck, per_mb, recomputed, at_loss = 0.0, layers * layer["bytes"], 0.0, copies
     saved = k * (layers - ck) * layer["float8_saved"]  # the float8-saved inputs' share (not of checkpointed blocks)
     vocab = m["vocab_size"] / (plan.tp if lay.tp_splits_vocab else 1)
-    logits = b * m["seq_len"] * vocab * lay.loss_bytes_per_logit if ranks["head"] else 0.0
+    logits = layer["tokens"] * vocab * lay.loss_bytes_per_logit if ranks["head"] else 0.0
+    ring = {"cp_ring": cp_ring_bytes(plan)} if plan.cp > 1 else {}
     return {"layers_on_rank": layers, "microbatches_in_flight": k, "per_layer_per_microbatch": layer["bytes"],
             "recompute": mode, "activations": k * per_mb, "logits": logits, "weight_copies": at_loss,
-            "recomputed_layer": recomputed, "float8_inputs_saving": saved}
+            "recomputed_layer": recomputed, "float8_inputs_saving": saved, **ring}
+
+
+def cp_ring_bytes(plan: Plan) -> float:
+    """Context parallelism's ring attention (torch's, bench/parallel/cp.py) in one layer's backward, beside the saved
+    activations: the whole sequence's K and V gathered again (compute dtype) and the rank's chunk of them
+    concatenated to send; the chunk's dK / dV in fp32 three times (accumulated, concatenated to send, received from
+    the ring's neighbour) and dQ's fp32 accumulator.  The forward holds less (the gathered K / V and the chunk)."""
+    kv, cp, fp32 = kv_bytes(plan), plan.cp, RING_GRAD_BYTES
+    dq = local_tokens(plan) * plan.model["d_model"] / plan.tp * fp32
+    return kv * (1 + 1 / cp) + 3 * kv / cp * fp32 / compute_bytes(plan) + dq
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -282,7 +295,7 @@ def transient_bytes(plan: Plan, lay, grads: float, act: dict, phase: dict, accum
     largest, the forward-backward's own part: what a CUDA graph capture of it keeps in its pool)."""
     bwd, step = phase.get("backward", 0.0), phase.get("step", 0.0)
     early, late = (0.0, bwd) if lay.late_grad_hooks else (bwd, 0.0)
-    start = act["activations"] + phase.get("pass", 0.0) + max(
+    start = act["activations"] + phase.get("pass", 0.0) + act.get("cp_ring", 0.0) + max(
         act["logits"] + act["weight_copies"], early + max(act["recomputed_layer"], act["weight_copies"]))
     grads_live = plan.grad_accum > 1 or plan.pp > 1 or lay.grads_live
     kept = accum if accum else (grads if grads_live else 0.0)
@@ -348,7 +361,8 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
         "parameters": describe_model(plan.model).total_params(), "parameters_on_rank": round(psi),
         "peak_stage": ranks["stage"], "flops_per_token": describe_model(plan.model).flops_per_token(),
         "layout": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp_size, "micro_batch_size": plan.micro_batch_size,
-                   "microbatches": plan.grad_accum, "recompute": plan.layout.recompute},
+                   "microbatches": plan.grad_accum, "recompute": plan.layout.recompute,
+                   **({"cp": plan.cp} if plan.cp > 1 else {})},
         "model_states": {"scheme": lay.scheme.name, "stage": lay.stage, "note": lay.note,
                          "bytes_per_param": lay.scheme.bytes,
                          "device_mb": {k: mib(v) for k, v in device.items()},

@@ -7,7 +7,8 @@ One optimizer step of the slowest rank, in seconds::
                                                        the peak a probe measured, or a datasheet's at the share
                                                        runs measure (MEASURED_OVER_DATASHEET);
                                                        fp8: the float8 matmuls' share at the fp8 peak (_peak)
-               e(x) = e_max x / (x + x_half)           x = tokens per micro-batch x d_model / tp (matmul size),
+               e(x) = e_max x / (x + x_half)           x = a rank's tokens per micro-batch (seq_len / cp a
+                                                       sequence) x d_model / tp (matmul size),
                                                        x REFERENCE_MATMUL_FLOPS / the GPU's bf16 matmul rate
            + passes x activation bytes / HBM x (fused if compiled)   elementwise work, memory bound
            + 1.75 x model-state bytes / HBM                          the AdamW step (reads p g m v, writes p m v)
@@ -15,7 +16,7 @@ One optimizer step of the slowest rank, in seconds::
                                                                      output gradient (3 bytes an element: read bf16,
                                                                      write float8; amax and transposes in fp8_cast)
   comm     = exposed(grad_reduce, BACKWARD_SHARE x compute, grad_exposed)
-           + exposed(param_gather, compute, param_exposed) + (tail + activation + p2p) / link'
+           + exposed(param_gather, compute, param_exposed) + (tail + activation + p2p + context) / link'
            + 20 us x collectives + offload / PCIe
              exposed(w, window, share) = max(w' - window, 0) + share x min(w', window), w' = w / link':
              what overlaps costs its exposed share while compute lasts, and all of it beyond (a slow link's
@@ -27,7 +28,8 @@ One optimizer step of the slowest rank, in seconds::
              bandwidth of the group each kind travels over (bench/topology.py: TP inside a node, a data-parallel
              group across nodes costed hierarchically, HSDP's gradient and parameter traffic over its shard group and
              the replicas' all-reduce over its replicate group, pipeline sends at the network share once they
-             cross nodes)
+             cross nodes, context parallelism's K / V exchange over the cp group: waited on inside attention,
+             all exposed)
   bubble   = (compute + comm) x (pp - 1) / (virtual x micro-batches)
   host     = host factor x (1 + lockstep x [ranks > 1 and host hooks])
              x (launch x (per_layer x layer_host x layers x micro-batches
@@ -68,7 +70,7 @@ from bench.metrics.flops import (float8_cast_elements_per_layer_token, float8_ma
 from bench.schema import Plan
 from bench.strategies.registry import get_spec
 from bench.topology import Topology, topology
-from bench.traffic import BYTE_KINDS
+from bench.traffic import BYTE_KINDS, local_tokens
 
 CALIBRATION = Path(__file__).with_name("calibration.json")
 CASE_MIN_RUNS = 5  # a strategy's own error is quoted from this many recorded runs of its case up; else its GPU's
@@ -158,7 +160,7 @@ def _peak(plan: Plan, hw: HardwareConfig) -> float:
 def plan_topology(plan: Plan, hardware: Optional[HardwareConfig] = None) -> Topology:
     """The plan's groups placed on the hardware's nodes (bench/topology.py)."""
     lay = plan.layout
-    return topology(lay.tp, lay.pp, lay.dp, device_hardware(plan, hardware), lay.dp_replicate)
+    return topology(lay.tp, lay.pp, lay.dp, device_hardware(plan, hardware), lay.dp_replicate, lay.cp)
 
 
 def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, float]:
@@ -182,7 +184,7 @@ def measured_link(hw: HardwareConfig, traffic: dict) -> dict[str, float]:
     if hw.source != "probe" and hw.intra_node_link != "pcie":
         return {"link_fitted": 1.0, "link_factor": 1.0}
     curve = ((((hw.probe or {}).get("curves") or {}).get("intra_node") or {}).get("all_reduce")) or []
-    sent = sum(traffic.get(k, 0.0) for k in ("grad_reduce", "param_gather", "tail", "activation", "p2p"))
+    sent = sum(traffic.get(k, 0.0) for k in ("grad_reduce", "param_gather", "tail", "activation", "p2p", "context"))
     calls = traffic.get("collectives", 0.0)
     if not curve or not hw.intra_node_gbps or not sent or not calls:
         return {"link_fitted": 0.0, "link_factor": 1.0}
@@ -211,7 +213,7 @@ def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict) -> dict[str, float]
         "flops": hardware_flops_per_token(m, plan.layout.recompute, plan.layout.recompute_every) * m["global_batch"]
         * m["seq_len"] / plan.world_size,
         "peak": _peak(plan, hw), "peak_ratio": peak_ratio(hw),
-        "matmul_size": plan.micro_batch_size * m["seq_len"] * m["d_model"] / plan.tp * REFERENCE_MATMUL_FLOPS
+        "matmul_size": local_tokens(plan) * m["d_model"] / plan.tp * REFERENCE_MATMUL_FLOPS
         / (float(hw.peak_tflops["bf16"]) * 1e12 * peak_ratio(hw)),
         "elementwise_s": activations / hbm,
         "optimizer_s": OPTIMIZER_PASSES * sum(mem["model_states"]["device_mb"].values()) * MB / hbm,
@@ -226,7 +228,7 @@ def _float8_cast_bytes(plan: Plan, layers_on_rank: float) -> float:
     if plan.cfg["precision"] != "fp8":
         return 0.0
     m = plan.model
-    tokens = plan.micro_batch_size * m["seq_len"] * plan.grad_accum
+    tokens = local_tokens(plan) * plan.grad_accum
     passes = 1.0 + plan.layout.checkpointed(layers_on_rank) / layers_on_rank  # the checkpointed blocks' forward twice
     return 3.0 * tokens * float8_cast_elements_per_layer_token(m) * layers_on_rank * passes / plan.tp
 
@@ -262,7 +264,7 @@ def combine(t: dict, k: dict) -> dict:
     link = np.where(t.get("link_fitted", 1.0) > 0, k["link_eff"], 1.0) * t.get("link_factor", 1.0)
     wire = (_exposed(t["grad_reduce_s"] / link, BACKWARD_SHARE * compute, k["grad_exposed"])
             + _exposed(t["param_gather_s"] / link, compute, k["param_exposed"])
-            + (t["tail_s"] + t["activation_s"] + t["p2p_s"]) / link)
+            + (t["tail_s"] + t["activation_s"] + t["p2p_s"] + t.get("context_s", 0.0)) / link)
     comm = wire + COLLECTIVE_LATENCY_S * t["collectives"] + t["offload_s"]
     bubble = (compute + comm) * t["bubble"]
     device = compute + comm + bubble

@@ -2,8 +2,9 @@
 
 Ranks fill nodes in blocks (node k holds ranks k x gpus_per_node and up: torchrun's node ranks, SLURM's block
 distribution, bench/launch/slurm), and the layout's rank order (bench/layout.py, Megatron-core's default
-tp-dp-pp) puts tensor parallelism innermost, then data parallelism, then pipeline stages outermost: a TP group
-stays inside a node unless tp > gpus_per_node; data parallelism spans nodes before pipeline stages do.
+tp-cp-dp-pp) puts tensor parallelism innermost, then context parallelism, then data parallelism, then pipeline stages
+outermost: a TP group stays inside a node unless tp > gpus_per_node, a CP group next (tp x cp ranks in a row); data
+parallelism spans nodes before pipeline stages do.
 
 A collective over a group with ``g`` ranks on each of ``N`` nodes is costed as the hierarchical all-reduce
 (reduce-scatter inside the node, all-reduce of 1/g of the data across nodes, all-gather inside; Horovod's
@@ -18,6 +19,10 @@ HSDP (``dp_replicate`` > 1) splits the data-parallel ranks into replicas (the ou
 adjacent shards (bench/parallel/mesh.py ``hsdp_mesh``): a shard group fills a node before a replica group spans
 nodes.  Gradients and parameters travel over the shard group (the whole data-parallel group without replicas), the
 replicas' all-reduce of each gradient shard (byte kind ``grad_replicate``) over the replicate group.
+
+Context parallelism (cp > 1): the K / V exchange (byte kind ``context``) travels over the cp group; FSDP2 shards
+over dp x cp (bench/parallel/mesh.py ``data_mesh``), so the data-parallel groups vary over cp too (with cp = 1 every
+rank's cp coordinate is 0 and they are the groups above).
 """
 from __future__ import annotations
 
@@ -29,12 +34,12 @@ from bench.layout import Layout
 
 DEFAULT_LINK_GBPS = 25.0  # a preset without link figures (a bare hardware.name): what the prediction assumed before
 # each group kind by the rank coordinates its members differ in (the data-parallel one: replica and shard)
-VARIES = {"tp": ("tp",), "dp": ("dp_replicate", "dp_shard"), "pp": ("pp",), "dp_shard": ("dp_shard",),
-          "dp_replicate": ("dp_replicate",)}
+VARIES = {"tp": ("tp",), "dp": ("dp_replicate", "dp_shard", "cp"), "pp": ("pp",), "dp_shard": ("dp_shard", "cp"),
+          "dp_replicate": ("dp_replicate",), "cp": ("cp",)}
 HSDP_GROUPS = ("dp_shard", "dp_replicate")  # named in the plan only where there are replicas
 # what each kind of bytes (bench/traffic.py BYTE_KINDS) travels over; offload goes to the host, not a group
 KIND_GROUP = {"grad_reduce": "dp_shard", "grad_replicate": "dp_replicate", "param_gather": "dp_shard", "tail": "dp",
-              "activation": "tp", "p2p": "pp"}
+              "activation": "tp", "p2p": "pp", "context": "cp"}
 # the prediction's term a kind is part of: the replicas' all-reduce is issued in backward like the reduce-scatter
 # before it, and hides behind the same compute
 KIND_TERM = {"grad_replicate": "grad_reduce"}
@@ -90,13 +95,18 @@ class Topology:
         return out
 
     def shown(self) -> dict:
-        """The groups a plan names: the shard and replicate groups only under HSDP (else they are the dp group)."""
-        hsdp = self.groups["dp_replicate"].size > 1
-        return {k: g for k, g in self.groups.items() if hsdp or k not in HSDP_GROUPS}
+        """The groups a plan names: the shard and replicate groups only under HSDP (else they are the dp group), the
+        cp group only with context parallelism."""
+        hidden = set() if self.groups["dp_replicate"].size > 1 else set(HSDP_GROUPS)
+        if self.groups["cp"].size == 1:
+            hidden.add("cp")
+        return {k: g for k, g in self.groups.items() if k not in hidden}
 
     def describe(self) -> str:
         """One line for the plan: the nodes and where each group of more than one rank lives."""
-        placed = [f"{name}={g.size} {g.where}" for name, g in self.shown().items() if g.size > 1]
+        cp = self.groups["cp"].size > 1  # the data-parallel groups span the cp ranks too: "dp x cp"
+        placed = [f"{name}{' x cp' if cp and name != 'cp' and 'cp' in VARIES[name] else ''}={g.size} {g.where}"
+                  for name, g in self.shown().items() if g.size > 1]
         net = f", network {self.network_gbps:g} GB/s a GPU" if self.nodes > 1 else ""
         return (f"{self.nodes} node{'s' if self.nodes > 1 else ''} x {self.gpus_per_node} GPUs (intra-node "
                 f"{self.intra_gbps:g} GB/s{net}); " + ("; ".join(placed) or "one rank"))
@@ -119,7 +129,7 @@ def network_gbps(hw: HardwareConfig) -> Optional[float]:
 def _coords(layout: Layout, rank: int, shard: int) -> dict:
     """A rank's coordinates, its data-parallel index split into (replica, shard): replicas are the outer index."""
     c = layout.coords(rank)
-    return {"tp": c.tp, "pp": c.pp, "dp_replicate": c.dp // shard, "dp_shard": c.dp % shard}
+    return {"tp": c.tp, "pp": c.pp, "dp_replicate": c.dp // shard, "dp_shard": c.dp % shard, "cp": c.cp}
 
 
 def _group(coords: list[dict], name: str, per_node: int) -> Group:
@@ -133,10 +143,10 @@ def _group(coords: list[dict], name: str, per_node: int) -> Group:
     return Group(name, len(next(iter(members.values()))), spans, -fewest)
 
 
-def topology(tp: int, pp: int, dp: int, hw: HardwareConfig, dp_replicate: int = 1) -> Topology:
-    """Place a tp x pp x dp layout (dp as dp_replicate replicas of shards) on nodes of ``hw.gpus_per_node`` GPUs
+def topology(tp: int, pp: int, dp: int, hw: HardwareConfig, dp_replicate: int = 1, cp: int = 1) -> Topology:
+    """Place a tp x cp x dp x pp layout (dp as dp_replicate replicas of shards) on nodes of ``hw.gpus_per_node`` GPUs
     (all on one node without that figure)."""
-    layout = Layout(tp=tp, pp=pp, dp=dp)
+    layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp)
     if dp % dp_replicate:
         raise ValueError(f"dp_replicate={dp_replicate} does not divide dp={dp}")
     per_node = min(hw.gpus_per_node or layout.world_size, layout.world_size)

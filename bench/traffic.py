@@ -10,6 +10,7 @@ bytes one rank sends per step, by how they can hide behind compute
                     the optimizer step
   ``activation``    tensor-parallel all-reduces of activations (on the critical path of every layer)
   ``p2p``           pipeline sends of activations and their gradients
+  ``context``       context parallelism's K / V exchange inside attention (``cp_kv_exchange``): waited on
   ``offload``       bytes over the host link (PCIe) to and from host memory
 counts per step
   ``collectives``   collective / point-to-point calls (each pays a latency)
@@ -25,7 +26,7 @@ Ring collectives: an all-reduce of B bytes over n ranks sends 2 B (n-1)/n per ra
 reduce-scatter B (n-1)/n.  Each byte kind travels over one group (bench/topology.py ``KIND_GROUP``: gradients and
 parameters over the data-parallel group (its shard group under HSDP), the replicas' all-reduce of each gradient
 shard (HSDP, ``grad_replicate``) over the replicate group, activations over the tensor-parallel one, sends along the
-pipeline), whose placement on nodes sets the bandwidth.  Nothing here names a strategy (bench/strategies/ hold each one's terms).
+pipeline, K / V over the context-parallel one), whose placement on nodes sets the bandwidth.  Nothing here names a strategy (bench/strategies/ hold each one's terms).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from math import ceil
 from bench.model_spec import describe_model
 from bench.schema import Plan
 
-BYTE_KINDS = ("grad_reduce", "param_gather", "tail", "activation", "p2p", "offload")
+BYTE_KINDS = ("grad_reduce", "param_gather", "tail", "activation", "p2p", "context", "offload")
 COUNT_KINDS = ("collectives", "hooks", "syncs", "host_adam", "graphed", "eager", "layer_host")
 FLAGS = ("graphed", "eager", "layer_host")  # merged by the largest, not summed
 # torch-native tensor parallelism: a layer's ops dispatched as DTensors cost this many times a plain layer's
@@ -77,14 +78,50 @@ def buckets(nbytes: float, bucket_bytes: float) -> int:
 
 
 def tp_activation(plan: Plan) -> dict[str, float]:
-    """Tensor parallelism: per layer and micro-batch, two all-reduces of the b x s x d activation in forward
-    and two in backward (Megatron's f / g; sequence parallelism moves the same bytes as gathers + scatters)."""
+    """Tensor parallelism: per layer and micro-batch, two all-reduces of the b x s x d activation (s: the rank's
+    tokens, seq_len / cp) in forward and two in backward (Megatron's f / g; sequence parallelism moves the same bytes as gathers + scatters)."""
     if plan.tp == 1:
         return {}
     m = plan.model
     layers = m["n_layers"] / plan.pp * plan.grad_accum
-    act = plan.micro_batch_size * m["seq_len"] * m["d_model"] * compute_bytes(plan)
+    act = local_tokens(plan) * m["d_model"] * compute_bytes(plan)
     return {"activation": 4 * layers * all_reduce(act, plan.tp), "collectives": 4 * layers}
+
+
+def local_tokens(plan: Plan) -> int:
+    """Tokens of one micro-batch on one rank: b sequences of seq_len / cp (context parallelism shards each)."""
+    return plan.micro_batch_size * plan.model["seq_len"] // plan.cp
+
+
+def kv_bytes(plan: Plan) -> float:
+    """One layer's K and V over the whole sequence of a micro-batch, as attention computes (the rank's kv heads
+    under tp): what context parallelism's all-gather assembles on every rank of the cp group."""
+    kv_dim = describe_model(plan.model).kv_dim / plan.tp
+    return 2 * plan.micro_batch_size * plan.model["seq_len"] * kv_dim * compute_bytes(plan)
+
+
+# torch's ring attention accumulates dK / dV in fp32 (_cp_options.convert_to_f32) while they travel the ring
+RING_GRAD_BYTES = 4
+
+
+def cp_kv_exchange(plan: Plan) -> dict[str, float]:
+    """Context parallelism (bench/parallel/cp.py, torch's ring attention with ROTATE = "allgather"), per layer and
+    micro-batch: forward, each rank's K and V (concatenated) all-gathered once, (cp-1)/cp of ``kv_bytes`` received;
+    backward, gathered again, and dK / dV (fp32, the rank's own chunk's size) passed around the ring once per chunk,
+    cp hops (torch's backward always rotates them point to point, whatever ROTATE says: ``_AllToAllRotater``); a
+    recomputed forward (recompute=full's checkpointed blocks, selective's attention core) gathers again.  The
+    gather is issued before attention and waited on right after the local chunk's attention, the gradients each
+    hop: counted exposed, not overlapped."""
+    cp = plan.cp
+    if cp == 1:
+        return {}
+    layers = plan.model["n_layers"] / plan.pp
+    recomputed = layers if plan.layout.recompute == "selective" else plan.layout.checkpointed(layers)
+    kv = kv_bytes(plan)
+    grads = kv * RING_GRAD_BYTES / compute_bytes(plan)  # cp hops of 1/cp of K / V's size, in fp32
+    gathers = 2 * layers + recomputed
+    return {"context": plan.grad_accum * (gathers * all_gather(kv, cp) + layers * grads),
+            "collectives": plan.grad_accum * (gathers + layers * cp)}
 
 
 def pp_p2p(plan: Plan) -> dict[str, float]:

@@ -12,8 +12,8 @@ from bench.strategies.registry import FP32, ModelStates, Scheme, StrategySpec, r
 from bench.parallel.dp import FSDP2
 from bench.parallel.float8 import fsdp_float8_all_gather
 from bench.strategies.torch_native import torch_native
-from bench.traffic import (all_gather, compute_bytes, hsdp_grad_reduce, merge, param_tensors, pp_p2p,
-                           torch_native_hooks, tp_activation)
+from bench.traffic import (all_gather, compute_bytes, cp_kv_exchange, hsdp_grad_reduce, merge, param_tensors,
+                           pp_p2p, torch_native_hooks, tp_activation)
 
 
 @dataclass
@@ -132,9 +132,10 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     the other micro-batches).  Host: four hooks per unit per micro-batch; per parameter, a DTensor made at each
     gather, its gradient's share of the reduce-scatter and its dispatch in the optimizer.  With cpu_offload the
     shards cross PCIe and AdamW runs on the host.  HSDP: the gathers and reduce-scatters over the shard group
-    (dp / dp_replicate ranks), then each unit's gradient shard all-reduced over the replicas."""
+    (dp / dp_replicate ranks), then each unit's gradient shard all-reduced over the replicas.  Context parallelism:
+    the states sharded over dp x cp (the gathers and reduce-scatters over that group), and the K / V exchange."""
     s, m, lay = plan.strategy, plan.grad_accum, plan.layout
-    dp, replicate, v = lay.dp_shard, lay.dp_replicate, lay.virtual_pipeline
+    dp, replicate, v = lay.state_shards, lay.dp_replicate, lay.virtual_pipeline
     units = v * -(-plan.model["n_layers"] // (plan.pp * v * s["blocks_per_unit"])) + 1  # + the root
     gathers = m * (2 if s["reshard_after_forward"] else 1)
     grad_bytes = 4 if s["reduce_dtype"] == "fp32" or plan.cfg["precision"] == "fp32" else 2
@@ -148,7 +149,7 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
         own["grad_replicate"] = across
     if s["cpu_offload"]:  # fp32 shards in (per gather) and gradients out, the AdamW step on the host
         own.update(offload=4 * params / dp * (gathers + 1), host_adam=params / dp)
-    return merge(own, tp_activation(plan), pp_p2p(plan), torch_native_hooks(plan))
+    return merge(own, tp_activation(plan), pp_p2p(plan), cp_kv_exchange(plan), torch_native_hooks(plan))
 
 
 def label(name: str, v: dict) -> list[str]:
