@@ -62,3 +62,22 @@ def test_checkpointing_every_second_block_recomputes_half_as_much_as_pytorchs_fl
     share = (counted[2] - counted[0]) / (counted[1] - counted[0])
     planned = [hardware_flops_per_token(m, "full", e) - flops_per_token(m) for e in (1, 2)]
     assert share == pytest.approx(planned[1] / planned[0], rel=0.01) and share == pytest.approx(0.5, rel=0.01)
+
+
+@pytest.mark.parametrize("seq", [2048, 16384])
+def test_attention_flops_grow_with_the_sequence_as_pytorchs_flop_counter_counts(seq):
+    """Long sequences (context parallelism's): a one-layer llama-shaped model of d_model 64, batch 1, on the meta
+    device (shapes only: FlopCounterMode counts by shape, the same total as on the CPU at 2048; the s x s scores at
+    16384 would take GiBs on the CPU).  Attention's 12 L d seq is 77% of the FLOPs a token at 2048, 96% at 16384;
+    per token the counter and the formula agree within the norms' 6 FLOPs a parameter (2 x 64 x 6 + 64 x 6)."""
+    m = model_cfg("model=llama_tiny", "model.d_model=64", "model.n_heads=2", "model.n_kv_heads=1",
+                  "model.n_layers=1", "model.d_ff=176", "model.vocab_size=512", f"model.seq_len={seq}")
+    model = build_model(m, 0, "meta")
+    x = torch.randint(0, m["vocab_size"], (1, seq + 1), device="meta")
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
+    counted = counter.get_total_flops() / seq
+    assert counted == pytest.approx(flops_per_token(m), rel=1e-3)
+    assert flops_per_token(m) - counted == 3 * 64 * 6  # the three norms' weights: no matmul
+    attention = 12 * m["n_layers"] * m["d_model"] * seq
+    assert attention / flops_per_token(m) == pytest.approx({2048: 0.77, 16384: 0.96}[seq], abs=0.01)
