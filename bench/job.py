@@ -243,7 +243,8 @@ def dry_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = ()) -> str
     log.info("plan: model=%s (%s parameters, %.3g GFLOP/token) strategy=%s world_size=%d tp=%d pp=%d dp=%d%s "
              "micro-batch %d x %d, recompute=%s; %s%s", plan.model["name"], count_text(mem["parameters"]),
              mem["flops_per_token"] / 1e9, plan.strategy["name"], plan.world_size, lay["tp"], lay["pp"], lay["dp"],
-             f" cp={lay['cp']}" if "cp" in lay else "", lay["micro_batch_size"], lay["microbatches"], lay["recompute"], mem["summary"],
+             f" cp={lay['cp']}" if "cp" in lay else "", lay["micro_batch_size"], lay["microbatches"], lay["recompute"],
+             mem["summary"],
              f" -> would be skipped: {verdict}; {way_out(plan)}" if verdict else "")
     log_choices(plan)
     from bench.predict import predicted, prediction_line

@@ -48,8 +48,9 @@ GRAPH_POOL_PER_MICROBATCH = 0.47
 
 def communicators(plan: Plan, extra: int) -> int:
     """NCCL communicators a rank creates: one per layout dimension of more than one rank (dp, tp; with context
-    parallelism the cp ring and FSDP2's flattened dp x cp group in place of dp's), two for a pipeline (its group and the neighbours' send / receive pair), plus the implementation's own (``extra``:
-    ModelStates.extra_communicators).  Gloo (CPU) has none on a device."""
+    parallelism the cp ring and FSDP2's flattened dp x cp group in place of dp's), two for a pipeline (its group and
+    the neighbours' send / receive pair), plus the implementation's own (``extra``: ModelStates.extra_communicators).
+    Gloo (CPU) has none on a device."""
     if plan.device != "cuda":
         return 0
     return (plan.dp_size * plan.cp > 1) + (plan.cp > 1) + (plan.tp > 1) + 2 * (plan.pp > 1) + extra

@@ -13,12 +13,12 @@ peak allocated (what ``torch.cuda.max_memory_allocated`` measures: the largest r
 
 * Model states: the ZeRO paper's bytes per parameter (Rajbhandari et al. 2020) by how the strategy
   holds them (``StrategySpec.model_states``): mixed 16-bit (2 + 2 + 12), fp32 weights with a torch
-  optimizer (4 + 4 + 8), ...; ZeRO stage s over dp ranks (FSDP2: dp x cp, ``Layout.state_shards``) divides the optimizer (s >= 1), the
-  gradients (s >= 2) and the parameters (s = 3); offload moves parts to the host.  Parameters per
-  rank follow the layout: blocks / pp and their matrices / tp, the embedding on the first stage
+  optimizer (4 + 4 + 8), ...; ZeRO stage s over dp ranks (FSDP2: dp x cp, ``Layout.state_shards``) divides the
+  optimizer (s >= 1), the gradients (s >= 2) and the parameters (s = 3); offload moves parts to the host.
+  Parameters per rank follow the layout: blocks / pp and their matrices / tp, the embedding on the first stage
   and the head on the last; a pipeline's first and last stages are both planned, the larger is the peak.
 * Activations per transformer layer and micro-batch of b sequences of s tokens (s = seq_len / cp: context
-  parallelism holds a shard of each sequence; attention's K / V ring beside them: ``cp_ring_bytes``) (Korthikanti et al.
+  parallelism holds a shard of each sequence; the ring's K / V beside them, ``cp_ring_bytes``) (Korthikanti et al.
   2022, "Reducing Activation Recomputation in Large Transformer Models", section 4, counted for
   bench's model: fused attention (no s x s scores), no dropout), each saved tensor once: the norm
   inputs, the projections' inputs (eager autocast: one 16-bit cast per projection; compiled or

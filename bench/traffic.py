@@ -26,7 +26,8 @@ Ring collectives: an all-reduce of B bytes over n ranks sends 2 B (n-1)/n per ra
 reduce-scatter B (n-1)/n.  Each byte kind travels over one group (bench/topology.py ``KIND_GROUP``: gradients and
 parameters over the data-parallel group (its shard group under HSDP), the replicas' all-reduce of each gradient
 shard (HSDP, ``grad_replicate``) over the replicate group, activations over the tensor-parallel one, sends along the
-pipeline, K / V over the context-parallel one), whose placement on nodes sets the bandwidth.  Nothing here names a strategy (bench/strategies/ hold each one's terms).
+pipeline, K / V over the context-parallel one), whose placement on nodes sets the bandwidth.  Nothing here names a
+strategy (bench/strategies/ hold each one's terms).
 """
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def buckets(nbytes: float, bucket_bytes: float) -> int:
 
 def tp_activation(plan: Plan) -> dict[str, float]:
     """Tensor parallelism: per layer and micro-batch, two all-reduces of the b x s x d activation (s: the rank's
-    tokens, seq_len / cp) in forward and two in backward (Megatron's f / g; sequence parallelism moves the same bytes as gathers + scatters)."""
+    tokens, seq_len / cp) in forward and two in backward (Megatron's f / g; sequence parallelism moves the same bytes
+    as gathers + scatters)."""
     if plan.tp == 1:
         return {}
     m = plan.model
