@@ -110,7 +110,7 @@ def _strategy_name(row: pd.Series, cols: list[str]) -> str:
     varying = {c: plain(row.get(c)) for c in cols if c not in ("strategy", "model", "world_size")}
     spec = specs().get(name)
     parts = spec.label(name, varying) if spec is not None else [name]
-    for c in ("tp", "pp"):
+    for c in ("tp", "pp", "cp"):
         if varying.get(c) not in (None, 1):
             parts.append(f"{c}={knob_text(varying[c])}")
     if varying.get("recompute") not in (None, "none"):

@@ -1,5 +1,6 @@
-"""A run's layout as the analysis names it: tp, pp, dp, micro-batch size, accumulation steps, recompute,
-precision and the strategy's variant, from a measured run, a re-plan or a dry run's plan.
+"""A run's layout as the analysis names it: tp, pp, dp (and cp where context parallelism splits the sequence),
+micro-batch size, accumulation steps, recompute, precision and the strategy's variant, from a measured run, a re-plan
+or a dry run's plan.
 
 Why one module: prediction.csv, the dry-run ranking, the measured answer and the side-by-side table must name
 one layout the same way, or a predicted row and its measurement are never matched.  Accumulation is the
@@ -40,7 +41,7 @@ def precision_of(cfg: dict) -> Optional[str]:
 def from_plan_layout(cfg: dict, lay: dict) -> dict:
     """The layout of a dry run's plan (its memory plan's ``layout``) or of a re-planned run."""
     return {"variant": variant(cfg.get("strategy") or {}), "tp": lay.get("tp"), "pp": lay.get("pp"),
-            "dp": lay.get("dp"), "micro_batch_size": lay.get("micro_batch_size"),
+            "dp": lay.get("dp"), "cp": lay.get("cp", 1), "micro_batch_size": lay.get("micro_batch_size"),
             "grad_accum": lay.get("microbatches"), "recompute": lay.get("recompute") or cfg.get("recompute"),
             "precision": precision_of(cfg)}
 
@@ -53,8 +54,10 @@ def from_record(m: dict, plan=None) -> dict:
     ws = cfg.get("world_size") or (m.get("run") or {}).get("world_size")
     tp = _first(lay.get("tp"), getattr(plan, "tp", None), st.get("tp"), 1)
     pp = _first(lay.get("pp"), getattr(plan, "pp", None), st.get("pp"), 1)
-    dp = _first(lay.get("dp"), getattr(plan, "dp_size", None), ws // (tp * pp) if ws else None)
+    cp = _first(lay.get("cp"), getattr(plan, "cp", None), st.get("cp"), 1)
+    dp = _first(lay.get("dp"), getattr(plan, "dp_size", None), ws // (tp * pp * cp) if ws else None)
     return {"variant": variant(st) if st else (m.get("run") or {}).get("strategy"), "tp": tp, "pp": pp, "dp": dp,
+            "cp": cp,
             "micro_batch_size": _first(lay.get("micro_batch_size"), getattr(plan, "micro_batch_size", None)),
             "grad_accum": _first(lay.get("grad_accum"), lay.get("microbatches"), getattr(plan, "grad_accum", None)),
             "recompute": _first(cfg.get("recompute"), str(lay.get("recompute") or "").split(":")[0] or None),
@@ -62,9 +65,12 @@ def from_record(m: dict, plan=None) -> dict:
 
 
 def text(r) -> str:
-    """``tp=2 pp=1 dp=2 mb=8x1 rc=none``: micro-batch size x accumulation steps, recompute."""
+    """``tp=2 pp=1 dp=2 mb=8x1 rc=none``: micro-batch size x accumulation steps, recompute; ``cp=4`` after dp where
+    context parallelism splits the sequence (cp > 1)."""
     g = lambda k: fmt_value(r.get(k)) if plain(r.get(k)) is not None else "?"  # noqa: E731
-    return f"tp={g('tp')} pp={g('pp')} dp={g('dp')} mb={g('micro_batch_size')}x{g('grad_accum')} rc={g('recompute')}"
+    cp = f" cp={g('cp')}" if (plain(r.get("cp")) or 1) != 1 else ""
+    return (f"tp={g('tp')} pp={g('pp')} dp={g('dp')}{cp} mb={g('micro_batch_size')}x{g('grad_accum')} "
+            f"rc={g('recompute')}")
 
 
 def ident(r) -> str:
@@ -76,5 +82,6 @@ def of_summary_row(r) -> dict:
     """A summary row's layout (summarize.py's layout_* medians; older runs: the strategy's tp / pp keys)."""
     get = lambda *cs: _first(*(r.get(c) for c in cs))  # noqa: E731
     return {"tp": get("layout_tp", "tp") or 1, "pp": get("layout_pp", "pp") or 1, "dp": get("layout_dp"),
+            "cp": get("layout_cp", "cp") or 1,
             "micro_batch_size": get("layout_micro_batch_size"), "grad_accum": get("layout_grad_accum", "n_microbatches"),
             "recompute": get("recompute"), "precision": get("precision")}

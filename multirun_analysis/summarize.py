@@ -110,7 +110,7 @@ MEASURES = {
     "loss_last": ("loss.last", False), "joules_per_token": ("energy.joules_per_token", False),
     "total_params": ("flops.total_params", False),
     "n_microbatches": ("layout.microbatches", False),
-    **{f"layout_{k}": (f"layout.{k}", False) for k in ("tp", "pp", "dp", "micro_batch_size", "grad_accum")},
+    **{f"layout_{k}": (f"layout.{k}", False) for k in ("tp", "pp", "dp", "cp", "micro_batch_size", "grad_accum")},
     "startup_s": ("job.startup_s", False), "teardown_s": ("job.teardown_s", False),
     "fixed_overhead_s": ("job.overhead_s", True), "setup_s": ("rank0.setup_s", False),
     **breakdown.MEASURES,  # prof_<part>_ms: profiled runs' time breakdown (multirun_analysis/breakdown.py)

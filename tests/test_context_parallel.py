@@ -63,3 +63,109 @@ def test_fsdp_cp_follows_single(bench_run, extra):
     lay = metrics_of(d2)["layout"]
     assert lay["cp"] == 2 and "context_parallel" in lay["context_parallel"]
     assert max(abs(a - b) for a, b in zip(loss_curve(d1), loss_curve(d2))) < 1e-4
+
+
+# --------------------------------------------------------------------------- the plan, traffic, prediction, planner
+def plan_for(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from bench.config import register_configs, validate
+    from tests.conftest import REPO
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return validate(compose("config", overrides=["dry_run=true", *overrides]), gpus=0)
+
+
+LLAMA8B_32K = ["model=llama3_8b", "strategy=fsdp", "model.seq_len=32768", "world_size=4", "hardware=h100_sxm_80gb",
+               "strategy.micro_batch_size=1"]
+MIB = 2**20
+
+
+def test_cp_shards_the_states_over_dp_x_cp_and_holds_a_quarter_of_each_sequence():
+    """Four ranks as cp=4 (dp=1) against dp=4: the same sharded states (FSDP2 over dp x cp), each micro-batch's
+    activations and logits a quarter (seq_len / cp tokens), plus the ring's K / V beside them."""
+    from bench.memory_model import memory_plan
+    from bench.traffic import kv_bytes
+
+    cp4, dp4 = plan_for(*LLAMA8B_32K, "strategy.cp=4"), plan_for(*LLAMA8B_32K)
+    assert (cp4.layout.dp, cp4.layout.cp, cp4.layout.state_shards) == (1, 4, 4) and dp4.layout.state_shards == 4
+    a, b = memory_plan(cp4), memory_plan(dp4)
+    assert a["model_states"]["device_mb"] == b["model_states"]["device_mb"]
+    assert a["activations"]["per_layer_per_microbatch"] == b["activations"]["per_layer_per_microbatch"] / 4
+    assert a["activations"]["logits_mb"] == pytest.approx(b["activations"]["logits_mb"] / 4, abs=0.1)
+    assert a["layout"]["cp"] == 4 and "cp" not in b["layout"] and "cp_ring" not in b["activations"]
+    # Llama-3 8B's K and V at 32k tokens, 8 kv heads x 128, bf16: 2 x 32768 x 1024 x 2 B = 128 MiB a layer, gathered
+    assert kv_bytes(cp4) == 128 * MIB
+    assert 128 * MIB < a["activations"]["cp_ring"] < 1024 * MIB
+
+
+def test_cp_exchanges_k_and_v_over_the_cp_group_and_fsdp_over_dp_x_cp():
+    from bench.predict import plan_topology, terms
+    from bench.strategies.registry import get_spec
+    from bench.traffic import kv_bytes
+
+    p = plan_for(*LLAMA8B_32K, "strategy.cp=4")
+    t = get_spec("fsdp").traffic(p, 8e9)
+    layers, kv = p.model["n_layers"], kv_bytes(p)
+    # per layer and micro-batch: K / V gathered in forward and again in backward (3/4 received), dK / dV's fp32 ring
+    assert t["context"] == pytest.approx(p.grad_accum * layers * (2 * 0.75 * kv + 2 * kv))
+    assert t["param_gather"] == pytest.approx(2 * p.grad_accum * 8e9 * 2 * 0.75)  # over dp x cp = 4 ranks
+    assert terms(p)["context_s"] > 0 and terms(plan_for(*LLAMA8B_32K))["context_s"] == 0
+    where = plan_topology(p).describe()
+    assert "cp=4 inside a node" in where and "dp x cp=4 inside a node" in where
+
+
+def test_cp_group_inside_the_node_the_data_group_across():
+    """Rank order tp-cp-dp-pp: on nodes of 4, tp=1 cp=4 dp=2 keeps each cp ring in a node and FSDP2's dp x cp group
+    (8 ranks) across both."""
+    from bench.hardware import PRESETS
+    from bench.topology import topology
+
+    hw = PRESETS["h100_sxm_80gb"]
+    from dataclasses import replace
+
+    topo = topology(1, 1, 2, replace(hw, gpus_per_node=4), cp=4)
+    assert (topo.groups["cp"].size, topo.groups["cp"].nodes) == (4, 1)
+    assert (topo.groups["dp_shard"].size, topo.groups["dp_shard"].nodes) == (8, 2)
+    assert topo.bus_gbps("cp") > topo.bus_gbps("dp_shard")
+    assert "cp" not in topology(1, 1, 8, hw).as_dict()["groups"]  # named only with context parallelism
+
+
+def test_dry_run_plans_llama3_8b_at_32k_over_cp4_and_predicts():
+    """The command of the brief: global batch 8 on dp = 1 is one micro-batch of 8 sequences by default, which does
+    not fit; micro_batch_size=auto finds the micro-batch and recompute that do and a prediction is printed."""
+    cmd = [sys.executable, "-m", "bench", *LLAMA8B_32K[:-1], "strategy.cp=4", "dry_run=true"]
+    default = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    auto = subprocess.run([*cmd, "strategy.micro_batch_size=auto"], capture_output=True, text=True, timeout=120)
+    assert default.returncode == 3 and auto.returncode == 0, (default.stdout[-2000:], auto.stdout[-2000:])  # 3: skipped
+    plan_line = next(line for line in default.stdout.splitlines() if "plan: model=llama3_8b" in line)
+    assert "dp=1 cp=4 micro-batch 8 x 1" in plan_line and "states 29.9" in plan_line  # 16 B x 8.03B / 4
+    out = auto.stdout + auto.stderr
+    assert "cp=4" in out and "prediction: " in out and "tokens/s" in out and "cp=4 inside a node" in out, out[-3000:]
+
+
+def test_planner_finds_context_parallel_layouts_at_32k():
+    from bench.planner.cli import plan
+    from bench.planner.job import parse
+
+    _, records = plan(parse(["model=llama3_8b", "model.seq_len=32768", "hardware=h100_sxm_80gb", "nodes=1",
+                             "gpus_per_node=4", "strategy=fsdp"]))
+    fits = [r for r in records if r["verdict"] == "fits"]
+    assert fits and fits[0]["cp"] > 1 and any(r["cp"] == 2 for r in fits)
+    for r in records:
+        assert (f"strategy.cp={r['cp']}" in r["command"]) == (r["cp"] > 1)
+        assert r["tp"] * r["cp"] * r["dp"] * r["pp"] == 4 and (r["cp"] == 1 or r["pp"] == 1)
+
+
+def test_analysis_names_cp_where_it_splits_the_sequence():
+    from multirun_analysis import layouts
+
+    lay = {"tp": 1, "pp": 1, "dp": 1, "cp": 4, "micro_batch_size": 2, "grad_accum": 4, "recompute": "full"}
+    assert layouts.text(lay) == "tp=1 pp=1 dp=1 cp=4 mb=2x4 rc=full"
+    assert layouts.text({**lay, "cp": 1, "dp": 4}) == "tp=1 pp=1 dp=4 mb=2x4 rc=full"  # cp = 1: as before
+    ran = layouts.from_record({"config": {"world_size": 4, "strategy": {"name": "fsdp", "cp": 4}},
+                               "layout": {"tp": 1, "pp": 1, "cp": 4, "micro_batch_size": 2, "microbatches": 4}})
+    assert (ran["cp"], ran["dp"]) == (4, 1)  # dp from the world size: 4 / (tp x pp x cp)
+    planned = layouts.from_plan_layout({"strategy": {"name": "fsdp"}}, {"tp": 1, "pp": 1, "dp": 1, "cp": 4})
+    assert "cp=4" in layouts.text(planned) and layouts.of_summary_row({"layout_cp": 4.0})["cp"] == 4

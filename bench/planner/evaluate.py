@@ -74,13 +74,23 @@ class Evaluator:
         self.gpus = gpus  # the GPUs a run may use (None: the visible ones; a dry run plans the preset's)
         self.cache: dict[str, Optional[Row]] = {}
         self.invalid: dict[str, str] = {}  # candidate -> why it does not validate
+        self.refused: dict[str, str] = {}  # candidate -> the key its refusal names
         self.planned = 0
 
     def __call__(self, base: dict, changes: dict) -> Optional[Row]:
-        key = repr((base["strategy"]["name"], id(base), sorted(changes.items(), key=str)))
+        key = self._key(base, changes)
         if key not in self.cache:
             self.cache[key] = self._plan(base, changes, key)
         return self.cache[key]
+
+    def refuses(self, base: dict, changes: dict) -> Optional[str]:
+        """The key a candidate's refusal names (None: it validates)."""
+        self(base, changes)
+        return self.refused.get(self._key(base, changes))
+
+    @staticmethod
+    def _key(base: dict, changes: dict) -> str:
+        return repr((base["strategy"]["name"], id(base), sorted(changes.items(), key=str)))
 
     def _plan(self, base: dict, changes: dict, key: str) -> Optional[Row]:
         c = copy.deepcopy(base)
@@ -90,7 +100,7 @@ class Evaluator:
         try:
             plan = validate(c, gpus=self.gpus, explicit=list(changes))
         except ConfigError as e:
-            self.invalid[key] = str(e)
+            self.invalid[key], self.refused[key] = str(e), e.key
             return None
         self.planned += 1
         mem = memory_plan(plan)

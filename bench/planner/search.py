@@ -1,7 +1,9 @@
-"""The planner's search: strategies x tp x pp x precision x compile x recompute, the best micro-batch of each,
+"""The planner's search: strategies x tp x pp x cp x precision x compile x recompute, the best micro-batch of each,
 then the strategy's own knobs on the leaders.
 
-Bounded by construction: tp in 1, 2, 4, 8 (inside a node), pp in 1, 2, 4, the micro-batch over the divisors of
+Bounded by construction: tp in 1, 2, 4, 8 (inside a node), pp in 1, 2, 4, cp (context parallelism, for a strategy
+whose schema has it) over the divisors of world_size / tp that cut the sequence into 2 x cp chunks, without a
+pipeline or HSDP replicas (what bench/layout_rules.py refuses), the micro-batch over the divisors of
 the per-rank batch (the best one of each group is kept: a group is one row), and a strategy's knobs (their
 ``tune`` candidates in the schema) tried one at a time, only on the ``LEADERS`` best rows.  A knob is applied
 only when the memory plan counts it (its value changes the planned peak): one whose memory the plan does not
@@ -35,11 +37,11 @@ def divisors(n: int) -> list[int]:
     return sorted((d for d in range(1, n + 1) if n % d == 0), reverse=True)
 
 
-def layouts(spec: StrategySpec, world_size: int, per_node: int, fixed: set[str]) -> list[dict]:
-    """(tp, pp) changes of a strategy that splits the model; tensor parallelism stays inside a node.  A strategy
+def layouts(spec: StrategySpec, cfg: dict, per_node: int, fixed: set[str]) -> list[dict]:
+    """(tp, pp, cp) changes of a strategy that splits the model; tensor parallelism stays inside a node.  A strategy
     whose default for a dimension is above 1 (``strategy=tp``, ``strategy=pp``) is that parallelism: its layouts
     keep it above 1 (with 1 it is another strategy's layout under a second name)."""
-    names = fields_of(spec.schema)
+    world_size, names = cfg["world_size"], fields_of(spec.schema)
     least = {d: 2 if d in names and (names[d].default or 1) > 1 else 1 for d in ("tp", "pp")}
     tps = [t for t in TP if least["tp"] <= t <= per_node and world_size % t == 0] \
         if "tp" in names and "strategy.tp" not in fixed else [None]
@@ -49,8 +51,20 @@ def layouts(spec: StrategySpec, world_size: int, per_node: int, fixed: set[str])
     for t, p in itertools.product(tps, pps):
         if (t or 1) * (p or 1) > world_size:
             continue
-        out.append({k: v for k, v in (("strategy.tp", t), ("strategy.pp", p)) if v is not None})
+        for c in contexts(names, cfg, world_size // (t or 1), p, fixed):
+            out.append({k: v for k, v in (("strategy.tp", t), ("strategy.pp", p), ("strategy.cp", c)) if v is not None})
     return out
+
+
+def contexts(names: dict, cfg: dict, room: int, pp: Optional[int], fixed: set[str]) -> list[Optional[int]]:
+    """cp sizes to try beside a (tp, pp): None (as composed) where the schema has no cp or the user set it; else 1
+    and each divisor of the ranks left by tp (``room``) that cuts the sequence into 2 x cp chunks, none with a
+    pipeline (a pipeline or HSDP replicas the user set: validation refuses cp, ``without_refused_cp``)."""
+    if "cp" not in names or "strategy.cp" in fixed:
+        return [None]
+    if (pp or 1) > 1:
+        return [1]
+    return [c for c in sorted(divisors(room)) if c == 1 or cfg["model"]["seq_len"] % (2 * c) == 0]
 
 
 def precisions(spec: StrategySpec, cfg: dict, fixed: set[str]) -> list[dict]:
@@ -153,7 +167,7 @@ def grid(spec: StrategySpec, cfg: dict, per_node: int, fixed: set[str]) -> list[
     bases = [dict(zip(spec.search_bases, vals)) for vals in itertools.product(*spec.search_bases.values())] \
         if spec.search_bases and not any(k in fixed or k.rsplit(".", 1)[-1] in fixed for k in spec.search_bases) \
         else [{}]  # a base the user set, or its top-level shorthand (zero_stage=3), is kept
-    parts = [bases, layouts(spec, cfg["world_size"], per_node, fixed), precisions(spec, cfg, fixed), recomputes(fixed)]
+    parts = [bases, layouts(spec, cfg, per_node, fixed), precisions(spec, cfg, fixed), recomputes(fixed)]
     return [{k: v for d in combo for k, v in d.items()} for combo in itertools.product(*parts)]
 
 
@@ -163,7 +177,7 @@ def search(bases: dict[str, dict], per_node: int, fixed: set[str], ev: Evaluator
     searched on the leaders."""
     rows = []
     for name, base in bases.items():
-        groups = grid(get_spec(name), base, per_node, fixed)
+        groups = without_refused_cp(ev, base, grid(get_spec(name), base, per_node, fixed))
         progress(f"{name}: {len(groups)} groups")
         rows += [r for r in (best_micro_batch(ev, base, g, fixed) for g in groups) if r is not None]
     rows.sort(key=Row.rank_key)
@@ -173,18 +187,30 @@ def search(bases: dict[str, dict], per_node: int, fixed: set[str], ev: Evaluator
     return _unique(sorted(rows, key=Row.rank_key))
 
 
+def without_refused_cp(ev: Evaluator, base: dict, groups: list[dict]) -> list[dict]:
+    """A strategy's groups without context parallelism where its rules refuse it (a schema that inherits the knob,
+    an implementation that does not run it): one candidate, the first group with cp > 1, tells."""
+    trial = next((g for g in groups if g.get("strategy.cp", 1) > 1), None)
+    if trial is None or ev.refuses(base, trial) != "strategy.cp":
+        return groups
+    return [g for g in groups if g.get("strategy.cp", 1) == 1]
+
+
 def leaders(rows: list[Row]) -> list[int]:
     """Indexes of the rows whose knobs are searched: the ``LEADERS`` best overall, each strategy's ``PER_STRATEGY``
     best, and, for a strategy none of whose rows fits, its ``UNFIT_STRATEGY`` closest to fitting (a knob the plan
-    counts, FSDP2's sync_every_microbatch or an offload, can make a layout fit that does not without it)."""
-    fitting = {r.strategy for r in rows if r.verdict == FITS}
+    counts, FSDP2's sync_every_microbatch or an offload, can make a layout fit that does not without it).  A strategy's
+    context-parallel rows (cp > 1) are counted apart from its others, so that they fitting (their activations split)
+    never leaves the others unsearched (nor the others fitting, them)."""
+    key = lambda r: (r.strategy, r.plan.cp > 1)  # noqa: E731
+    fitting = {key(r) for r in rows if r.verdict == FITS}
     picked: list[int] = []
-    per: dict[str, int] = {}
+    per: dict[tuple, int] = {}
     for i, r in enumerate(rows):
-        n = per.get(r.strategy, 0)
-        if i < LEADERS or n < (PER_STRATEGY if r.strategy in fitting else UNFIT_STRATEGY):
+        n = per.get(key(r), 0)
+        if i < LEADERS or n < (PER_STRATEGY if key(r) in fitting else UNFIT_STRATEGY):
             picked.append(i)
-        per[r.strategy] = n + 1
+        per[key(r)] = n + 1
     return picked
 
 

@@ -29,8 +29,8 @@ def command_overrides(row: Row, base: dict, common: list[str], strategy_set: boo
 
 
 # keys a row's layout columns already show (the rest of what the search changed is the row's "knobs")
-SHOWN = {"strategy.tp", "strategy.pp", "strategy.micro_batch_size", "strategy.microbatches", "recompute", "precision",
-         "compile"}
+SHOWN = {"strategy.tp", "strategy.pp", "strategy.cp", "strategy.micro_batch_size", "strategy.microbatches", "recompute",
+         "precision", "compile"}
 
 
 def knobs(row: Row, base: dict) -> str:
@@ -51,8 +51,9 @@ def record(row: Row, rank: int, base: dict, common: list[str], strategy_set: boo
     overrides = command_overrides(row, base, common, strategy_set)
     return {
         "rank": rank, "verdict": row.verdict, "strategy": row.strategy,
-        "tp": lay["tp"], "pp": lay["pp"], "dp": lay["dp"], "micro_batch_size": lay["micro_batch_size"],
-        "grad_accum": lay["microbatches"], "recompute": lay["recompute"], "precision": row.plan.cfg["precision"],
+        "tp": lay["tp"], "pp": lay["pp"], "cp": lay.get("cp", 1), "dp": lay["dp"],
+        "micro_batch_size": lay["micro_batch_size"], "grad_accum": lay["microbatches"], "recompute": lay["recompute"],
+        "precision": row.plan.cfg["precision"],
         "compile": row.plan.cfg["compile"], "knobs": knobs(row, base),
         "tokens_per_s": round(row.tokens_per_s) if row.tokens_per_s else None,
         "mfu": round(u, 4) if u is not None else None,
@@ -77,8 +78,8 @@ def same_setting(records: list[dict]) -> list[dict]:
     the first kept with the others named in its ``also``; ranks are renumbered."""
     out, seen = [], {}
     for r in records:
-        key = (r["tp"], r["pp"], r["dp"], r["micro_batch_size"], r["grad_accum"], r["recompute"], r["precision"],
-               r["compile"], r["tokens_per_s"], r["peak_gib"], r["needed_gib"], r["verdict"],
+        key = (r["tp"], r["pp"], r["cp"], r["dp"], r["micro_batch_size"], r["grad_accum"], r["recompute"],
+               r["precision"], r["compile"], r["tokens_per_s"], r["peak_gib"], r["needed_gib"], r["verdict"],
                tuple(r["knobs"].split(" ")[1:]))
         if key in seen:
             seen[key].setdefault("also", []).append(r["strategy"])
@@ -113,15 +114,15 @@ def _ranges(ranks: list[int]) -> str:
 def lines(records: list[dict], top: int) -> list[str]:
     """The prediction's error statements once each, then the table of the first ``top`` rows."""
     shown = records[:top]
-    head = (f"{'rank':>4}  {'verdict':<12} {'precision':<14} {'recompute':<9} {'tp pp dp mb x accum':<20} "
+    head = (f"{'rank':>4}  {'verdict':<12} {'precision':<14} {'recompute':<9} {'tp pp cp dp mb x accum':<22} "
             f"{'tokens/s':>10} {'MFU':>6} "
             f"{'peak':>6} {'needed':>7} {'days':>8} {'GPU-hours':>10}  {'strategy and knobs':<40} command")
     out = [*error_notes(shown), head, "-" * len(head)]
     for r in shown:
-        lay = f"{r['tp']} {r['pp']} {r['dp']} {r['micro_batch_size']} x {r['grad_accum']}"
+        lay = f"{r['tp']} {r['pp']} {r['cp']} {r['dp']} {r['micro_batch_size']} x {r['grad_accum']}"
         also = f" (= {', '.join(r['also'])})" if r.get("also") else ""
         prec = r["precision"] + (" compiled" if r["compile"] else "")
-        out.append(f"{r['rank']:>4}  {r['verdict']:<12} {prec:<14} {r['recompute']:<9} {lay:<20} "
+        out.append(f"{r['rank']:>4}  {r['verdict']:<12} {prec:<14} {r['recompute']:<9} {lay:<22} "
                    f"{_num(r['tokens_per_s'], ',.0f'):>10} "
                    f"{_num(r['mfu'] and 100 * r['mfu'], '.1f'):>5}% {r['peak_gib']:>5.1f}G {r['needed_gib']:>6.1f}G "
                    f"{_num(r['days'], ',.1f'):>8} {_num(r['gpu_hours'], ',.0f'):>10}  {r['knobs'] + also:<40} "
