@@ -38,12 +38,17 @@ def build(c: dict) -> Layout:
                   recompute_every=_recompute_every(c))
 
 
+CP_CHUNK_ROWS = 32  # measured: a 16-row chunk fails in torch 2.11's ring merge (fp32, memory-efficient kernel)
+
+
 def _check_context(m: dict, s: dict, cp: int) -> None:
     """What context parallelism splits: the sequence into 2 x cp chunks (each rank one from the head and its mirror
     from the tail, so causal work is even); not with a pipeline or HSDP replicas (not implemented here)."""
-    if m["seq_len"] % (2 * cp):
-        raise ConfigError("strategy.cp", cp, f"needs model.seq_len={m['seq_len']} divisible by 2 x cp = {2 * cp} "
-                          "(the sequence is cut into 2 x cp load-balanced chunks)")
+    if m["seq_len"] % (CP_CHUNK_ROWS * 2 * cp):
+        raise ConfigError("strategy.cp", cp, f"needs model.seq_len={m['seq_len']} divisible by {CP_CHUNK_ROWS} x 2 x "
+                          f"cp = {CP_CHUNK_ROWS * 2 * cp}: the sequence is cut into 2 x cp load-balanced chunks, each a "
+                          f"multiple of {CP_CHUNK_ROWS} rows (the memory-efficient attention kernel pads its log-sum-exp "
+                          f"to {CP_CHUNK_ROWS} rows, which torch's ring cannot merge)")
     for key in ("pp", "dp_replicate"):
         if s.get(key, 1) > 1:
             raise ConfigError("strategy.cp", cp, f"with strategy.{key}={s[key]} is not implemented; use "

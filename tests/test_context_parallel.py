@@ -11,7 +11,7 @@ import pytest
 from bench.layout import Coord, Layout
 from tests.conftest import loss_curve, metrics_of
 
-LLAMA = ["model=llama_tiny", "model.seq_len=64"]
+LLAMA = ["model=llama_tiny"]  # sequence 128: 4 chunks of 32 rows at cp=2
 
 
 def test_cp_is_inside_tp_in_megatrons_rank_order():
@@ -34,8 +34,8 @@ def _refusal(*overrides: str) -> str:
 
 @pytest.mark.parametrize("overrides,words", [
     (["strategy=fsdp", "strategy.cp=2", "world_size=2"], "runs only on CUDA"),
-    (["strategy=fsdp", "strategy.cp=2", "world_size=2", "model.seq_len=66", "dry_run=true",
-      "hardware=h100_sxm_80gb"], "divisible by 2 x cp = 4"),
+    (["strategy=fsdp", "strategy.cp=2", "world_size=2", "model.seq_len=192", "dry_run=true",
+      "hardware=h100_sxm_80gb"], "divisible by 32 x 2 x cp = 128"),
     (["strategy=fsdp", "strategy.cp=2", "strategy.pp=2", "world_size=4", "dry_run=true",
       "hardware=h100_sxm_80gb"], "strategy.pp=2 is not implemented"),
     (["strategy=megatron", "strategy.cp=2", "world_size=2", "dry_run=true", "hardware=h100_sxm_80gb"],

@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Optional
 
 from bench.config import FLOAT8_MIN_CC
 from bench.hardware import resolve as resolve_hardware
+from bench.layout_rules import CP_CHUNK_ROWS
 from bench.planner.evaluate import FITS, NO_FIT, Evaluator, Row, get_key
 from bench.schema import BenchConfig, fields_of
 from bench.strategies.registry import StrategySpec, get_spec
@@ -58,13 +59,13 @@ def layouts(spec: StrategySpec, cfg: dict, per_node: int, fixed: set[str]) -> li
 
 def contexts(names: dict, cfg: dict, room: int, pp: Optional[int], fixed: set[str]) -> list[Optional[int]]:
     """cp sizes to try beside a (tp, pp): None (as composed) where the schema has no cp or the user set it; else 1
-    and each divisor of the ranks left by tp (``room``) that cuts the sequence into 2 x cp chunks, none with a
+    and each divisor of the ranks left by tp (``room``) that cuts the sequence into 2 x cp chunks of whole CP_CHUNK_ROWS, none with a
     pipeline (a pipeline or HSDP replicas the user set: validation refuses cp, ``without_refused_cp``)."""
     if "cp" not in names or "strategy.cp" in fixed:
         return [None]
     if (pp or 1) > 1:
         return [1]
-    return [c for c in sorted(divisors(room)) if c == 1 or cfg["model"]["seq_len"] % (2 * c) == 0]
+    return [c for c in sorted(divisors(room)) if c == 1 or cfg["model"]["seq_len"] % (CP_CHUNK_ROWS * 2 * c) == 0]
 
 
 def precisions(spec: StrategySpec, cfg: dict, fixed: set[str]) -> list[dict]:
