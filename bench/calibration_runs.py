@@ -71,7 +71,8 @@ def device_name(record: dict) -> Optional[str]:
     if devices:
         return devices[0].get("name") if isinstance(devices[0], dict) else devices[0]
     ranks = record.get("ranks") or [{}]
-    return ranks[0].get("device_name")
+    failed = [f.get("device_name") for f in record.get("failures") or [] if f.get("device_name")]
+    return ranks[0].get("device_name") or (failed[0] if failed else None)
 
 
 def result_folders(dirs: list[Path]) -> list[Path]:

@@ -114,6 +114,13 @@ class ModelDescription:
         extra = {"none": 0, "selective": attn_fwd, "full": share * (2 * self.layers * self.block_params() + attn_fwd)}
         return round(self.flops_per_token() + extra[recompute])
 
+    def causal_skipped_flops_per_token(self, recompute: str, share: float = 1.0) -> int:
+        """The attention FLOPs a causal kernel never runs: flash and memory-efficient attention skip the score blocks
+        above the diagonal, half of QK^T and AV in every pass (forward, backward, a recomputed forward).  The model
+        and hardware FLOPs above keep the full s x s by convention; the time a step takes does not."""
+        passes = {"none": 0.0, "selective": 1.0, "full": share}[recompute]
+        return round(0.5 * (12 + 4 * passes) * self.layers * self.d * self.seq)
+
     # -- precision=fp8
     def float8_matmul_params(self) -> int:
         """The blocks' Linear weights (q/k/v/o, the MLP): what precision=fp8 converts (bench/parallel/float8.py;

@@ -65,8 +65,8 @@ import numpy as np
 
 from bench.hardware import HardwareConfig, match, resolve
 from bench.memory_model import MB, memory_plan
-from bench.metrics.flops import (float8_cast_elements_per_layer_token, float8_matmul_params, flops_per_token,
-                                hardware_flops_per_token)
+from bench.metrics.flops import (executed_flops_per_token, float8_cast_elements_per_layer_token, float8_matmul_params,
+                                flops_per_token)
 from bench.schema import Plan
 from bench.strategies.registry import get_spec
 from bench.topology import Topology, topology
@@ -210,7 +210,7 @@ def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict) -> dict[str, float]
     hbm = float(hw.hbm_gbps) * 1e9
     activations = (act["per_layer_per_microbatch_mb"] * act["layers_on_rank"] + act["logits_mb"]) * MB * ga
     return {
-        "flops": hardware_flops_per_token(m, plan.layout.recompute, plan.layout.recompute_every) * m["global_batch"]
+        "flops": executed_flops_per_token(m, plan.layout.recompute, plan.layout.recompute_every) * m["global_batch"]
         * m["seq_len"] / plan.world_size,
         "peak": _peak(plan, hw), "peak_ratio": peak_ratio(hw),
         "matmul_size": local_tokens(plan) * m["d_model"] / plan.tp * REFERENCE_MATMUL_FLOPS

@@ -54,6 +54,16 @@ def hardware_flops_per_token(model: dict, recompute: str, every: int = 1) -> int
     return describe_model(model).hardware_flops_per_token(recompute, share)
 
 
+def executed_flops_per_token(model: dict, recompute: str, every: int = 1) -> int:
+    """FLOPs the device actually runs per token: the hardware FLOPs less what the causal attention kernel skips
+    (bench/model_spec.py ``causal_skipped_flops_per_token``): what the prediction times, not what MFU counts."""
+    from bench.layout import checkpointed_blocks
+
+    share = checkpointed_blocks(recompute, every, model["n_layers"]) / model["n_layers"] if recompute == "full" else 1.0
+    spec = describe_model(model)
+    return spec.hardware_flops_per_token(recompute, share) - spec.causal_skipped_flops_per_token(recompute, share)
+
+
 def float8_matmul_params(model: dict) -> int:
     return describe_model(model).float8_matmul_params()
 
