@@ -3,19 +3,19 @@
 A run submitted to SLURM goes through the sweeper and its launcher even when it is one run: Hydra runs a
 single run without any launcher, so ``hydra/launcher=slurm`` (or ``submit=slurm``) on the command line
 without ``--multirun`` is made a one-job sweep here, and both spellings set the other (``submit`` tells
-validation that the run's GPUs are the cluster's, not this machine's: bench/hardware_rules.py).  The overrides
+validation that the run's GPUs are the cluster's, not this machine's: bench/machine/hardware_rules.py).  The overrides
 it adds join the command line's own overrides, before Hydra's options: Hydra's parser takes the overrides as one
 run of words, so ``hydra/launcher=slurm --cfg hydra`` (``--info``, ``--resolve``, ``--help``) keeps working.
-A config-group typo (``model=lama3_8b``) is one line and exit 2 (bench/cli_errors.py).
+A config-group typo (``model=lama3_8b``) is one line and exit 2 (bench/run/cli_errors.py).
 """
 import sys
 from pathlib import Path
 
 import hydra
 
-from bench.cli_errors import install as one_line_group_typos
-from bench.config import register_configs
-from bench.job import main_task
+from bench.run.cli_errors import install as one_line_group_typos
+from bench.run.config import register_configs
+from bench.launch.job import main_task
 
 # bench's Hydra plugins (hydra_plugins/bench_plugins: the sweeper, the SLURM / local-tasks
 # launchers) sit next to the bench package; Hydra finds plugins only in the hydra_plugins

@@ -1,22 +1,22 @@
-"""Calibrate the throughput prediction (bench/predict.py) on recorded runs, and measure its error.
+"""Calibrate the throughput prediction (bench/plan/predict.py) on recorded runs, and measure its error.
 
-    python -m bench.calibrate results/ [--out bench/calibration.json] [--freeze FOLDER] [--unfreeze FOLDER]
+    python -m bench.calibrate results/ [--out bench/plan/calibration.json] [--freeze FOLDER] [--unfreeze FOLDER]
     python -m bench.calibrate --frozen results/<folder> [...]     # score runs recorded after it, no refit
     python -m bench.calibrate --by-regime results/                # each link regime held out whole, its error
 
-Reads every ``<folder>/runs.json`` under the given directories (bench/calibration_runs.py), fits the prediction's
+Reads every ``<folder>/runs.json`` under the given directories (bench/plan/calibration_runs.py), fits the prediction's
 constants (scipy.optimize.least_squares on log step time, Huber loss at HUBER, with a weak pull towards
 predict.DEFAULTS) and writes them with the error measured leave-one-results-folder-out: each folder's runs are
 predicted by constants fitted without that folder, so the error is what a new session's runs would see.  The same
 held-out errors are summed up per case (GPU, nodes, strategy: ``error_by_case``), which each prediction quotes for
-its own case (bench/predict.py ``case_error``), and beside them the error of the roofline alone
+its own case (bench/plan/predict.py ``case_error``), and beside them the error of the roofline alone
 (predict.ROOFLINE: no fitted constant), so that what the fitted terms buy is on the page.  The measured step is
 the run's median step time (robust to a slow step); errors are on tokens/s (tokens per step / step time).
 Winner agreement: within each (model, GPU count, tokens per step, device) with two strategies or more, the
 strategy predicted fastest (its fastest predicted run) is the measured fastest or within 5% of it.
 
 Frozen folders (``frozen.folders`` of the calibration being replaced: ``--out`` where it exists, else the shipped
-bench/calibration.json; ``--freeze`` adds one): runs recorded after a calibration.  A fit never uses them, so its
+bench/plan/calibration.json; ``--freeze`` adds one): runs recorded after a calibration.  A fit never uses them, so its
 constants scored on them is an error they never saw; the fit records that score, and ``--frozen`` recomputes it for
 any folder outside the fit without writing anything.
 ``--unfreeze`` folds a folder into the fit (after which it is no longer evidence of anything out of sample).
@@ -26,12 +26,12 @@ residuals and the plain square on the prior's, passed as a callable (``Problem.l
 to every residual: with loss="huber" on all, the prior turns linear beyond HUBER and the fit ended at a higher value
 of this objective and a worse held-out error.
 
-Set by hand, not fitted: bench/traffic.py DTENSOR_LAYER_HOST, ZeRO's FETCH_OPS and PARAM_OPS, Megatron's PARAM_OPS,
+Set by hand, not fitted: bench/plan/traffic.py DTENSOR_LAYER_HOST, ZeRO's FETCH_OPS and PARAM_OPS, Megatron's PARAM_OPS,
 predict.COLLECTIVE_LATENCY_S and predict.HOST_LINK_GBPS.  Each was halved and doubled, refitted and held out by
 folder: no move improved the held-out error on steps >= 100 ms by more than a tenth of a point, and the one that
 lowered the fit cost most (Megatron's PARAM_OPS halved) worsened it: the runs do not pin these better than their
 measured evidence (comments at each), and fitting them would mean one host-count term per strategy in the traffic
-dicts, a larger model.  The pipeline's 4 hooks per micro-batch (bench/traffic.py) and OPTIMIZER_PASSES (bytes
+dicts, a larger model.  The pipeline's 4 hooks per micro-batch (bench/plan/traffic.py) and OPTIMIZER_PASSES (bytes
 counted, not fitted) were not varied.
 
 The matmuls are fitted against a measured peak (predict.peak_ratio), so that a probe's profile needs no refit.  Each
@@ -39,7 +39,7 @@ recorded run has rank 0's measured peak, but taking every run at its own measure
 at the typical share, predict.MEASURED_OVER_DATASHEET, which leaves the model as it was up to the prior on e_max.
 
 The numbers of these comparisons, as measured on the day (they are a record, not the current fit's): docs/results.md,
-"How the fit was chosen".  The current fit's error: bench/calibration.json, and docs/results.md's block it renders.
+"How the fit was chosen".  The current fit's error: bench/plan/calibration.json, and docs/results.md's block it renders.
 """
 from __future__ import annotations
 
@@ -52,10 +52,10 @@ from typing import Optional
 import numpy as np
 from scipy.optimize import least_squares
 
-from bench.calibration_error import (agreement, by_case, error_statement, error_table, per_folder, report,  # noqa: F401
+from bench.plan.calibration_error import (agreement, by_case, error_statement, error_table, per_folder, report,  # noqa: F401
                                      write_docs)
-from bench.calibration_runs import device_name, load_runs, replan, result_folders  # noqa: F401 - also read here
-from bench.predict import BOUNDED, CALIBRATION, DEFAULTS, ROOFLINE, combine, load_calibration
+from bench.plan.calibration_runs import device_name, load_runs, replan, result_folders  # noqa: F401 - also read here
+from bench.plan.predict import BOUNDED, CALIBRATION, DEFAULTS, ROOFLINE, combine, load_calibration
 
 HUBER = 0.10  # residuals (log step) beyond 10% weigh linearly: noisy trials do not steer the fit
 PRIOR = 1e-4  # per run, the pull towards the starting constants (keeps unidentified ones physical)
@@ -181,7 +181,7 @@ def calibrate(dirs: list[Path], out: Path = CALIBRATION, quiet: bool = False, fr
     scored = score_frozen([f for f in found if f.name in frozen], fitted)
     doc = {**fitted, "error": {**error_statement(runs, predicted), "method": method},
            "roofline_error": {**error_statement(runs, combine(stack(runs), ROOFLINE)["step_time_s"]),
-                              "method": "roofline: no fitted constant (bench/predict.py ROOFLINE)"},
+                              "method": "roofline: no fitted constant (bench/plan/predict.py ROOFLINE)"},
            "error_by_case": by_case(runs, predicted), "runs_left_out": left,
            "per_folder": per_folder(runs, predicted) if len(folders) > 1 else {},
            "fitted_on": {"folders": folders, "runs": len(runs)}, "frozen": {**scored, "folders": frozen}}

@@ -2,17 +2,17 @@
 README.md and docs/*.md quote from a record (QUOTES).
 
 Why: every default, valid choice, knob-search candidate and one-line explanation already lives in
-the schemas (bench/schema.py, and each strategy's module, found through the strategy registry),
-declared with ``bench.schema.knob``. A hand-kept table drifts from them; a generated one cannot, and
+the schemas (bench/run/schema.py, and each strategy's module, found through the strategy registry),
+declared with ``bench.run.schema.knob``. A hand-kept table drifts from them; a generated one cannot, and
 tests/test_docs.py fails when the committed file differs from what :func:`render` returns.
 
     python -m bench.docgen            # (re)write docs/knobs.md and every quoted number
     python -m bench.docgen --check    # exit 1 if docs/knobs.md or a quoted number is stale
 
 A quoted number (``Quote``): a pattern on a page whose groups are the numbers as printed, and the record they
-come from (bench/calibration.json, a results folder's README); the page is rewritten where they differ, and
+come from (bench/plan/calibration.json, a results folder's README); the page is rewritten where they differ, and
 tests/test_docs.py fails until it is.  docs/results.md's calibration block is rendered whole by
-``python -m bench.calibrate`` (bench/calibration_error.py); the memory plan's accuracy it quotes, from the recorded
+``python -m bench.calibrate`` (bench/plan/calibration_error.py); the memory plan's accuracy it quotes, from the recorded
 runs re-planned, by ``python -m multirun_analysis.quoted`` (its quotes, on this module's Quote).
 """
 from __future__ import annotations
@@ -27,13 +27,13 @@ from typing import Any, Callable, Optional
 
 from omegaconf import MISSING
 
-from bench.hardware import PRESETS, HardwareConfig
+from bench.machine.hardware import PRESETS, HardwareConfig
 from bench.strategies.registry import specs
-from bench.schema import BenchConfig
+from bench.run.schema import BenchConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "knobs.md"
-ALIAS = re.compile(r"^\$\{bench_alias:(\w+),(.*)\}$")  # a default written by bench.schema.alias_default
+ALIAS = re.compile(r"^\$\{bench_alias:(\w+),(.*)\}$")  # a default written by bench.run.schema.alias_default
 HEAD = ["| key | default | valid choices | search candidates | what it does |", "|---|---|---|---|---|"]
 
 
@@ -89,7 +89,7 @@ def render() -> str:
     strategies = dict(sorted(specs().items()))
     md = ["# Configuration keys (generated)", "",
           "Every key bench reads: its default, its valid choices, the candidates the knob search "
-          "(`+experiment=tune`) tries, and what it does. Generated from the schemas in `bench/schema.py` and "
+          "(`+experiment=tune`) tries, and what it does. Generated from the schemas in `bench/run/schema.py` and "
           "`bench/strategies/` by `python -m bench.docgen`; do not edit by hand. Set a key as a Hydra override "
           "(`python -m bench key=value`). The trade-offs and measurements behind the strategy knobs are in "
           "[strategies.md](strategies.md). `(preset)`: set by the chosen `model=` preset or config group.",
@@ -100,7 +100,7 @@ def render() -> str:
         sub = _nested(f, hints.get(f.name))
         if sub is not None:
             md += [f"## {f.name}", ""] + HEAD + rows(sub, f"{f.name}.") + [""]
-    md += ["## hardware", "", "`hardware=<preset>` (bench/hardware.py): " + ", ".join(
+    md += ["## hardware", "", "`hardware=<preset>` (bench/machine/hardware.py): " + ", ".join(
         f"`{n}` ({p.gpu}, {p.memory_gib:g} GiB)" for n, p in PRESETS.items()) + "; any key can be overridden "
         "(`hardware.memory_gib=70`).", ""] + HEAD + rows(HardwareConfig, "hardware.") + [""]
     for name, spec in strategies.items():
@@ -117,7 +117,7 @@ class Quote:
 
 
 def _calibration() -> dict:
-    return json.loads((ROOT / "bench" / "calibration.json").read_text())
+    return json.loads((ROOT / "bench" / "plan" / "calibration.json").read_text())
 
 
 def _pct(x: float) -> str:
@@ -146,13 +146,13 @@ def _last_match(page: str, pattern: str) -> Callable[[], tuple]:
 EDGE = "results/2026-11-27-h100x4-edge/README.md"
 QUOTES = (
     Quote("README.md", r"held out by folder: median (\d+\.\d%), 90th percentile (\d+\.\d%) over ([\d,]+) runs",
-          "bench/calibration.json: error", _held_out),
+          "bench/plan/calibration.json: error", _held_out),
     Quote("README.md", r"predicted off its calibration with the probe's link (−\d+\.\d%) \(DDP\) and (−\d+\.\d%) \(FSDP2\)",
           f"{EDGE}: its later note", _last_match(EDGE, r"predicted\s+(−\d+\.\d%) \(DDP\) and (−\d+\.\d%) \(FSDP2\)")),
     Quote("docs/results.md", r"the throughput prediction, out of sample, had a median error of (\d+\.\d%)",
-          "bench/calibration.json: per_folder 2026-11-26-h200x4-llama8b", _folder_median("2026-11-26-h200x4-llama8b")),
+          "bench/plan/calibration.json: per_folder 2026-11-26-h200x4-llama8b", _folder_median("2026-11-26-h200x4-llama8b")),
     Quote("docs/results.md", r"held-out throughput prediction beside its measurement \(median error (\d+\.\d%)",
-          "bench/calibration.json: per_folder 2026-11-25-h200x2-llama-predict",
+          "bench/plan/calibration.json: per_folder 2026-11-25-h200x2-llama-predict",
           _folder_median("2026-11-25-h200x2-llama-predict")),
 )
 

@@ -31,9 +31,9 @@ PUBLISHED = tuple(REFERENCE["statements"])
 def _tokens_per_s(preset: str, arm: str, model: str, world_size: int) -> Optional[float]:
     from hydra import compose, initialize_config_dir
 
-    from bench.config import register_configs, validate
-    from bench.predict import predict
-    from bench.schema import ConfigError
+    from bench.run.config import register_configs, validate
+    from bench.plan.predict import predict
+    from bench.run.schema import ConfigError
 
     register_configs()
     overrides = [f"+experiment={preset}", f"+experiment/arm={arm}", f"model={model}", f"world_size={world_size}",

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from bench.model import GPT, lm_loss
+from bench.models.model import GPT, lm_loss
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 

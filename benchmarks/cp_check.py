@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.experimental import context_parallel
 from torch.distributed.tensor.experimental._attention import set_rotate_method
 
-from bench.model import GPT, lm_loss
+from bench.models.model import GPT, lm_loss
 
 CFG = dict(d_model=256, n_heads=8, n_kv_heads=2, n_layers=2, d_ff=512, vocab_size=1000, seq_len=256, arch="llama")
 

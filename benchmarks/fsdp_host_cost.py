@@ -24,7 +24,7 @@ def main() -> None:
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 256)
-    from bench.model import GPT, lm_loss
+    from bench.models.model import GPT, lm_loss
     from bench.parallel.dp import apply_fsdp
     from bench.parallel.optim import LocalShardAdamW
 

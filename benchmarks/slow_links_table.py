@@ -25,8 +25,8 @@ def printed(m: dict):
 def preset_prediction(m: dict):
     """The prediction with the GPU name's preset (hardware=auto's): how the analysis predicted before."""
     from bench.calibrate import device_name, replan
-    from bench.hardware import match
-    from bench.predict import predict
+    from bench.machine.hardware import match
+    from bench.plan.predict import predict
 
     return predict(replan(m), match(device_name(m)))["tokens_per_s"]
 

@@ -53,7 +53,7 @@ class OneRank:
 
 def main() -> None:
     r = OneRank("tp", "29556")
-    from bench.model import GPT, lm_loss
+    from bench.models.model import GPT, lm_loss
     from bench.parallel.optim import LocalShardAdamW, clip_grads_
     from bench.parallel.tp import apply_tp
 

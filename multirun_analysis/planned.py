@@ -39,8 +39,8 @@ def _plan_records(paths: Iterable) -> list[tuple[dict, str]]:
 
 def command(d: dict) -> Optional[str]:
     """The command that runs a planned layout for real: its overrides (a sweep's record) or its recorded command
-    (a single dry run), without ``dry_run`` and the sweep's machinery (bench.runs.rerun_command)."""
-    from bench.runs import override_key, rerun_command
+    (a single dry run), without ``dry_run`` and the sweep's machinery (bench.run.runs.rerun_command)."""
+    from bench.run.runs import override_key, rerun_command
 
     words = d.get("overrides")
     if not isinstance(words, list):
@@ -60,7 +60,7 @@ def _verdict(mem: dict, budget_gib: Optional[float]) -> str:
 
 
 def _row(d: dict, where: str, budget_gib: Optional[float]) -> dict:
-    from bench.runs import run_key
+    from bench.run.runs import run_key
 
     cfg, mem, pred = d.get("config") or {}, d.get("memory") or {}, d.get("prediction") or {}
     model = cfg.get("model") or {}
@@ -93,7 +93,7 @@ def planned(paths: Iterable, memory_budget_gib: Optional[float] = None) -> pd.Da
 
 def _error_note() -> str:
     try:
-        from bench.predict import load_calibration
+        from bench.plan.predict import load_calibration
 
         e = load_calibration().get("error") or {}
         return (f" Measured error of such predictions: median {100 * e['median_abs']:.0f}%, 90th percentile "
@@ -117,7 +117,7 @@ def planned_section(t: pd.DataFrame, memory_budget_gib: Optional[float] = None) 
     budget = (f" Layouts needing more than {memory_budget_gib:g} GiB per GPU are `over budget` (unranked)."
               if memory_budget_gib else "")
     return ["## Predicted ranking (dry run: planned, nothing measured)", "",
-            "Each planned layout's fit verdict and predicted throughput (bench/predict.py), per model, GPU count "
+            "Each planned layout's fit verdict and predicted throughput (bench/plan/predict.py), per model, GPU count "
             "and tokens per step: layouts that fit first, then `tight` ones, each fastest first; layouts that do "
             "not fit are listed, not ranked. layout = tp, pp, dp, micro-batch size x accumulation steps, "
             "recompute; needed = the peak plus the plan's allowance (allocator, CUDA context)." + budget

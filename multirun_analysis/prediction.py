@@ -7,7 +7,7 @@ files): writes ``prediction.csv`` and prints the four numbers bench's prediction
    is within +-10% of ``torch.cuda.max_memory_allocated``, and whether all are within +-15%;
 2. the fit verdict both ways: completed runs predicted not to fit (must be none), and recorded
    out-of-memory runs predicted to fit without a ``tight`` flag (must be none);
-3. throughput (bench/predict.py, where calibrated): median and 90th percentile of |predicted /
+3. throughput (bench/plan/predict.py, where calibrated): median and 90th percentile of |predicted /
    measured - 1| over all runs and over runs whose step takes >= 100 ms;
 4. the winner: within each (device, model, GPU count, tokens per step) group of two or more
    strategies, whether the predicted fastest is the measured fastest or within 5% of it; the same over
@@ -15,12 +15,12 @@ files): writes ``prediction.csv`` and prints the four numbers bench's prediction
    Spearman rank correlation of predicted and measured tokens/s over each group's layouts.
 
 Every row carries its layout (multirun_analysis/layouts.py: what ran, from metrics.json's ``layout``) and
-its run ``key`` (bench.runs.run_key), by which a dry run's plan and its measurement are matched
+its run ``key`` (bench.run.runs.run_key), by which a dry run's plan and its measurement are matched
 (multirun_analysis/versus.py).
 
 Each run is re-predicted with the hardware it recorded (``config.hardware``: the preset or probe profile it was
 planned with, a profile's measured link included), else, for ``hardware=auto``, the preset of the GPU it was
-measured on (bench/hardware.py); the fit verdict is checked against that hardware's memory.  ``python -m multirun_analysis DIR`` writes the same table for its runs.
+measured on (bench/machine/hardware.py); the fit verdict is checked against that hardware's memory.  ``python -m multirun_analysis DIR`` writes the same table for its runs.
 """
 from __future__ import annotations
 
@@ -74,9 +74,9 @@ def _oom(m: dict) -> bool:
 
 
 def recorded_hardware(m: dict):
-    """The hardware a run was planned for, as its record says (bench/hardware.py ``recorded``): the preset or probe
+    """The hardware a run was planned for, as its record says (bench/machine/hardware.py ``recorded``): the preset or probe
     profile it named, else the preset of the GPU it ran on."""
-    from bench.hardware import recorded as recorded_hw
+    from bench.machine.hardware import recorded as recorded_hw
 
     return recorded_hw((m.get("config") or {}).get("hardware"), _device(m))
 
@@ -92,7 +92,7 @@ def replan(m: dict):
     re-planning, which the throughput calibration uses too; ConfigError if it no longer validates), checked
     against the memory of the hardware the run recorded (:func:`recorded_hardware`)."""
     from bench.calibrate import replan as recorded_plan
-    from bench.memory_model import memory_plan
+    from bench.plan.memory_model import memory_plan
 
     plan = recorded_plan(m)
     hw = recorded_hardware(m)
@@ -103,7 +103,7 @@ def _predicted_tokens(plan, m: dict) -> Optional[float]:
     """The prediction with the hardware the run recorded: what the run printed before it started, under the
     current code (a profile's measured link, not the GPU name's preset)."""
     try:
-        from bench.predict import predict
+        from bench.plan.predict import predict
     except ImportError:
         return None
     try:
@@ -146,7 +146,7 @@ def row(folder: str, name: str, m: dict) -> dict:
 
 def _layout(out: dict, m: dict, plan) -> None:
     """The layout columns (what ran; the re-plan fills what an older record lacks) and the run key."""
-    from bench.runs import run_key
+    from bench.run.runs import run_key
 
     lay = layouts.from_record(m, plan)
     out.update({c: lay[c] for c in layouts.COLUMNS}, layout=layouts.text(lay))
@@ -158,7 +158,7 @@ def prediction_table(paths: Iterable) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS + EXTRA)
 
 
-# one workload on one GPU and link regime (bench/link_regime.py): what is ranked
+# one workload on one GPU and link regime (bench/machine/link_regime.py): what is ranked
 GROUP = ["device", "link_regime", "model", "world_size", "tokens_per_step"]
 
 
@@ -226,7 +226,7 @@ def lines(acc: dict) -> list[str]:
         f"throughput: median |error| {acc['throughput_median_pct']:.1f}%, p90 {acc['throughput_p90_pct']:.1f}% over "
         f"{acc['throughput_runs']} runs; median {acc['throughput_median_ge_100ms_pct']:.1f}% over "
         f"{acc['throughput_runs_ge_100ms']} runs with steps >= 100 ms" if acc["throughput_runs"]
-        else "throughput: no prediction (bench/predict.py not calibrated)",
+        else "throughput: no prediction (bench/plan/predict.py not calibrated)",
         f"winner: predicted fastest strategy is the measured fastest or within 5% in {acc['winner_agreement']} "
         "groups (device, link regime, model, GPUs, tokens per step); predicted fastest layout (strategy variant, tp, pp, dp, "
         f"micro-batch x accumulation, recompute, precision) likewise in {acc['layout_winner_agreement']} groups",
@@ -241,7 +241,7 @@ def _held_out() -> list[str]:
     """The throughput figures above use the shipped calibration, fitted on the recorded runs (in-sample);
     its held-out error is what python -m bench.calibrate measured leaving each results folder out."""
     try:
-        from bench.predict import load_calibration
+        from bench.plan.predict import load_calibration
 
         e = load_calibration()["error"]
         return [f"throughput held out ({e['method']}; python -m bench.calibrate results/): median "

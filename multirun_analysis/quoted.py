@@ -1,6 +1,6 @@
 """The numbers docs/results.md quotes from every recorded GPU run re-planned by today's code (results/*/runs.json
 through multirun_analysis/prediction.py): the memory plan's accuracy.  They use bench.docgen's ``Quote`` (the same
-check and rewrite as the numbers quoted from bench/calibration.json); they live here because their record is this
+check and rewrite as the numbers quoted from bench/plan/calibration.json); they live here because their record is this
 package's re-planning, which bench.docgen does not import.
 
     python -m multirun_analysis.quoted            # rewrite the stale ones

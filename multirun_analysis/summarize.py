@@ -83,7 +83,7 @@ from typing import Iterable, Optional
 
 import pandas as pd
 
-from bench.runs import volatile_keys
+from bench.run.runs import volatile_keys
 from bench.strategies.registry import baseline_name
 from multirun_analysis import breakdown, trust
 from multirun_analysis.load import SHORTHANDS, config_columns

@@ -1,6 +1,6 @@
 """A dry-run folder and a measured folder analysed together: one table, predicted beside measured per layout.
 
-Matching: a planned layout and a measured run are one row when their run keys are equal (bench.runs.run_key:
+Matching: a planned layout and a measured run are one row when their run keys are equal (bench.run.runs.run_key:
 ``dry_run`` and ``hardware`` are volatile, so a dry run and the real run of one configuration share the key);
 else when model, GPU count, tokens per step and layout (multirun_analysis/layouts.py ``ident``) are equal.  A
 measured run that no plan matches keeps the prediction of its re-plan (``predicted_by`` says which), and a plan

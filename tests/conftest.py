@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# a knob search records its winners in the user's store of measured bests (bench/bests.py): the tests' go elsewhere
+# a knob search records its winners in the user's store of measured bests (bench/plan/bests.py): the tests' go elsewhere
 os.environ["BENCH_BESTS"] = os.path.join(tempfile.mkdtemp(prefix="bench-bests-"), "bests.json")
 
 # Small, fast, exact: fp32 on CPU, a few steps.
@@ -107,8 +107,8 @@ def loss_curve(run_dir: Path) -> list[float]:
 
 def c10d_threads_left(run_dir: Path) -> list[str]:
     """The ranks' log lines saying a c10d thread outlived the release of the process groups
-    (bench/worker.py _close_process_group): none, unless a reference to a destroyed group leaked."""
-    from bench.worker import C10D_THREADS_LEFT
+    (bench/launch/worker.py _close_process_group): none, unless a reference to a destroyed group leaked."""
+    from bench.launch.worker import C10D_THREADS_LEFT
 
     return [line for p in sorted(Path(run_dir).glob("rank*.log"))
             for line in p.read_text(errors="replace").splitlines() if C10D_THREADS_LEFT in line]
@@ -121,11 +121,11 @@ def free_port() -> int:
 
 
 def _rank_main(rank: int, fn, world: int, port: int, args: tuple) -> None:
-    """One rank of spawn_ranks: a gloo group around fn, released on every path (see bench/teardown.py)."""
+    """One rank of spawn_ranks: a gloo group around fn, released on every path (see bench/launch/teardown.py)."""
     import torch
     import torch.distributed as dist
 
-    from bench.teardown import release_process_groups
+    from bench.launch.teardown import release_process_groups
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

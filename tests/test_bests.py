@@ -1,4 +1,4 @@
-"""Measured bests for the user's workload (bench/bests.py): tuning=best takes the nearest measured workload's
+"""Measured bests for the user's workload (bench/plan/bests.py): tuning=best takes the nearest measured workload's
 settings on the same device type, or the static profile, never a setting the memory plan says will not fit;
 strategy.micro_batch_size=auto; and the knob search ordered and pruned by the throughput prediction.
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bench import bests
-from bench.config import register_configs, validate
-from bench.memory_model import memory_plan
-from bench.schema import ConfigError
+from bench.plan import bests
+from bench.run.config import register_configs, validate
+from bench.plan.memory_model import memory_plan
+from bench.run.schema import ConfigError
 from bench.strategies.registry import get_spec
 from tests.conftest import CPU_FAST, REPO, metrics_of, run_bench
 
@@ -128,7 +128,7 @@ def test_a_search_winner_replaces_the_entry_of_its_workload(store):
 
 
 def test_the_shipped_store_is_what_the_recorded_searches_give(monkeypatch):
-    """bench/bests.json is `python -m bench.bests results/`: every tune.json under results/, each winner an
+    """bench/plan/bests.json is `python -m bench.plan.bests results/`: every tune.json under results/, each winner an
     entry with the device nvidia-smi named (run it again after recording a search there)."""
     shipped = json.loads(bests.SHIPPED.read_text())["entries"]
     monkeypatch.chdir(REPO)

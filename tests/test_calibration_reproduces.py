@@ -1,4 +1,4 @@
-"""The shipped calibration (bench/calibration.json) is what ``python -m bench.calibrate results/`` computes from the
+"""The shipped calibration (bench/plan/calibration.json) is what ``python -m bench.calibrate results/`` computes from the
 recorded runs with today's code: its fitted constants, host factors, every error summary and the runs it used.  A
 change to the prediction, the plans it re-reads or results/ that moves any of them fails here until the
 calibration is rerun and committed (the docs quote its numbers)."""
@@ -47,16 +47,16 @@ def test_the_shipped_calibration_is_what_calibrate_computes_from_results(tmp_pat
     p = subprocess.run([sys.executable, "-m", "bench.calibrate", "results/", "--out", str(out)], cwd=REPO,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    shipped = json.loads((REPO / "bench" / "calibration.json").read_text())
+    shipped = json.loads((REPO / "bench" / "plan" / "calibration.json").read_text())
     diff = differences(shipped, json.loads(out.read_text()))
-    assert not diff, ("bench/calibration.json is not what `python -m bench.calibrate results/` computes now; rerun "
+    assert not diff, ("bench/plan/calibration.json is not what `python -m bench.calibrate results/` computes now; rerun "
                       "it if the change is meant:\n" + "\n".join(diff[:40]))
 
 
 def test_the_frozen_command_scores_the_frozen_folders_and_leaves_the_calibration_as_it_was():
     """``--frozen`` re-scores the folders the fit kept out with the shipped constants: it prints the score the
-    fit recorded for them, and bench/calibration.json is byte for byte what it was."""
-    path = REPO / "bench" / "calibration.json"
+    fit recorded for them, and bench/plan/calibration.json is byte for byte what it was."""
+    path = REPO / "bench" / "plan" / "calibration.json"
     before = path.read_bytes()
     cal = json.loads(before)
     folders = cal["frozen"]["folders"]
@@ -74,7 +74,7 @@ def test_the_frozen_command_scores_the_frozen_folders_and_leaves_the_calibration
 def test_the_frozen_command_refuses_a_folder_the_calibration_was_fitted_on(capsys):
     from bench.calibrate import main
 
-    fitted = json.loads((REPO / "bench" / "calibration.json").read_text())["fitted_on"]["folders"][0]
+    fitted = json.loads((REPO / "bench" / "plan" / "calibration.json").read_text())["fitted_on"]["folders"][0]
     with pytest.raises(SystemExit, match=f"{fitted} was fitted by .*not a frozen evaluation"):
         main(["--frozen", str(REPO / "results" / fitted)])
 
@@ -82,7 +82,7 @@ def test_the_frozen_command_refuses_a_folder_the_calibration_was_fitted_on(capsy
 def test_docs_quote_the_shipped_calibration():
     """docs/results.md's throughput-error block is what the shipped calibration renders (python -m bench.calibrate
     results/ rewrites it)."""
-    from bench.calibration_error import docs_block, docs_block_in
+    from bench.plan.calibration_error import docs_block, docs_block_in
 
-    shipped = json.loads((REPO / "bench" / "calibration.json").read_text())
+    shipped = json.loads((REPO / "bench" / "plan" / "calibration.json").read_text())
     assert docs_block_in() == docs_block(shipped), "rerun python -m bench.calibrate results/ (it rewrites the block)"

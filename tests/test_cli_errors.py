@@ -2,7 +2,7 @@
 
 * a config-group typo (``model=lama3_8b``, ``strategy=fdsp``, ``hardware=h100``) is one line - the group, the
   value, the closest valid names, bench's schema options hidden - and exit 2; Hydra's message and traceback
-  only with HYDRA_FULL_ERROR=1 (bench/cli_errors.py);
+  only with HYDRA_FULL_ERROR=1 (bench/run/cli_errors.py);
 * Hydra's flags (``--cfg``, ``--info``, ``--resolve``, ``--help``) work with the overrides bench adds to a
   submission (bench/__main__.py: ``hydra/launcher=slurm`` adds ``submit=slurm``)."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tests.conftest import REPO
 def _compose_error(*overrides: str) -> MissingConfigException:
     from hydra import compose, initialize_config_dir
 
-    from bench.config import register_configs
+    from bench.run.config import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -37,7 +37,7 @@ def _compose_error(*overrides: str) -> MissingConfigException:
                               "did you mean paper_zero"),
 ])
 def test_a_group_typo_is_one_line_with_the_closest_names(override, line):
-    from bench.cli_errors import missing_option
+    from bench.run.cli_errors import missing_option
 
     got = missing_option(_compose_error(override))
     assert got.startswith(line) and "\n" not in got, got
@@ -50,7 +50,7 @@ def test_hydra_full_error_gives_hydra_its_own_message(monkeypatch, capsys):
     HYDRA_FULL_ERROR=1, Hydra's exception as it was."""
     import hydra._internal.utils as hydra_utils
 
-    from bench.cli_errors import install
+    from bench.run.cli_errors import install
 
     e = _compose_error("strategy=fdsp")
 
@@ -111,7 +111,7 @@ def test_hydras_flags_work_with_a_submission(flags, monkeypatch, capsys):
     from hydra.core.global_hydra import GlobalHydra
 
     from bench.__main__ import submit_argv
-    from bench.job import main_task
+    from bench.launch.job import main_task
 
     # bench/__main__.py's main, with its config folder named absolutely (run from a test, Hydra would look for it
     # as the package bench/conf)

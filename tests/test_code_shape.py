@@ -101,7 +101,7 @@ def test_the_cycle_check_finds_a_cycle():
     with __import__("pytest").raises(graphlib.CycleError):
         tuple(graphlib.TopologicalSorter({"a": {"b"}, "b": {"a"}}).static_order())
     graph = import_graph()
-    assert "bench.schema" in graph["bench.config"]  # a real edge is read
+    assert "bench.run.schema" in graph["bench.run.config"]  # a real edge is read
 
 
 def test_no_module_over_400_lines():
@@ -111,9 +111,9 @@ def test_no_module_over_400_lines():
 
 
 # ------------------------------------------------------------------------------ the model description
-# where a model's architecture may be named: the description (bench/model_spec.py), the modules that build it
-# (bench/model.py; Megatron's build, bench/strategies/megatron/model.py) and the reader of Hugging Face configs
-ARCH_MODULES = ("bench/model_spec.py", "bench/model.py", "bench/hf_config.py", "bench/strategies/megatron/model.py")
+# where a model's architecture may be named: the description (bench/models/model_spec.py), the modules that build it
+# (bench/models/model.py; Megatron's build, bench/strategies/megatron/model.py) and the reader of Hugging Face configs
+ARCH_MODULES = ("bench/models/model_spec.py", "bench/models/model.py", "bench/models/hf_config.py", "bench/strategies/megatron/model.py")
 
 
 def arch_comparisons(source: str, name: str = "<source>") -> list[str]:
@@ -123,13 +123,13 @@ def arch_comparisons(source: str, name: str = "<source>") -> list[str]:
 
 
 def test_no_arch_branches_outside_the_model_description():
-    """What differs between model families is a method of bench/model_spec.py's description, not an
+    """What differs between model families is a method of bench/models/model_spec.py's description, not an
     ``arch == "llama"`` branch in the memory plan, traffic, FLOPs or validation."""
     found = [hit for pkg in PACKAGES for path in sorted((REPO / pkg).rglob("*.py"))
              if str(path.relative_to(REPO)) not in ARCH_MODULES
              for hit in arch_comparisons(path.read_text(), str(path.relative_to(REPO)))]
     assert not found, ("arch compared with a string outside the model description (ask "
-                       "bench.model_spec.describe_model(model) instead):\n" + "\n".join(found))
+                       "bench.models.model_spec.describe_model(model) instead):\n" + "\n".join(found))
 
 
 def test_the_arch_check_finds_comparisons():
@@ -141,15 +141,15 @@ def test_the_arch_check_finds_comparisons():
 
 # ------------------------------------------------------------------------------ the layout, read as one object
 # The layout knobs a strategy's schema may have, and the top-level one: validation reads them into plan.layout
-# (bench/layout_rules.py ``build``); generic code reads the layout object, never the knobs again.
+# (bench/run/layout_rules.py ``build``); generic code reads the layout object, never the knobs again.
 STRATEGY_LAYOUT_KEYS = {"tp", "pp", "microbatches", "virtual_pipeline", "schedule", "dp_replicate"}
 CONFIG_LAYOUT_KEYS = {"recompute"}
 LAYOUT_READERS_ALLOWED = {
-    "bench/layout_rules.py": "builds plan.layout from the knobs",
+    "bench/run/layout_rules.py": "builds plan.layout from the knobs",
     # whether the user set strategy.microbatches (the layout holds the resolved count): before there is a plan,
     # and of recorded runs' configurations
-    "bench/tuning_profiles.py": "before there is a plan",
-    "bench/bests.py": "recorded runs' configurations",
+    "bench/run/tuning_profiles.py": "before there is a plan",
+    "bench/plan/bests.py": "recorded runs' configurations",
 }
 
 
@@ -211,7 +211,7 @@ def test_generic_code_reads_the_layout_object_not_the_knobs():
         if rel.startswith("bench/strategies/") or rel in LAYOUT_READERS_ALLOWED:
             continue
         found += [f"{rel}:{line} reads {key!r}" for line, key in layout_reads(path.read_text())]
-    assert not found, "read these from plan.layout (bench/layout.py Layout):\n" + "\n".join(found)
+    assert not found, "read these from plan.layout (bench/run/layout.py Layout):\n" + "\n".join(found)
 
 
 def test_the_layout_read_check_finds_reads():

@@ -1,10 +1,10 @@
-"""Composition (Hydra + structured configs) and validation (bench.config.validate)."""
+"""Composition (Hydra + structured configs) and validation (bench.run.config.validate)."""
 from __future__ import annotations
 
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bench.config import ConfigError, register_configs, validate
+from bench.run.config import ConfigError, register_configs, validate
 from tests.conftest import REPO, run_bench
 
 register_configs()

@@ -33,7 +33,7 @@ def test_relative_links_point_to_existing_paths():
 
 
 def test_quoted_numbers_match_their_records():
-    """README.md and docs quote numbers of bench/calibration.json and of a results folder's note: each is what its
+    """README.md and docs quote numbers of bench/plan/calibration.json and of a results folder's note: each is what its
     record says now (python -m bench.docgen rewrites them)."""
     assert not docgen.stale_quotes(), "\n".join(docgen.stale_quotes())
 
@@ -54,6 +54,6 @@ def test_a_drifted_quote_is_caught_and_rewritten():
     drifted = readme.replace(f"median {median}, 90th percentile", "median 99.9%, 90th percentile", 1)
     assert drifted != readme
     assert docgen.stale_quotes({"README.md": drifted}, [q]) == [
-        f"README.md quotes 99.9% / {' / '.join(docgen._held_out()[1:])} where bench/calibration.json: error says "
+        f"README.md quotes 99.9% / {' / '.join(docgen._held_out()[1:])} where bench/plan/calibration.json: error says "
         f"{' / '.join(docgen._held_out())}"]
     assert docgen._requote(q, drifted)[0] == readme  # the rewrite restores what the record says

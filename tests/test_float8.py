@@ -11,7 +11,7 @@ pytest.importorskip("torchao")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from bench.config import ConfigError, register_configs, validate  # noqa: E402
+from bench.run.config import ConfigError, register_configs, validate  # noqa: E402
 from tests.conftest import REPO, loss_curve, metrics_of, spawn_ranks  # noqa: E402
 
 register_configs()
@@ -30,7 +30,7 @@ def plan_of(*overrides: str):
 
 def converted(*overrides: str):
     """bench's model of a planned fp8 run (on an H100 preset), converted on the CPU: (model, info)."""
-    from bench.model import build_model
+    from bench.models.model import build_model
     from bench.parallel.float8 import apply_float8
 
     plan = plan_of(*H100, *FP8, *overrides)
@@ -87,7 +87,7 @@ def test_converted_model_trains_on_cpu():
     weights, and the head's weight too."""
     import torch
 
-    from bench.model import lm_loss
+    from bench.models.model import lm_loss
 
     m, _, plan = converted("model=llama_tiny", "model.d_model=64", "model.n_heads=4", "model.n_kv_heads=2",
                            "model.d_ff=176")
@@ -110,7 +110,7 @@ TINY_LLAMA = dict(d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=192, voc
 def _fp8_loss(model, step: int = 0):
     import torch
 
-    from bench.model import lm_loss
+    from bench.models.model import lm_loss
 
     x = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(step))
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -125,7 +125,7 @@ def _tp_fsdp_worker(rank: int, world: int) -> None:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
-    from bench.model import build_model
+    from bench.models.model import build_model
     from bench.parallel.dp import apply_fsdp
     from bench.parallel.float8 import apply_float8, precompute_scales
     from bench.parallel.tp import apply_tp
@@ -197,7 +197,7 @@ def built_float8(*overrides: str) -> tuple[int, int]:
     bf16), the inputs seen by forward hooks on the built model."""
     import torch
 
-    from bench.model import build_model
+    from bench.models.model import build_model
     from bench.parallel.float8 import apply_float8
 
     plan = plan_of(*H100, *FP8, *overrides)
@@ -214,8 +214,8 @@ def built_float8(*overrides: str) -> tuple[int, int]:
 
 
 def _planned(*overrides: str) -> tuple[dict, dict]:
-    from bench.memory_model import memory_plan
-    from bench.predict import predict
+    from bench.plan.memory_model import memory_plan
+    from bench.plan.predict import predict
 
     plan = plan_of(*H100, "model=llama3_1b", "compile=true", *overrides)
     return memory_plan(plan), predict(plan)
@@ -246,7 +246,7 @@ def test_fp8_plan_saves_the_converted_linears_inputs_in_one_byte():
     """torchao's Float8Linear, compiled, keeps a float8 cast of its input for backward (tensorwise, rowwise): the
     q/k/v and gate/up inputs (one shared tensor each) and down's input at 1 B, not 2; rowwise_with_gw_hp's weight
     gradient reads the bf16 input, and full recompute keeps only block inputs: no saving there."""
-    from bench.memory_model import layer_activation_bytes
+    from bench.plan.memory_model import layer_activation_bytes
     from bench.strategies.registry import get_spec
 
     bf16, _ = _planned("precision=bf16")

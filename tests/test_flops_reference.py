@@ -13,9 +13,9 @@ from omegaconf import OmegaConf
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.config import register_configs
+from bench.run.config import register_configs
 from bench.metrics.flops import flops_per_token, total_params
-from bench.model import build_model, lm_loss
+from bench.models.model import build_model, lm_loss
 from tests.conftest import REPO
 
 register_configs()

@@ -1,4 +1,4 @@
-"""Planning for hardware the user does not have (``hardware=<preset>``, bench/hardware.py): a dry run on
+"""Planning for hardware the user does not have (``hardware=<preset>``, bench/machine/hardware.py): a dry run on
 this CPU machine plans every strategy, Megatron layouts included, in the precision a run there would
 use, against that GPU's memory and its node's host memory; a real run must be on that GPU."""
 from __future__ import annotations
@@ -8,10 +8,10 @@ import json
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bench.config import register_configs, validate
-from bench.hardware import PRESETS
-from bench.memory_model import fits, memory_plan
-from bench.schema import ConfigError
+from bench.run.config import register_configs, validate
+from bench.machine.hardware import PRESETS
+from bench.plan.memory_model import fits, memory_plan
+from bench.run.schema import ConfigError
 from tests.conftest import REPO, run_bench
 
 register_configs()
@@ -95,7 +95,7 @@ def refused(*overrides: str, config_dir=None) -> ConfigError:
 
 
 def check_refuses(section: dict) -> ConfigError:
-    from bench.hardware import check
+    from bench.machine.hardware import check
 
     with pytest.raises(ConfigError) as e:
         check(section)
@@ -173,7 +173,7 @@ def test_fields_set_under_hardware_auto_are_refused_not_ignored():
 def test_every_preset_passes_and_says_it_is_a_datasheet():
     import dataclasses
 
-    from bench.hardware import check
+    from bench.machine.hardware import check
 
     for p in PRESETS.values():
         check(dataclasses.asdict(p))
@@ -182,7 +182,7 @@ def test_every_preset_passes_and_says_it_is_a_datasheet():
 
 def test_a_one_gpu_node_needs_no_intra_node_link():
     """One GPU a node has no peer to measure a link to; with more GPUs the link is required."""
-    from bench.hardware import check
+    from bench.machine.hardware import check
 
     check(_preset(gpus_per_node=1, intra_node_gbps=None, intra_node_link=None))
     assert check_refuses(_preset(gpus_per_node=2, intra_node_gbps=None)).key == "hardware.intra_node_gbps"

@@ -1,4 +1,4 @@
-"""model=hf (bench/hf_config.py): Hugging Face configs read into bench's model, what cannot be built refused,
+"""model=hf (bench/models/hf_config.py): Hugging Face configs read into bench's model, what cannot be built refused,
 and sizes derived from a width changed on the command line.  Parameter counts are checked against the
 published counts and against the model bench builds (sum of its parameters' sizes), not the formula."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from bench.config import ConfigError, register_configs, validate
+from bench.run.config import ConfigError, register_configs, validate
 from bench.metrics.flops import total_params
-from bench.model import build_model, lm_loss
+from bench.models.model import build_model, lm_loss
 from tests.conftest import REPO, run_bench
 
 register_configs()
@@ -45,7 +45,7 @@ def built_params(model: dict) -> int:
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_config_gives_the_published_parameter_count(name):
     plan = hf_plan(name)
-    from bench.memory_model import memory_plan
+    from bench.plan.memory_model import memory_plan
 
     assert memory_plan(plan)["parameters"] == built_params(plan.model) == PUBLISHED[name]
     assert plan.model["hf_config_file"] == f"tests/data/hf/{name}/config.json" and plan.model["name"] == name
@@ -77,7 +77,7 @@ def test_transformers_autoconfig_reads_the_same_model(name):
     """With transformers installed (pip install -e .[hf]) its AutoConfig fills the defaults; the model is the
     one the plain JSON gives."""
     pytest.importorskip("transformers")
-    from bench.hf_config import convert, read
+    from bench.models.hf_config import convert, read
 
     path = HF / name / "config.json"
     assert convert(read(path), name) == convert(json.loads(path.read_text()), name)
@@ -151,7 +151,7 @@ def test_model_hf_needs_a_config_and_a_preset_takes_none():
 
 # ------------------------------------------------------------------------------ a width set on the command line
 def test_a_width_set_alone_derives_d_ff_and_says_so(caplog):
-    caplog.set_level(logging.INFO, "bench.hf_config")
+    caplog.set_level(logging.INFO, "bench.models.hf_config")
     given = ["model.d_model", "model.n_layers", "model.n_heads"]
     m = validate(cfg("model=tiny", "model.d_model=2560", "model.n_layers=32", "model.n_heads=32"), gpus=0,
                  explicit=given).model

@@ -12,8 +12,8 @@ import pytest
 
 from hydra import compose, initialize_config_dir
 
-from bench.config import ConfigError, register_configs, validate
-from bench.memory_model import memory_plan
+from bench.run.config import ConfigError, register_configs, validate
+from bench.plan.memory_model import memory_plan
 from bench.strategies.registry import get_spec
 from tests.conftest import CPU_FAST, REPO, metrics_of, run_bench
 

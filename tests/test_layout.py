@@ -1,4 +1,4 @@
-"""bench.layout: rank -> (dp, pp, tp) in Megatron's order, token accounting, micro-batches,
+"""bench.run.layout: rank -> (dp, pp, tp) in Megatron's order, token accounting, micro-batches,
 pipeline stages, and the whole layout a composed plan carries (plan.layout).  No processes."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from bench.layout import Coord, Layout, local_stages, resolve_microbatches, resolve_schedule, stage_layers
-from bench.schema import Plan
+from bench.run.layout import Coord, Layout, local_stages, resolve_microbatches, resolve_schedule, stage_layers
+from bench.run.schema import Plan
 
 
 def groups(lay: Layout, kind: str) -> list[list[int]]:
@@ -102,7 +102,7 @@ def test_pipeline_stages_interleaved_placement():
 def _plan(*overrides: str):
     from hydra import compose, initialize_config_dir
 
-    from bench.config import register_configs, validate
+    from bench.run.config import register_configs, validate
     from tests.conftest import REPO
 
     register_configs()

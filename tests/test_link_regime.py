@@ -1,4 +1,4 @@
-"""Link regimes (bench/link_regime.py): a regime is NCCL's environment, named; a bad name is refused in one line
+"""Link regimes (bench/machine/link_regime.py): a regime is NCCL's environment, named; a bad name is refused in one line
 naming key, value and the valid names (run and probe); what NCCL logged is parsed into the transports and the link
 it used; a real run records its regime and NCCL variables in metrics.json (on CPU: gloo, so no transport)."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bench import link_regime as lr
-from bench.config import register_configs, validate
-from bench.schema import LINK_REGIMES, ConfigError
+from bench.machine import link_regime as lr
+from bench.run.config import register_configs, validate
+from bench.run.schema import LINK_REGIMES, ConfigError
 from tests.conftest import CPU_FAST, REPO, run_bench
 
 register_configs()

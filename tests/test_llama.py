@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from bench.config import register_configs, validate
-from bench.schema import ConfigError
+from bench.run.config import register_configs, validate
+from bench.run.schema import ConfigError
 from bench.metrics import flops
-from bench.model import GPT, apply_rope, build_model, lm_loss, rope_cos_sin, sdpa_kv
+from bench.models.model import GPT, apply_rope, build_model, lm_loss, rope_cos_sin, sdpa_kv
 from tests.conftest import REPO
 
 register_configs()

@@ -1,4 +1,4 @@
-"""The logger config group (bench/loggers.py): what each tracker wrote, read back with its own API.
+"""The logger config group (bench/metrics/loggers.py): what each tracker wrote, read back with its own API.
 
 Real ``python -m bench`` runs (CPU_FAST): one single run with logger=tensorboard, and one
 --multirun of 2 runs per installed tracker (one completed, one failed by an injected fault) for
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bench.config import ConfigError, register_configs, validate
+from bench.run.config import ConfigError, register_configs, validate
 from bench import metrics
-from bench.loggers import log_run
+from bench.metrics.loggers import log_run
 from tests.wandb_reader import read_wandb_run
-from bench.runs import run_key
+from bench.run.runs import run_key
 from tests.conftest import CPU_FAST, REPO, metrics_of, run_bench
 
 register_configs()

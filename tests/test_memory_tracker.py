@@ -1,4 +1,4 @@
-"""The memory plan (bench/memory_model.py) against PyTorch's own memory tracker (torch.distributed._tools:
+"""The memory plan (bench/plan/memory_model.py) against PyTorch's own memory tracker (torch.distributed._tools:
 MemTracker, FSDPMemTracker; what torchtitan's memory estimation uses) on bench's own model, wrapping and
 gradient accumulation (bench/strategies/torch_native.py), one rank of a fake process group on the CPU.
 
@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 
-from bench.config import register_configs, validate
-from bench.memory_model import memory_plan
+from bench.run.config import register_configs, validate
+from bench.plan.memory_model import memory_plan
 from bench.strategies.base import DistContext
 from bench.strategies.registry import get_spec
 from tests.conftest import REPO

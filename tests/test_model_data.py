@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from bench.data import SyntheticStream, global_batch
+from bench.models.data import SyntheticStream, global_batch
 from bench.metrics import flops
-from bench.model import GPT, build_model
+from bench.models.model import GPT, build_model
 
 TINY = dict(name="tiny", d_model=64, n_heads=4, n_layers=2, d_ff=256, vocab_size=500, seq_len=16, global_batch=8)
 

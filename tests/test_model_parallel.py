@@ -19,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from bench.config import ConfigError, register_configs, validate
+from bench.run.config import ConfigError, register_configs, validate
 from tests.conftest import CPU_FAST, REPO, c10d_threads_left, loss_curve, metrics_of, run_bench, spawn_ranks
 
 register_configs()
@@ -121,7 +121,7 @@ def _megatron_cpu_worker(rank: int, world: int) -> None:
     from megatron.core import parallel_state as ps
     from megatron.core.transformer.spec_utils import ModuleSpec
 
-    from bench.model import build_model, lm_loss
+    from bench.models.model import build_model, lm_loss
     from bench.strategies.megatron import model as mm
 
     assert mm.resolve_spec("auto") == "sdpa"  # no Transformer Engine here
@@ -190,7 +190,7 @@ def _torch_tp_comms_worker(rank: int, world: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from bench.model import build_model, lm_loss
+    from bench.models.model import build_model, lm_loss
     from bench.parallel.tp import apply_tp
 
     class AllReduces(TorchDispatchMode):
@@ -235,7 +235,7 @@ def _local_shard_adamw_worker(rank: int, world: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from bench.model import build_model, lm_loss
+    from bench.models.model import build_model, lm_loss
     from bench.parallel.optim import LocalShardAdamW
     from bench.parallel.tp import apply_tp, local_tensor
 

@@ -1,4 +1,4 @@
-"""The model description (bench/model_spec.py) against the model bench builds: parameter tensors and norms from
+"""The model description (bench/models/model_spec.py) against the model bench builds: parameter tensors and norms from
 the built modules, the MLP's saved activations from autograd's own saved-tensor hooks, and the rules validation
 takes from it (no processes)."""
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.model import build_model
-from bench.model_spec import describe_model
-from bench.schema import ConfigError
+from bench.models.model import build_model
+from bench.models.model_spec import describe_model
+from bench.run.schema import ConfigError
 
 SMALL = dict(d_model=64, n_heads=4, n_layers=3, d_ff=192, vocab_size=500, seq_len=16)
 FAMILIES = [dict(SMALL), dict(SMALL, tie_embeddings=True),
@@ -57,7 +57,7 @@ def test_the_mlps_saved_activations_are_what_autograd_saves(m):
 def test_validation_asks_the_description():
     from hydra import compose, initialize_config_dir
 
-    from bench.config import register_configs, validate
+    from bench.run.config import register_configs, validate
     from tests.conftest import REPO
 
     register_configs()

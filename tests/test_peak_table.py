@@ -1,6 +1,6 @@
-"""The hardware table (bench/hardware.py) MFU and the plan read: a device name finds its own preset or
+"""The hardware table (bench/machine/hardware.py) MFU and the plan read: a device name finds its own preset or
 datasheet row, never one whose name it merely contains."""
-from bench.hardware import PRESETS, match, peak_table
+from bench.machine.hardware import PRESETS, match, peak_table
 from bench.metrics import flops
 
 

@@ -1,4 +1,4 @@
-"""The memory plan before launch (bench/memory_model.py): dry_run=true for every strategy (nothing spawned),
+"""The memory plan before launch (bench/plan/memory_model.py): dry_run=true for every strategy (nothing spawned),
 predicted OOMs skipped in sweeps without starting a process, and the plan's formulas."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bench.config import register_configs, validate
-from bench.memory_model import memory_plan
+from bench.run.config import register_configs, validate
+from bench.plan.memory_model import memory_plan
 from bench.metrics.flops import total_params
 from tests.conftest import CPU_FAST, REPO, run_bench
 
@@ -104,7 +104,7 @@ def test_the_plans_parts_follow_the_layout():
 
 
 # ------------------------------------------------------------------------------ the plan's terms, formula by formula
-from bench.memory_model import (CUBLAS_WORKSPACE_BYTES, PROBE_BYTES, activation_bytes, layer_activation_bytes,  # noqa: E402
+from bench.plan.memory_model import (CUBLAS_WORKSPACE_BYTES, PROBE_BYTES, activation_bytes, layer_activation_bytes,  # noqa: E402
                                 params_per_rank)
 from bench.metrics.flops import param_groups  # noqa: E402
 from bench.strategies.registry import get_spec  # noqa: E402

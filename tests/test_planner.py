@@ -1,6 +1,6 @@
 """The planner (bench/planner/): the user's whole job answered by a ranked table whose every command runs as
 planned, a memory budget honoured, the top K measured for real, and one run's micro_batch_size=auto resolved by
-the same search (bench/job.py).  Each row is checked against an independent re-plan of its command (composed by
+the same search (bench/launch/job.py).  Each row is checked against an independent re-plan of its command (composed by
 Hydra, validated, memory-planned and predicted as ``python -m bench`` would), not against the planner's own
 bookkeeping."""
 from __future__ import annotations
@@ -14,12 +14,12 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bench.config import register_configs, validate
-from bench.memory_model import memory_plan
+from bench.run.config import register_configs, validate
+from bench.plan.memory_model import memory_plan
 from bench.planner.cli import main, plan
 from bench.planner.evaluate import verdict_of
 from bench.planner.job import parse
-from bench.predict import predict
+from bench.plan.predict import predict
 from tests.conftest import REPO
 
 register_configs()
@@ -92,7 +92,7 @@ def test_bad_planner_keys_fail_in_one_line(capsys):
 
 
 def test_micro_batch_auto_chooses_the_fastest_setting_that_fits_and_names_the_runner_up(caplog, tmp_path):
-    from bench.job import dry_run
+    from bench.launch.job import dry_run
 
     overrides = ["model=llama3_8b", "hardware=a100_80gb", "world_size=8", "model.global_batch=64",
                  "strategy=fsdp", "strategy.micro_batch_size=auto", "dry_run=true"]

@@ -10,12 +10,12 @@ import shutil
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bench.config import register_configs, validate
-from bench.memory_model import memory_plan
+from bench.run.config import register_configs, validate
+from bench.plan.memory_model import memory_plan
 from bench.planner.cli import main, plan
 from bench.planner.evaluate import verdict_of
 from bench.planner.job import parse
-from bench.predict import predict
+from bench.plan.predict import predict
 from tests.conftest import REPO
 
 register_configs()

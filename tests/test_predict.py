@@ -1,4 +1,4 @@
-"""The throughput prediction (bench/predict.py) and its calibration (bench/calibrate.py), on CPU: every strategy
+"""The throughput prediction (bench/plan/predict.py) and its calibration (bench/calibrate.py), on CPU: every strategy
 is predicted for a GPU preset from a dry-run plan, the breakdown adds up, the predictions move the way the
 hardware says they must, and the calibration runs on a copy of two recorded results folders."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from bench.calibrate import calibrate
-from bench.config import register_configs, validate
-from bench.hardware import PRESETS
-from bench.predict import MEASURED_OVER_DATASHEET, load_calibration, predict, prediction_line
+from bench.run.config import register_configs, validate
+from bench.machine.hardware import PRESETS
+from bench.plan.predict import MEASURED_OVER_DATASHEET, load_calibration, predict, prediction_line
 from tests.conftest import REPO
 
 register_configs()
@@ -151,8 +151,8 @@ def test_a_probe_at_the_typical_measured_share_of_the_datasheet_peak_predicts_wh
 
 def test_fp8_pays_for_its_casts_per_token_and_twice_under_full_recompute():
     """torchao casts each converted Linear's input and output gradient to float8: memory-bound work that the
-    float8 matmuls' speed-up does not include (bench/predict.py fp8_cast; fitted on the recorded fp8 runs)."""
-    from bench.predict import terms
+    float8 matmuls' speed-up does not include (bench/plan/predict.py fp8_cast; fitted on the recorded fp8 runs)."""
+    from bench.plan.predict import terms
 
     base = ("model=llama3_1b", "world_size=1", "strategy=single", "hardware=h100_sxm_80gb", "compile=true")
     bf16, fp8 = terms(plan_for(*base, "precision=bf16")), terms(plan_for(*base, "precision=fp8"))
@@ -166,8 +166,8 @@ def test_fp8_pays_for_its_casts_per_token_and_twice_under_full_recompute():
 
 def test_ranks_in_lockstep_pay_for_the_slowest_host_only_where_hooks_meet_at_collectives():
     """Several ranks with per-layer host hooks (FSDP2) wait for the slowest rank at every collective; one rank, or
-    ranks with no host hooks (DDP's C++ reducer), do not (bench/predict.py, ``lockstep``)."""
-    from bench.predict import terms
+    ranks with no host hooks (DDP's C++ reducer), do not (bench/plan/predict.py, ``lockstep``)."""
+    from bench.plan.predict import terms
 
     base = ("model=300m", "hardware=h100_sxm_80gb")
     assert terms(plan_for(*base, "strategy=fsdp", "world_size=2"))["host_lockstep"] == 1.0

@@ -228,13 +228,13 @@ SLOW = REPO / "results" / "2026-11-27-h100x4-slow-links"
 def test_each_run_is_repredicted_with_the_hardware_it_recorded(tmp_path):
     """Runs planned with a probe's profile (hardware=h100x4_<regime>, link_regime=<regime>, 4 x H100) are re-predicted
     with that profile, as the run itself predicted, not with the GPU name's NVLink preset: prediction.csv's number is
-    bench.predict's with the profile file the probe wrote, and on sockets the preset's is several times higher."""
+    bench.plan.predict's with the profile file the probe wrote, and on sockets the preset's is several times higher."""
     import pandas as pd
     import yaml
 
     from bench.calibrate import replan
-    from bench.hardware import HardwareConfig, match
-    from bench.predict import predict
+    from bench.machine.hardware import HardwareConfig, match
+    from bench.plan.predict import predict
     from multirun_analysis.prediction import main
 
     subprocess.run([sys.executable, "benchmarks/unpack_runs.py", str(SLOW / "runs.json"), "--out", str(tmp_path)],

@@ -10,8 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from bench.config import register_configs, validate
-from bench.hardware import PRESETS, check
+from bench.run.config import register_configs, validate
+from bench.machine.hardware import PRESETS, check
 from tests.conftest import REPO, run_bench
 
 register_configs()
@@ -67,7 +67,7 @@ def test_a_dry_run_plans_with_the_probes_numbers(probed, tmp_path):
 
 @pytest.mark.slow
 def test_the_prediction_uses_the_probes_peak(probed):
-    from bench.predict import terms
+    from bench.plan.predict import terms
 
     d, prof, _ = probed
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):

@@ -3,7 +3,7 @@ processes, ``python -m bench``).
 
 On 4 H100s a rank ran out of memory inside Megatron's CUDA graph capture, recorded it, and then never
 exited; its peers waited for it in a collective and the run was recorded ``timeout`` at run_timeout_s.
-Here the failing rank's exit is made to block the same way (bench.worker's test hook
+Here the failing rank's exit is made to block the same way (bench.launch.worker's test hook
 BENCH_FAULT_FAILED_EXIT): ``hang``, a teardown that blocks (the rank's own deadline ends it), or
 ``stuck``, a process that cannot end (only the launcher can end the run).  run_timeout_s is 600: a run
 that ends at all within the test's bound ended on the failure, not on the timeout.
@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from bench.teardown import TEARDOWN_TIMEOUT_HEADER
+from bench.launch.teardown import TEARDOWN_TIMEOUT_HEADER
 from tests.conftest import REPO, fault_env, metrics_of, processes_left, record_fault
 
 RUN_TIMEOUT_S = 600
@@ -75,7 +75,7 @@ def test_oom_raised_from_a_failed_capture_is_recorded_as_the_oom():
     raised while handling the OutOfMemoryError) is recorded as the out-of-memory error it came from."""
     import torch
 
-    from bench.worker import failure_record
+    from bench.launch.worker import failure_record
 
     try:
         try:

@@ -9,7 +9,7 @@ import shlex
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bench.config import register_configs, validate
+from bench.run.config import register_configs, validate
 from tests.conftest import REPO
 
 register_configs()

@@ -72,7 +72,7 @@ def test_spawned_ranks_equal_forkserver_ranks(single_cpu, bench_run):
 def test_spawned_zero_ranks_skip_finalization_with_deepspeed_groups_left(bench_run):
     """DeepSpeed's engine keeps its process groups alive (ZeRO's hooks hold it through autograd), so
     their gloo threads outlive the release: a spawned rank then ends with os._exit instead of
-    finalizing its interpreter with them running (bench/teardown.py), and the run ends cleanly."""
+    finalizing its interpreter with them running (bench/launch/teardown.py), and the run ends cleanly."""
     p, d = bench_run(*CPU_FAST, "strategy=zero", "strategy.zero_stage=3", "world_size=2", "start_method=spawn")
     assert p.returncode == 0, p.stderr[-3000:]
     m = metrics_of(d)

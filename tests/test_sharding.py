@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bench.config import ConfigError, register_configs, validate
-from bench.memory_model import model_state_bytes
+from bench.run.config import ConfigError, register_configs, validate
+from bench.plan.memory_model import model_state_bytes
 from bench.strategies.registry import get_spec
 from bench.metrics.flops import total_params
 from bench.strategies.deepspeed_env import fix_cuda_arch_list
@@ -114,7 +114,7 @@ def test_zero3_leaf_blocks_matches_single(tmp_path_factory, baseline):
                    "strategy.leaf_blocks=true", "world_size=2")
     assert_same_loss(m, baseline)
     assert_one_step_per_global_batch(m)
-    assert m["layout"]["ds_config"]["zero_optimization"]["leaf_module"] == {"classes": ["bench.model.Block"]}
+    assert m["layout"]["ds_config"]["zero_optimization"]["leaf_module"] == {"classes": ["bench.models.model.Block"]}
 
 
 def test_zero_without_grad_norm_matches_single(tmp_path_factory, baseline):
@@ -307,7 +307,7 @@ def test_deepcompile_and_leaf_blocks_reach_the_ds_config():
     ds = build_ds_config(p)  # compiled ZeRO-3 is allowed through DeepCompile (its own passes, not engine hooks)
     assert ds["compile"] == {"deepcompile": True} and "leaf_module" not in ds["zero_optimization"]
     ds = build_ds_config(plan_of("strategy=zero", "strategy.zero_stage=3", "strategy.leaf_blocks=true", "device=cpu"))
-    assert ds["zero_optimization"]["leaf_module"] == {"classes": ["bench.model.Block"]} and "compile" not in ds
+    assert ds["zero_optimization"]["leaf_module"] == {"classes": ["bench.models.model.Block"]} and "compile" not in ds
     assert "compile" not in build_ds_config(plan_of("strategy=zero", "strategy.zero_stage=3", "device=cpu"))
 
 

@@ -1,14 +1,14 @@
 """The prediction on slow links against the runs measured there (results/2026-11-27-h100x4-slow-links: NCCL kept
 off peer-to-peer, so traffic goes through host memory, on 4 x H100), each link regime held out whole: fitted on the
 other regimes' runs, scored without refitting (python -m bench.calibrate --by-regime).  A probe's link is NCCL's
-bus bandwidth as measured, at the step's message size on its all-reduce curve (bench/predict.py measured_link)."""
+bus bandwidth as measured, at the step's message size on its all-reduce curve (bench/plan/predict.py measured_link)."""
 from __future__ import annotations
 
 import pytest
 
 from bench.calibrate import by_regime, regime_table
-from bench.hardware import PRESETS
-from bench.predict import measured_link
+from bench.machine.hardware import PRESETS
+from bench.plan.predict import measured_link
 from tests.conftest import REPO
 
 SLOW = REPO / "results" / "2026-11-27-h100x4-slow-links"
@@ -26,7 +26,7 @@ def test_peer_to_peer_off_held_out_is_predicted_within_10_percent_median(scores)
 
 
 def test_a_probed_link_is_read_on_its_curve_and_a_datasheet_link_is_fitted():
-    from bench.hardware import resolve
+    from bench.machine.hardware import resolve
     from omegaconf import OmegaConf
 
     prof = OmegaConf.to_container(OmegaConf.load(SLOW / "hardware" / "h100x4_p2p_off.yaml"))

@@ -96,7 +96,7 @@ def test_time_limit_warning_that_could_come_at_the_start_is_refused():
     earlier: with a limit that short it can come at the job's start, before bench's handler is in place,
     and end the tasks (USR2's default action).  bench refuses such a job, naming the keys."""
     from bench.launch.slurm.resources import check_warning_time
-    from bench.schema import ConfigError
+    from bench.run.schema import ConfigError
 
     with pytest.raises(ConfigError) as e:
         check_warning_time(1, 120)
@@ -135,7 +135,7 @@ def _cfg(*overrides: str) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from bench.config import register_configs
+    from bench.run.config import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -143,7 +143,7 @@ def _cfg(*overrides: str) -> dict:
 
 
 def _gpu_visible() -> bool:
-    from bench.config import cuda_device_count
+    from bench.run.config import cuda_device_count
 
     return cuda_device_count() > 0
 
@@ -153,11 +153,11 @@ def test_a_run_submitted_to_slurm_is_planned_for_the_preset_on_a_machine_without
     """submit=slurm (what hydra/launcher=slurm sets) with hardware=a100_80gb on this CPU machine: planned for
     the A100 (device, memory, peak, tuning=best's GPU), as the sweeper plans it (GPUs: its world size); a run
     here, or the submitted job where it lands without that GPU, is refused naming it."""
-    from bench.config import validate
-    from bench.hardware_rules import planned_device_name
-    from bench.memory_model import memory_plan
-    from bench.predict import terms
-    from bench.schema import ConfigError
+    from bench.run.config import validate
+    from bench.machine.hardware_rules import planned_device_name
+    from bench.plan.memory_model import memory_plan
+    from bench.plan.predict import terms
+    from bench.run.schema import ConfigError
 
     monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
     c = _cfg("submit=slurm", "hardware=a100_80gb", "strategy=ddp", "world_size=2", "tuning=best")
@@ -177,8 +177,8 @@ def test_a_run_submitted_to_slurm_is_planned_for_the_preset_on_a_machine_without
 
 @pytest.mark.skipif(_gpu_visible(), reason="the login node of this test has no GPU")
 def test_a_gpu_run_submitted_without_hardware_from_a_machine_without_gpus_is_refused(monkeypatch):
-    from bench.config import validate
-    from bench.schema import ConfigError
+    from bench.run.config import validate
+    from bench.run.schema import ConfigError
 
     monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
     with pytest.raises(ConfigError) as e:

@@ -205,7 +205,7 @@ def test_recorded_runs_keep_their_key():
     run recorded by an older bench (tests/data/recorded_runs.json: 100+ GPU runs, their config and
     key) to the key it was recorded with: knobs added since (``added=True`` in the schema) leave the
     key unchanged at their defaults, and change it at any other value."""
-    from bench.runs import _added, _sections, run_key, with_added_defaults
+    from bench.run.runs import _added, _sections, run_key, with_added_defaults
 
     changed = 0
     for rec in RECORDED:

@@ -1,4 +1,4 @@
-"""Topology in the prediction (bench/topology.py): where a plan's groups live on nodes, and what their traffic costs.
+"""Topology in the prediction (bench/plan/topology.py): where a plan's groups live on nodes, and what their traffic costs.
 The references are nccl-tests' bus bandwidth formulas (doc/PERFORMANCE.md: algbw = bytes / time; busbw = algbw x
 2(n-1)/n for an all-reduce, x (n-1)/n for a reduce-scatter or all-gather), applied to message sizes computed here
 from the model (its parameters counted on a meta-device build), not to the code's own byte counts."""
@@ -8,13 +8,13 @@ import pytest
 import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 
-from bench.config import register_configs, validate
-from bench.layout import Layout
-from bench.model import build_model
+from bench.run.config import register_configs, validate
+from bench.run.layout import Layout
+from bench.models.model import build_model
 from bench.parallel.mesh import build_mesh, hsdp_mesh
-from bench.predict import plan_topology, predict, terms
-from bench.topology import topology
-from bench.hardware import PRESETS
+from bench.plan.predict import plan_topology, predict, terms
+from bench.plan.topology import topology
+from bench.machine.hardware import PRESETS
 from tests.conftest import REPO
 
 register_configs()

@@ -1,4 +1,4 @@
-"""tuning=best: each strategy's profile applied honestly (bench/tuning_profiles.py), and the top-level shorthands.
+"""tuning=best: each strategy's profile applied honestly (bench/run/tuning_profiles.py), and the top-level shorthands.
 
 What is applied, kept (set explicitly) and skipped (cannot apply here) is checked on composed configs;
 real 2-rank gloo runs check that the applied knobs train the same model as strategy=single (fp32) and
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_dir
 
-from bench.config import register_configs, validate
-from bench.schema import ConfigError
+from bench.run.config import register_configs, validate
+from bench.run.schema import ConfigError
 from tests.conftest import CPU_FAST, REPO, loss_curve, metrics_of, run_bench
 
 register_configs()

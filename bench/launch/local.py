@@ -14,9 +14,9 @@ from typing import Optional
 
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.launch.outcome import Outcome, from_failures, timeout_error
-from bench.runs import read_failures
-from bench.schema import Plan
-from bench.teardown import failed_teardown_s
+from bench.run.runs import read_failures
+from bench.run.schema import Plan
+from bench.launch.teardown import failed_teardown_s
 
 log = logging.getLogger("bench.launch")
 
@@ -25,7 +25,7 @@ log = logging.getLogger("bench.launch")
 # modules every run's ranks would import again (bench.strategies.base.sweep_preloads).  A one-off
 # run gains nothing from them: its ranks import them side by side, while the server would import
 # them before forking.
-_PRELOAD: list[str] = ["bench.worker"]
+_PRELOAD: list[str] = ["bench.launch.worker"]
 
 
 
@@ -47,11 +47,11 @@ def preload(modules) -> None:
 
 _HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 # The launcher ends a completed run's processes this long after each rank's own teardown deadline
-# (bench/worker.py: faulthandler, which also dumps the rank's Python stacks) should have fired: for
+# (bench/launch/worker.py: faulthandler, which also dumps the rank's Python stacks) should have fired: for
 # a process that has left Python and still does not end.
 TEARDOWN_GRACE_S = 10
 # A rank recorded its failure (failure_rank<r>.json) and its process is still there this long after its
-# own teardown deadline (bench/teardown.py failed_teardown_s) should have ended it: it cannot end (after
+# own teardown deadline (bench/launch/teardown.py failed_teardown_s) should have ended it: it cannot end (after
 # an out-of-memory inside a CUDA graph capture on 4 H100s it never did, while its peers waited for it in
 # a collective), and the agent ends the others only once it has.  The launcher ends the run.
 FAILURE_GRACE_S = 3
@@ -98,10 +98,10 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
 
 
 def regime_worker(plan: dict, run_dir: str, *args):
-    """A rank: the run's link regime and NCCL's log file put into its environment (bench/link_regime.py), then
+    """A rank: the run's link regime and NCCL's log file put into its environment (bench/machine/link_regime.py), then
     bench's worker.  Here, in the rank: a fork server started before this run has an older environment."""
-    from bench.link_regime import apply
-    from bench.worker import worker_main
+    from bench.machine.link_regime import apply
+    from bench.launch.worker import worker_main
 
     apply(plan["cfg"].get("link_regime", "default"), run_dir, os.environ.get("RANK", "0"), plan["backend"] == "nccl")
     return worker_main(plan, run_dir, *args)
@@ -167,7 +167,7 @@ def _running(pid: int) -> bool:
 
 def _prepare_start_method(start_method: str) -> None:
     if start_method == "forkserver":
-        # ranks fork from a server process that has imported torch and bench.worker (and, in a
+        # ranks fork from a server process that has imported torch and bench.launch.worker (and, in a
         # sweep, _PRELOAD's other modules) once (a sweep's later runs reuse it) instead of each rank
         # re-importing them after a spawn; the server never touches CUDA, so each rank initializes
         # CUDA itself as after a spawn.  With triton installed, importing torch._inductor or
@@ -257,7 +257,7 @@ def _completed_before_exit(run_dir: Path) -> bool:
 
 
 def _exit_after_completion(run_dir: Path, rank: int, exitcode: int, cfg: dict) -> str:
-    from bench.teardown import TEARDOWN_TIMEOUT_HEADER
+    from bench.launch.teardown import TEARDOWN_TIMEOUT_HEADER
 
     ended = sorted(int(p.stem[4:]) for p in run_dir.glob("rank*.log")
                    if TEARDOWN_TIMEOUT_HEADER.search(p.read_text(errors="replace")[-200_000:]))

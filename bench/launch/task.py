@@ -12,9 +12,9 @@ from typing import Callable, Optional
 from bench.jsonio import read_json_dict
 from bench.launch.outcome import Outcome, from_failures, timeout_error
 from bench.launch.placement import node_note, read_placements, write_placement
-from bench.runs import read_failures
-from bench.schema import Plan
-from bench.teardown import failed_teardown_s
+from bench.run.runs import read_failures
+from bench.run.schema import Plan
+from bench.launch.teardown import failed_teardown_s
 
 log = logging.getLogger("bench.launch")
 
@@ -263,7 +263,7 @@ class _Watchdog(threading.Thread):
 def launch_task_rank(plan: Plan, run_dir: Path, rank: int, record: Callable[[Outcome], str]) -> str:
     """Run this task's rank; rank 0 hands the run's outcome to ``record`` once (a watchdog may do it
     first) and returns what it returns; another rank returns how its own part ended."""
-    from bench.worker import worker_main
+    from bench.launch.worker import worker_main
 
     lock = threading.Lock()
     recorded: list[str] = []

@@ -52,7 +52,7 @@ def skeleton(cfg: dict, status: str, error: Optional[dict] = None) -> dict:
                   "hfu_formula": _flops.HFU_FORMULA, "recompute": cfg.get("recompute", "none"),
                   "hardware_flops_per_token": None, "hfu": None, "hfu_vs_measured_peak": None},
         "memory": {"max_allocated_mb": None, "max_reserved_mb": None, "nvml_used_peak_mb": None,
-                   "nvml_used_mean_mb": None, "host_peak_rss_mb": None, "allocator": None, "plan": None},  # plan: bench/memory_model.py
+                   "nvml_used_mean_mb": None, "host_peak_rss_mb": None, "allocator": None, "plan": None},  # plan: bench/plan/memory_model.py
         "utilization": {"gpu_util_mean_pct": None},
         "energy": {"joules": None, "joules_per_token": None},
         "profile": None,  # metrics.profile_steps > 0: per rank, bench/metrics/profile.py

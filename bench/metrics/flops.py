@@ -1,7 +1,7 @@
 """Model FLOPs per token and MFU.
 
 What a model counts (parameters by part, FLOPs per token: 6N + 12 L d seq, the float8-converted weights) is its
-description's (bench/model_spec.py, where the formula is explained); the functions here take a model config and
+description's (bench/models/model_spec.py, where the formula is explained); the functions here take a model config and
 ask it, for the callers that hold a config.
 
 MFU = achieved model TFLOP/s per device / dense peak TFLOP/s of the device at the
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from bench.hardware import peak_table
-from bench.model_spec import describe_model
+from bench.machine.hardware import peak_table
+from bench.models.model_spec import describe_model
 
 FORMULA = "flops_per_token = 6*N + 12*L*d*seq"
 N_COUNTS = ("parameters of the L transformer blocks (q/k/v/o, MLP, biases, norms), the final norm and "
@@ -33,7 +33,7 @@ def matmul_params(model: dict) -> int:
 
 
 def total_params(model: dict) -> int:
-    """Unique parameters of bench.model.build_model(model): a tied output projection once."""
+    """Unique parameters of bench.models.model.build_model(model): a tied output projection once."""
     return describe_model(model).total_params()
 
 
@@ -48,7 +48,7 @@ HFU_FORMULA = ("hardware_flops_per_token = flops_per_token + recomputed forward:
 def hardware_flops_per_token(model: dict, recompute: str, every: int = 1) -> int:
     """FLOPs the device executes per token, recomputed forward included (HFU's numerator; MFU's excludes it);
     ``every``: recompute_every (every k-th block checkpointed)."""
-    from bench.layout import checkpointed_blocks
+    from bench.run.layout import checkpointed_blocks
 
     share = checkpointed_blocks(recompute, every, model["n_layers"]) / model["n_layers"] if recompute == "full" else 1.0
     return describe_model(model).hardware_flops_per_token(recompute, share)
@@ -56,8 +56,8 @@ def hardware_flops_per_token(model: dict, recompute: str, every: int = 1) -> int
 
 def executed_flops_per_token(model: dict, recompute: str, every: int = 1) -> int:
     """FLOPs the device actually runs per token: the hardware FLOPs less what the causal attention kernel skips
-    (bench/model_spec.py ``causal_skipped_flops_per_token``): what the prediction times, not what MFU counts."""
-    from bench.layout import checkpointed_blocks
+    (bench/models/model_spec.py ``causal_skipped_flops_per_token``): what the prediction times, not what MFU counts."""
+    from bench.run.layout import checkpointed_blocks
 
     share = checkpointed_blocks(recompute, every, model["n_layers"]) / model["n_layers"] if recompute == "full" else 1.0
     spec = describe_model(model)
@@ -69,7 +69,7 @@ def float8_matmul_params(model: dict) -> int:
 
 
 def float8_cast_elements_per_layer_token(model: dict) -> int:
-    """Memory-bound work on top of fp8's matmuls (bench/predict.py, ``fp8_cast``)."""
+    """Memory-bound work on top of fp8's matmuls (bench/plan/predict.py, ``fp8_cast``)."""
     return describe_model(model).float8_cast_elements_per_layer_token()
 
 
@@ -86,7 +86,7 @@ def mfu_peak_tflops(device_name: Optional[str], precision: str, tf32: bool) -> t
 
 
 def peak_tflops(device_name: Optional[str], precision: str, tf32: bool) -> tuple[Optional[float], str]:
-    """(peak, source) for a device name and precision from the hardware table (bench/hardware.py: the
+    """(peak, source) for a device name and precision from the hardware table (bench/machine/hardware.py: the
     presets, then further datasheet rows); (None, reason) when unknown."""
     if not device_name:
         return None, "no GPU: no peak known (set metrics.peak_tflops)"

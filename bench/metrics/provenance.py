@@ -81,8 +81,8 @@ def versions() -> dict:
 
 
 def _nccl() -> dict:
-    """The link regime, the NCCL variables and the transports NCCL used (bench/link_regime.py)."""
-    from bench.link_regime import of_this_run
+    """The link regime, the NCCL variables and the transports NCCL used (bench/machine/link_regime.py)."""
+    from bench.machine.link_regime import of_this_run
 
     try:
         return of_this_run()

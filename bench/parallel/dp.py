@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 
-from bench.model import DTYPES
+from bench.models.model import DTYPES
 from bench.parallel.float8 import precompute_scales, precomputes_scales
 from bench.parallel.mesh import data_mesh
 

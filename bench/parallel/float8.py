@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch.nn as nn
 
-HEAD = "head"  # bench.model.GPT's output projection
+HEAD = "head"  # bench.models.model.GPT's output projection
 ALIGN = 16  # torch._scaled_mm: both matmul dimensions a multiple of 16
 
 

@@ -14,8 +14,8 @@ import inspect
 import torch
 import torch.nn as nn
 
-from bench.layout import local_stages, stage_layers
-from bench.model import GPT, lm_loss
+from bench.run.layout import local_stages, stage_layers
+from bench.models.model import GPT, lm_loss
 
 
 def stage_module(model: GPT, stage: int, n_stages: int) -> GPT:

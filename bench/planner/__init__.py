@@ -7,5 +7,5 @@ searches strategies x tp x pp x cp x precision x compile x recompute x micro-bat
 (bench/planner/evaluate.py), and prints the ranked layouts with the command that runs each, tokens/s, MFU,
 memory, verdict, days and GPU-hours (bench/planner/table.py); ``measure_top=K`` runs the first K as a bench
 sweep and records the measured winners (bench/planner/measure.py).  ``resolve.choose`` is the same search for
-one run's ``strategy.micro_batch_size=auto`` and ``tuning=best`` (bench/job.py).
+one run's ``strategy.micro_batch_size=auto`` and ``tuning=best`` (bench/launch/job.py).
 """

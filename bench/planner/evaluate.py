@@ -1,8 +1,8 @@
 """One candidate layout: validated, its memory planned, its throughput predicted, its days and GPU-hours.
 
 A candidate is a composed base config (one strategy) plus *changes* (dotted key -> value).  Each goes
-through ``bench.config.validate`` as a dry run (so a hardware preset is planned on any machine); one that
-does not validate is counted, not ranked.  The verdict is the memory plan's (bench/memory_model.py); a plan
+through ``bench.run.config.validate`` as a dry run (so a hardware preset is planned on any machine); one that
+does not validate is counted, not ranked.  The verdict is the memory plan's (bench/plan/memory_model.py); a plan
 that does not fit gets no prediction: it cannot run, so no tokens/s is stated for it.
 """
 from __future__ import annotations
@@ -11,10 +11,10 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from bench.config import validate
-from bench.memory_model import memory_plan
-from bench.predict import device_hardware, predict, prediction_line
-from bench.schema import ConfigError, Plan
+from bench.run.config import validate
+from bench.plan.memory_model import memory_plan
+from bench.plan.predict import device_hardware, predict, prediction_line
+from bench.run.schema import ConfigError, Plan
 
 FITS, TIGHT, NO_FIT, UNKNOWN = "fits", "tight", "does not fit", "unknown"
 ORDER = {FITS: 0, TIGHT: 1, UNKNOWN: 2, NO_FIT: 3}  # a tight or over-budget layout never ranks above one that fits
@@ -118,7 +118,7 @@ def _predicted(plan: Plan) -> Optional[dict]:
 
 
 def error_statement(pred: Optional[dict]) -> str:
-    """The prediction's error statement as bench.predict prints it (the part of its line after the numbers)."""
+    """The prediction's error statement as bench.plan.predict prints it (the part of its line after the numbers)."""
     line = prediction_line(pred)
     return line.split("; ", 1)[1] if "; " in line else line
 

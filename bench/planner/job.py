@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from bench.hardware import resolve as resolve_hardware
-from bench.runs import override_key
-from bench.schema import ConfigError
+from bench.machine.hardware import resolve as resolve_hardware
+from bench.run.runs import override_key
+from bench.run.schema import ConfigError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30,
@@ -103,10 +103,10 @@ def parse(argv: list[str]) -> Question:
 
 def compose(overrides: list[str], config_dirs: Iterable[str] = ()) -> dict:
     """conf/config.yaml with the overrides (and the user's config dirs), as ``python -m bench`` composes it: a plain
-    dict with the model resolved once (bench/config.py run_config: a Hugging Face config read in)."""
+    dict with the model resolved once (bench/run/config.py run_config: a Hugging Face config read in)."""
     from hydra import compose as hydra_compose, initialize_config_dir
 
-    from bench.config import register_configs, run_config
+    from bench.run.config import register_configs, run_config
 
     register_configs()
     extra = [f"hydra.searchpath=[{','.join('file://' + d for d in config_dirs)}]"] if config_dirs else []
@@ -120,7 +120,7 @@ def job_overrides(q: Question, cfg: dict) -> tuple[list[str], dict]:
     hw = resolve_hardware(cfg)
     if hw is None or not hw.peak_tflops:
         raise ConfigError("hardware", (cfg.get("hardware") or {}).get("name"), "the planner predicts for a GPU: name "
-                          "one (hardware=h100_sxm_80gb, a100_80gb, ...; bench/hardware.py) or describe yours")
+                          "one (hardware=h100_sxm_80gb, a100_80gb, ...; bench/machine/hardware.py) or describe yours")
     per_node = q.gpus_per_node or hw.gpus_per_node or 8
     set_ws = any(override_key(o) == "world_size" for o in q.overrides)
     ws = q.nodes * per_node if q.nodes else (cfg["world_size"] if set_ws else per_node)

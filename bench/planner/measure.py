@@ -1,6 +1,6 @@
 """``measure_top=K``: run the planner's first K layouts for real, as one ordinary bench sweep, and put each
 measurement beside its prediction; the fastest measured setting of each strategy goes into the user's store of
-measured bests (bench/bests.py), where ``tuning=best`` finds it.
+measured bests (bench/plan/bests.py), where ``tuning=best`` finds it.
 
 Each row becomes a config of its own (``<out>/conf/planned/row<rank>.yaml``, a sweep arm like
 conf/experiment/arm/) and the sweep is ``python -m bench --multirun hydra.searchpath=[file://<out>/conf]
@@ -18,7 +18,7 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-from bench.runs import override_key, read_result, rerun_command
+from bench.run.runs import override_key, read_result, rerun_command
 
 SUBDIR = "measure"
 
@@ -72,8 +72,8 @@ def beside(picks: list[dict], runs: dict[int, dict]) -> list[dict]:
 
 
 def record_winners(runs: dict[int, dict], commands: dict[int, str], source: str) -> Optional[Path]:
-    """The fastest completed run of each strategy identity into the user's store (bench/bests.py ``record``)."""
-    from bench import bests
+    """The fastest completed run of each strategy identity into the user's store (bench/plan/bests.py ``record``)."""
+    from bench.plan import bests
     from bench.strategies.registry import get_spec
 
     best: dict[str, tuple[dict, int]] = {}

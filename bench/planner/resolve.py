@@ -1,7 +1,7 @@
 """One run's ``strategy.micro_batch_size=auto`` and ``tuning=best``, resolved by the planner's search.
 
-Validation (bench/config.py) resolves ``auto`` by memory alone: the largest micro-batch that fits.  One layer up
-(bench/job.py calls :func:`choose`), where a prediction may be made, this search takes the validated plan and
+Validation (bench/run/config.py) resolves ``auto`` by memory alone: the largest micro-batch that fits.  One layer up
+(bench/launch/job.py calls :func:`choose`), where a prediction may be made, this search takes the validated plan and
 chooses, for the strategy and layout the user named, the fastest predicted setting that fits without being
 tight among the micro-batch (with ``auto``), recompute and the strategy's knobs the memory plan counts (FSDP2's
 reshard and unit size, say), keeping every key the user set (and the precision: fp8 only when asked for).  With
@@ -13,13 +13,13 @@ import copy
 import logging
 from typing import Iterable, Optional
 
-from bench.config import validate
+from bench.run.config import validate
 from bench.planner.evaluate import NO_FIT, Evaluator, Row
 from bench.planner.search import MICRO_BATCH, best_micro_batch, improve_knobs, recomputes, tunable_knobs
-from bench.predict import device_hardware
-from bench.schema import Plan
+from bench.plan.predict import device_hardware
+from bench.run.schema import Plan
 from bench.strategies.registry import get_spec
-from bench.tuning_profiles import with_search
+from bench.run.tuning_profiles import with_search
 
 log = logging.getLogger("bench")
 
@@ -103,7 +103,7 @@ def apply(plan: Plan, choice: dict, gpus: Optional[int] = None) -> Plan:
 
 
 def resolved(plan: Plan, explicit: Iterable[str] = (), gpus: Optional[int] = None, run: str = "") -> Plan:
-    """The plan a run (bench/job.py) or a sweep's job runs: with the choice applied, and the choice and the
+    """The plan a run (bench/launch/job.py) or a sweep's job runs: with the choice applied, and the choice and the
     runner-up logged (naming ``run``, the run's folder: a sweep's lines interleave); the plan itself when there is
     nothing to choose."""
     choice = choose(plan, list(explicit), gpus)

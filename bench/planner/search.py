@@ -3,7 +3,7 @@ then the strategy's own knobs on the leaders.
 
 Bounded by construction: tp in 1, 2, 4, 8 (inside a node), pp in 1, 2, 4, cp (context parallelism, for a strategy
 whose schema has it) over the divisors of world_size / tp that cut the sequence into 2 x cp chunks, without a
-pipeline or HSDP replicas (what bench/layout_rules.py refuses), the micro-batch over the divisors of
+pipeline or HSDP replicas (what bench/run/layout_rules.py refuses), the micro-batch over the divisors of
 the per-rank batch (the best one of each group is kept: a group is one row), and a strategy's knobs (their
 ``tune`` candidates in the schema) tried one at a time, only on the ``LEADERS`` best rows.  A knob is applied
 only when the memory plan counts it (its value changes the planned peak): one whose memory the plan does not
@@ -15,11 +15,11 @@ from __future__ import annotations
 import itertools
 from typing import Callable, Iterable, Optional
 
-from bench.config import FLOAT8_MIN_CC
-from bench.hardware import resolve as resolve_hardware
-from bench.layout_rules import CP_CHUNK_ROWS
+from bench.run.config import FLOAT8_MIN_CC
+from bench.machine.hardware import resolve as resolve_hardware
+from bench.run.layout_rules import CP_CHUNK_ROWS
 from bench.planner.evaluate import FITS, NO_FIT, Evaluator, Row, get_key
-from bench.schema import BenchConfig, fields_of
+from bench.run.schema import BenchConfig, fields_of
 from bench.strategies.registry import StrategySpec, get_spec
 
 TP = (1, 2, 4, 8)
@@ -217,7 +217,7 @@ def leaders(rows: list[Row]) -> list[int]:
 
 def _unique(rows: list[Row]) -> list[Row]:
     """One row per distinct setting (a knob search can reach a setting another group already is)."""
-    from bench.runs import run_key
+    from bench.run.runs import run_key
 
     seen, out = set(), []
     for r in rows:

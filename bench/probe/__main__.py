@@ -23,7 +23,7 @@ def _args(argv: Optional[list[str]]) -> argparse.Namespace:
                    "under torchrun or srun the launcher's ranks are used")
     p.add_argument("--quick", action="store_true", help="fewer repeats and smaller messages (CI, a first look)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--regime", help="a link regime: NCCL's environment of bench/link_regime.py (default, p2p_off, "
+    p.add_argument("--regime", help="a link regime: NCCL's environment of bench/machine/link_regime.py (default, p2p_off, "
                    "sockets, few_channels) set in every rank; the profile records it and the transport NCCL used "
                    "(default: $BENCH_LINK_REGIME, else default)")
     return p.parse_args(argv)
@@ -36,9 +36,9 @@ def _fail(key: str, value, valid: str) -> int:
 
 def main(argv: Optional[list[str]] = None) -> int:
     a = _args(argv)
-    from bench.hardware import preset_nodes
+    from bench.machine.hardware import preset_nodes
 
-    from bench.link_regime import REGIME_VAR, REGIMES
+    from bench.machine.link_regime import REGIME_VAR, REGIMES
 
     regime = a.regime or os.environ.get(REGIME_VAR) or "default"
     if regime not in REGIMES:
@@ -72,7 +72,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _nccl_dir(launched: bool) -> str:
-    """Where the ranks write NCCL's log (bench/link_regime.py): one folder for the ranks of a node."""
+    """Where the ranks write NCCL's log (bench/machine/link_regime.py): one folder for the ranks of a node."""
     import tempfile
 
     if not launched:

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 import torch
 
-from bench.hardware import cpu_name
+from bench.machine.hardware import cpu_name
 
 GIB = 2 ** 30
 MIB = 2 ** 20

@@ -1,4 +1,4 @@
-"""The probe's numbers as a hardware profile: the fields of bench/hardware.py's HardwareConfig that the memory
+"""The probe's numbers as a hardware profile: the fields of bench/machine/hardware.py's HardwareConfig that the memory
 plan and the prediction read, ``source: probe``, and a ``probe`` record of what was measured, how, and what
 was not (with why).  Written as a YAML that Hydra composes as ``hardware=<file name>`` when it lies in a
 ``hardware/`` folder of a ``--config-dir``."""
@@ -11,9 +11,9 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-from bench.hardware import check
+from bench.machine.hardware import check
 from bench.probe.comm import link_gbps
-from bench.schema import ConfigError
+from bench.run.schema import ConfigError
 
 
 def _r(x: Optional[float], digits: int = 4) -> Optional[float]:
@@ -65,7 +65,7 @@ def build(name: str, alone: dict, intra: Optional[dict], inter: Optional[dict], 
 
 
 def intra_node_link(alone: dict) -> tuple[str, str, dict]:
-    """(intra_node_link, how it was found, the NCCL record): the link NCCL's log says it used (bench/link_regime.py:
+    """(intra_node_link, how it was found, the NCCL record): the link NCCL's log says it used (bench/machine/link_regime.py:
     P2P over an active NVLink = nvlink, P2P without = pcie, SHM = shm, NET = socket / ib), else NVML's guess."""
     nccl = alone.get("nccl") or {}
     if nccl.get("link"):
@@ -82,7 +82,7 @@ def _torch_version() -> str:
 
 def write(path: str, profile: dict) -> None:
     """The YAML, with a header that says how to use it; then one line on stdout saying where and whether it
-    passes the check every hardware passes (bench/hardware.py: a field the probe could not measure fails it)."""
+    passes the check every hardware passes (bench/machine/hardware.py: a field the probe could not measure fails it)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     use = usage(p)

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from bench import link_regime
+from bench.machine import link_regime
 from bench.probe import comm, measure
 from bench.probe.profile import build, write
 

@@ -13,10 +13,10 @@ from typing import Callable, ClassVar, Optional
 
 import torch
 
-from bench.data import SyntheticStream
-from bench.model import DTYPES
+from bench.models.data import SyntheticStream
+from bench.models.model import DTYPES
 from bench.metrics.timing import phase
-from bench.schema import Plan
+from bench.run.schema import Plan
 
 
 @dataclass

@@ -6,19 +6,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.layout_rules import check_torch_native
-from bench.schema import AddedLayoutKnobs, ConfigError, Plan, knob
+from bench.run.layout_rules import check_torch_native
+from bench.run.schema import AddedLayoutKnobs, ConfigError, Plan, knob
 from bench.strategies.registry import FP32, ModelStates, Scheme, StrategySpec, register
 from bench.parallel.dp import FSDP2
 from bench.parallel.float8 import fsdp_float8_all_gather
 from bench.strategies.torch_native import torch_native
-from bench.traffic import (all_gather, compute_bytes, cp_kv_exchange, hsdp_grad_reduce, merge, param_tensors,
+from bench.plan.traffic import (all_gather, compute_bytes, cp_kv_exchange, hsdp_grad_reduce, merge, param_tensors,
                            pp_p2p, torch_native_hooks, tp_activation)
 
 
 @dataclass
 class FSDPConfig(AddedLayoutKnobs):
-    """PyTorch FSDP2 knobs (defaults are torch's); tp, pp and the pipeline's knobs: bench/schema.py."""
+    """PyTorch FSDP2 knobs (defaults are torch's); tp, pp and the pipeline's knobs: bench/run/schema.py."""
 
     name: str = "fsdp"
     reshard_after_forward: bool = knob(True, "true: free a unit's gathered parameters after its forward, gather "
@@ -145,7 +145,7 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     own = {"param_gather": gathers * all_gather(params * gather_bytes, dp), "grad_reduce": scatter,
            "collectives": units * (gathers + syncs * (1 + (replicate > 1))),
            "hooks": 4 * units * m + param_tensors(plan) * (gathers + 2)}
-    if replicate > 1:  # over the replicate group (bench/topology.py KIND_GROUP), the rest over the shard group
+    if replicate > 1:  # over the replicate group (bench/plan/topology.py KIND_GROUP), the rest over the shard group
         own["grad_replicate"] = across
     if s["cpu_offload"]:  # fp32 shards in (per gather) and gradients out, the AdamW step on the host
         own.update(offload=4 * params / dp * (gathers + 1), host_adam=params / dp)

@@ -5,7 +5,7 @@ schema (the only source of its defaults, with each knob's documentation and sear
 its validation rules, how it holds model states (the memory plan), what a step moves between devices
 (the throughput prediction), its tuning profile, what the fork server should preload, and its class
 (bench/strategies/base.py: the interface).  Nothing outside
-the module names the strategy: bench.config, the memory plan, the run key and the knob search ask
+the module names the strategy: bench.run.config, the memory plan, the run key and the knob search ask
 this module, which imports every module of the package once (importing none of them itself, so that
 what only needs the descriptions - validation, run keys, the analysis - stays light).  Adding a
 strategy is adding its module: nothing here names one.
@@ -17,7 +17,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from bench.schema import Plan
+from bench.run.schema import Plan
 
 @dataclass(frozen=True)
 class Scheme:
@@ -42,7 +42,7 @@ AUTOCAST_COPY = Scheme("autocast_copy", 4, 4, 12)  # + an optimizer's own fp32 c
 
 @dataclass(frozen=True)
 class ModelStates:
-    """How a strategy holds parameters, gradients, optimizer states and activations (bench/memory_model.py).
+    """How a strategy holds parameters, gradients, optimizer states and activations (bench/plan/memory_model.py).
 
     ``scheme``: bytes per parameter (:class:`Scheme`); ``stage``: ZeRO stage
     (>= 1 optimizer / dp, >= 2 gradients / dp, 3 parameters / dp); the offloads move a part to the
@@ -63,7 +63,7 @@ class ModelStates:
     parameter of the unsharded gradients kept between gradient-accumulation micro-batches instead of the sharded
     ones (FSDP2 with gradient sync off but on the last micro-batch: every parameter's gradient, upcast to the
     reduce dtype); ``extra_communicators``: NCCL communicators the implementation creates beyond one per layout
-    dimension (bench/memory_margins.py); ``cuda_graph_pool``: the step is captured in a CUDA graph whose private
+    dimension (bench/plan/memory_margins.py); ``cuda_graph_pool``: the step is captured in a CUDA graph whose private
     pool holds the captured step's activations and temporaries beside the eager steps' cached blocks."""
 
     scheme: Scheme
@@ -133,8 +133,8 @@ class StrategySpec:
     # backward (ZeRO-3's gathered parameters), "backward" from a backward's first gradient to its end (ZeRO's reduce
     # buckets: beside the activations, not beside the loss' logits buffers), "step" the optimizer step's temporaries
     phase_buffers: Callable[[Plan, float, float], tuple[dict[str, float], str]] = no_phase_buffers
-    # the throughput prediction (bench/predict.py): (plan, parameters on the rank) -> per step, bytes sent by
-    # kind and host work (keys: bench/traffic.py)
+    # the throughput prediction (bench/plan/predict.py): (plan, parameters on the rank) -> per step, bytes sent by
+    # kind and host work (keys: bench/plan/traffic.py)
     traffic: Callable[[Plan, float], dict[str, float]] = no_traffic
     # the analysis: the words naming a run of it, given its varying knob values ({knob: value}; the layout's
     # tp / pp and recompute are added by the analysis), and the knob whose values its variants figure compares
@@ -142,7 +142,7 @@ class StrategySpec:
     variants_figure: Optional[tuple[str, str]] = None  # (knob, figure title)
     baseline: bool = False  # the single-device baseline every other strategy is compared with
     # tuning profiles (tuning=best): {dotted key: (value, evidence[, unless(plan) -> reason or None])};
-    # bench/tuning_profiles.py applies them
+    # bench/run/tuning_profiles.py applies them
     profiles: dict[str, dict[Any, tuple]] = field(default_factory=dict)
     # the knob search (bench/sweep/search.py): {dotted key: values} of keys that are part of the strategy's identity,
     # not knobs (each value a strategy of its own in the analysis and the store of measured bests: ZeRO's stages); a

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import OmegaConf
 
-from bench.model import Block, build_model, lm_loss
+from bench.models.model import Block, build_model, lm_loss
 from bench.parallel.ac import apply_ac
 from bench.parallel.compile import compile_kwargs
 from bench.strategies.base import StepResult, Strategy

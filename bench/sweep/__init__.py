@@ -4,9 +4,9 @@
 sweeper (the same cartesian product of ``a=1,2 b=x,y`` and ``hydra.sweeper.params``) plus, before
 anything runs, a plan of every job:
 
-* its resolved configuration and **run key** (bench/runs.py: a hash of the resolved configuration
+* its resolved configuration and **run key** (bench/run/runs.py: a hash of the resolved configuration
   without the keys that do not change what runs; stored in the run's status.json and metrics.json);
-* a pre-check (``bench.config.validate``): a combination that cannot run is recorded right away
+* a pre-check (``bench.run.config.validate``): a combination that cannot run is recorded right away
   as status ``invalid`` with the reason, and no process (or SLURM job) is started for it; one the
   memory plan predicts will not fit is recorded ``skipped`` with the prediction (``force_run=true``
   runs it);

@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.metrics import STATUSES, skeleton
-from bench.runs import ATTEMPTS, move_aside, read_result, scan
+from bench.run.runs import ATTEMPTS, move_aside, read_result, scan
 from bench.sweep.jobs import subdir_override
 from bench.sweep.status_report import MANIFEST
 

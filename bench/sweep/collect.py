@@ -26,8 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.launch.slurm.collect import ACTIVE, NEVER_STARTS, ended_without_status, never_starts, squeue_states
 from bench.launch.slurm.record import QUEUED, mark_failed
-from bench.runs import STATUSES as FINAL
-from bench.runs import read_result
+from bench.run.runs import STATUSES as FINAL
+from bench.run.runs import read_result
 from bench.sweep.status_report import SUMMARY, exit_code_of, format_summary, summarize
 
 log = logging.getLogger("bench.sweep")

@@ -11,13 +11,13 @@ from typing import Callable, Optional, Sequence
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from bench.cli_errors import missing_option
-from bench.config import validate
+from bench.run.cli_errors import missing_option
+from bench.run.config import validate
 from bench.planner.resolve import resolved
-from bench.memory_model import fits, memory_plan
+from bench.plan.memory_model import fits, memory_plan
 from bench.metrics import identity
-from bench.runs import override_key, run_key
-from bench.schema import ConfigError, Plan
+from bench.run.runs import override_key, run_key
+from bench.run.schema import ConfigError, Plan
 from bench.sweep.cost import CostModel, fmt_s, history_records
 from bench.sweep.status_report import NOT_RUN, reason_lines
 
@@ -36,8 +36,8 @@ class Job:
     error: Optional[dict] = None  # pre-check ConfigError (invalid) or predicted OOM (skipped)
     dir: Optional[str] = None  # folder name in the sweep dir
     estimate_s: Optional[float] = None
-    memory: Optional[dict] = None  # the memory plan (bench/memory_model.py)
-    prediction: Optional[dict] = None  # dry runs: the throughput prediction (bench/predict.py)
+    memory: Optional[dict] = None  # the memory plan (bench/plan/memory_model.py)
+    prediction: Optional[dict] = None  # dry runs: the throughput prediction (bench/plan/predict.py)
     plan: Optional[Plan] = None  # the validated plan (the knob search predicts its trials from it)
 
     def record(self) -> dict:
@@ -87,7 +87,7 @@ def compose(job: Job, load: Callable[[list[str]], DictConfig], gpus: Callable[[d
         return
     try:
         explicit = [override_key(o) for o in job.overrides]
-        # auto / tuning=best resolved as the run itself resolves them (bench/job.py), so both compute one run key
+        # auto / tuning=best resolved as the run itself resolves them (bench/launch/job.py), so both compute one run key
         plan = resolved(validate(dict(job.cfg), gpus=gpus(job.cfg), explicit=explicit), explicit, gpus(job.cfg),
                         f"job {job.num}: {' '.join(job.overrides)}")
     except ConfigError as e:
@@ -100,7 +100,7 @@ def compose(job: Job, load: Callable[[list[str]], DictConfig], gpus: Callable[[d
     job.key, job.ident = run_key(job.cfg), identity(job.cfg)
     job.memory = memory_plan(plan, gpu_memory_gib=gpu_memory_gib(job.cfg))
     if job.cfg.get("dry_run"):  # the answer before any GPU is spent: <sweep>/plans.json
-        from bench.predict import predicted
+        from bench.plan.predict import predicted
 
         job.prediction = predicted(plan)
     verdict = fits(job.memory, plan)

@@ -13,7 +13,7 @@ from hydra.core.utils import JobStatus
 from omegaconf import OmegaConf
 
 from bench.jsonio import write_json_atomic
-from bench.runs import mark_unfinished, read_result
+from bench.run.runs import mark_unfinished, read_result
 from bench.sweep import claims
 from bench.sweep.claims import SweepFolder
 from bench.sweep.cost import fmt_s

@@ -14,7 +14,7 @@ command line expands to (a *base*: one strategy, model, world size, ...):
   candidate values each knob declares in its schema (``knob(..., tune=(...))``; a knob the command
   line sets is not searched).  Candidates that
   compose to the same run key are one; those that cannot run are recorded ``invalid`` with the reason;
-* where there is a GPU to predict for (bench/predict.py), rung 0 runs the default first and the others in
+* where there is a GPU to predict for (bench/plan/predict.py), rung 0 runs the default first and the others in
   order of predicted tokens/s, and does not run those predicted below ``DROP_BELOW`` (70%) of the best
   predicted (tune.json names them, with the prediction);
 * rung 0 runs every candidate for ``rungs[0]`` = (warm-up, timed) steps; each later rung runs the best
@@ -31,7 +31,7 @@ command line expands to (a *base*: one strategy, model, world size, ...):
 It writes ``<sweep dir>/tune.json``: per base, every trial (rung, settings, status, its measurement per
 rung) and the winner (:func:`winner`) as the ``python -m bench ...`` command line that runs it once;
 multirun_analysis reports default vs best.  The winners also go into the user's store of measured bests
-(bench/bests.py), where ``tuning=best`` finds them for the nearest workload on the same device type.
+(bench/plan/bests.py), where ``tuning=best`` finds them for the nearest workload on the same device type.
 Why not Hydra's Optuna sweeper: its trials would bypass bench's plan (run keys, resume, recorded
 invalid and skipped runs), and a grid this small is searched exhaustively at rung 0 anyway.
 """
@@ -45,17 +45,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from bench.bests import winner
+from bench.plan.bests import winner
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.strategies.registry import get_spec, specs
-from bench.runs import override_key, read_result, rerun_command, scan
-from bench.schema import BenchConfig, ConfigError, fields_of
+from bench.run.runs import override_key, read_result, rerun_command, scan
+from bench.run.schema import BenchConfig, ConfigError, fields_of
 from bench.sweep.jobs import Job
 from bench.sweep.sweeper import BenchSweeper
 
 RESULT = "tune.json"
 # rung 0 does not measure a candidate predicted below this fraction of the best predicted one: only candidates the
-# prediction ranks further behind than its 90th-percentile error (bench/calibration.json "error", printed by
+# prediction ranks further behind than its 90th-percentile error (bench/plan/calibration.json "error", printed by
 # python -m bench.calibrate) are dropped
 DROP_BELOW = 0.7
 log = logging.getLogger("bench.sweep")
@@ -306,7 +306,7 @@ class KnobSearchSweeper(BenchSweeper):
         return ran
 
     def _write(self, state: list[dict]) -> None:
-        from bench.bests import user_store
+        from bench.plan.bests import user_store
 
         out = {"budget_min": self.budget_min, "spent_min": round(self.spent_min(), 2), "rungs": self.rungs,
                "keep": self.keep, "repeats": self.repeats, "time": time.time(), "drop_below": DROP_BELOW,
@@ -330,9 +330,9 @@ class KnobSearchSweeper(BenchSweeper):
 
 def by_prediction(st: dict) -> list[Job]:
     """Rung 0's runs of a base, the default first (the reference every gain is measured against), the others
-    by predicted tokens/s (bench/predict.py), without those predicted below DROP_BELOW of the best predicted
+    by predicted tokens/s (bench/plan/predict.py), without those predicted below DROP_BELOW of the best predicted
     (never measured: tune.json names them and why).  As they are where nothing can be predicted (a CPU run)."""
-    from bench.predict import predicted
+    from bench.plan.predict import predicted
 
     trials = [t for t in st["trials"] if t["rung"] == 0]
     for t in trials:
@@ -361,9 +361,9 @@ def by_prediction(st: dict) -> list[Job]:
 
 
 def record_bests(sweep_dir: Path) -> None:
-    """Every base's winner into the user's store of measured bests (bench/bests.py), where tuning=best finds
+    """Every base's winner into the user's store of measured bests (bench/plan/bests.py), where tuning=best finds
     it; a store that cannot be written costs a warning, not the search."""
-    from bench import bests
+    from bench.plan import bests
 
     tune = read_json_dict(Path(sweep_dir) / RESULT) or {}
     try:

@@ -12,7 +12,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from bench.jsonio import read_json_dict, write_json_atomic
-from bench.runs import read_result, scan
+from bench.run.runs import read_result, scan
 
 log = logging.getLogger("bench.sweep")
 

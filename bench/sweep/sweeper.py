@@ -15,7 +15,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from bench.runs import FAILED, scan
+from bench.run.runs import FAILED, scan
 from bench.sweep.claims import SweepFolder
 from bench.sweep.jobs import Job, compose, declare_preloads, expand, log_plan, subdir_override, write_plans
 from bench.sweep.runner import Runner
@@ -60,7 +60,7 @@ class BenchSweeper(Sweeper):
         if fn is not None:
             return fn(cfg)
         if self._gpus is None:
-            from bench.config import cuda_device_count
+            from bench.run.config import cuda_device_count
 
             self._gpus = cuda_device_count()
         return self._gpus

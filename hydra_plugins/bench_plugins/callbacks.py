@@ -1,6 +1,6 @@
 """One run submitted without ``--multirun`` (``python -m bench hydra/launcher=slurm ...``: bench/__main__.py
 makes it a one-job sweep) exits as a single run does: a sweep exits 0 with runs that were invalid or predicted
-not to fit (recorded; the sweep went on), a single run 2 / 3 (bench/job.py ``exit_code``).  It replaces the
+not to fit (recorded; the sweep went on), a single run 2 / 3 (bench/launch/job.py ``exit_code``).  It replaces the
 sweep's summary callback (Hydra calls end callbacks in reverse order, so one added after it would run first)."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class SingleRunSweepCallback(SweepCallback):
     """The sweep's summary (which exits on failed / interrupted runs), then the exit code of its one run."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from bench.job import exit_code
+        from bench.launch.job import exit_code
 
         super().on_multirun_end(config, **kwargs)
         if OmegaConf.select(config, "hydra.sweeper.dry_run", default=False) or config.get("dry_run"):

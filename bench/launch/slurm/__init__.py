@@ -45,14 +45,14 @@ cluster, no such partition - in one line before any run is recorded, and sbatch'
 Planning side.  The sweeper plans every job on the machine that submits (a login node, often without a GPU):
 ``submit=slurm`` (set with hydra/launcher=slurm by bench/__main__.py, which also makes one run a one-job
 sweep) tells validation that the run's GPUs are the allocation's, so ``hardware=<preset>`` is planned for
-here and ``hardware=auto`` without a visible GPU is refused (bench/hardware_rules.py); the job checks the
+here and ``hardware=auto`` without a visible GPU is refused (bench/machine/hardware_rules.py); the job checks the
 device it landed on against the preset when it validates again on its node.
 
-Task side (bench/job.py ``run_task``, bench/launch/task.py ``launch_task_rank``).  Under submitit there is
+Task side (bench/launch/job.py ``run_task``, bench/launch/task.py ``launch_task_rank``).  Under submitit there is
 no torchrun: the task function runs in every task; when the job
 has world_size tasks, this process IS a rank: it exports the torch.distributed environment from
 submitit (``TorchDistributedEnvironment().export()``: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT; a world_size=1 run in its one task too), validates and calls ``bench.worker.worker_main``
+MASTER_PORT; a world_size=1 run in its one task too), validates and calls ``bench.launch.worker.worker_main``
 directly.  Rank 0 writes
 status.json and metrics.json, the other ranks only their rank files.  A watchdog thread in every
 rank ends the run on ``run_timeout_s`` or when another rank has failed (its failure_rank*.json

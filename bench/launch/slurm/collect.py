@@ -164,8 +164,8 @@ class JobCollector:
     def _finish(self, num: int, overrides: list, sc: DictConfig, job,
                 queued: Optional[tuple[str, str]] = None) -> JobReturn:
         """The JobReturn of a job that is over; its run gets a final status if it recorded none."""
-        from bench.runs import STATUSES as FINAL
-        from bench.runs import read_result
+        from bench.run.runs import STATUSES as FINAL
+        from bench.run.runs import read_result
 
         d = job_dir(sc, num)
         r = read_result(d) if d.is_dir() else None
@@ -210,7 +210,7 @@ class JobCollector:
                     queued: Optional[tuple[str, str]], error: Optional[BaseException]) -> str:
         """Record a run its job left without a final status, from SLURM's last state: ``timeout`` for
         TIMEOUT / TimeLimit, ``oom`` for OUT_OF_MEMORY, else ``failed``; returns the status recorded."""
-        from bench.runs import read_result
+        from bench.run.runs import read_result
 
         status, msg = ended_without_status(str(job.job_id), queued)
         if error is not None:

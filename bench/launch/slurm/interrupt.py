@@ -9,7 +9,7 @@ from bench.launch.slurm.record import job_dir, log, mark_failed
 def cancel_unfinished(executor: str, submitted: list) -> None:
     """Record every submitted job not done yet as interrupted, then cancel it (scancel); never raises,
     so the KeyboardInterrupt that called it goes on up."""
-    from bench.runs import read_result
+    from bench.run.runs import read_result
 
     for num, _, sc, job in submitted:
         if job.done():

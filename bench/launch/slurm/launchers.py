@@ -45,11 +45,11 @@ class BenchLocalLauncher(PerJobLauncher, LocalLauncher):
         return None  # every task on this machine
 
     def _uses_gpu(self, cfg: DictConfig) -> bool:
-        from bench.config import cuda_device_count
+        from bench.run.config import cuda_device_count
 
         return str(cfg.device) == "cuda" or (str(cfg.device) == "auto" and cuda_device_count() > 0)
 
     def precheck_gpus(self, cfg: dict) -> int:
-        from bench.config import cuda_device_count
+        from bench.run.config import cuda_device_count
 
         return cuda_device_count()

@@ -27,7 +27,7 @@ def job_dir(sc: DictConfig, num: int) -> Path:
 def mark_failed(d: Path, sc: DictConfig, message: str, info: dict, status: str = "failed") -> None:
     """Give the run in ``d`` a final status (``failed`` unless said) with ``message`` as its reason,
     unless the run recorded one itself; the ranks' failure records, if any, name the root cause."""
-    from bench.runs import mark_unfinished, read_failures
+    from bench.run.runs import mark_unfinished, read_failures
 
     d.mkdir(parents=True, exist_ok=True)
     try:

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from bench.launch.slurm.interrupt import cancel_unfinished
 from bench.launch.slurm.preflight import refusal
 from bench.launch.slurm.record import job_dir, leave_queued, log, mark_failed
-from bench.schema import ConfigError
+from bench.run.schema import ConfigError
 
 
 def _repository_importable() -> None:
@@ -119,7 +119,7 @@ class JobSubmitter:
 
     def _refused(self, num: int, overrides: list, sc: DictConfig, msg: str) -> JobReturn:
         """Record the run of a job that was not submitted ``failed``, with why (one line); the sweep goes on."""
-        from bench.runs import read_result
+        from bench.run.runs import read_result
 
         d = job_dir(sc, num)
         r = read_result(d) if d.is_dir() else None

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 
-from bench.layout import resolve_schedule
-from bench.schema import ConfigError, Plan
+from bench.run.layout import resolve_schedule
+from bench.run.schema import ConfigError, Plan
 from bench.strategies.model_parallel import Implementation, register_implementation
 from bench.strategies.registry import FP32, MIXED, ModelStates, Scheme
-from bench.traffic import all_gather, all_reduce, buckets, merge, param_tensors, pp_p2p, tp_activation
+from bench.plan.traffic import all_gather, all_reduce, buckets, merge, param_tensors, pp_p2p, tp_activation
 
 NAME = "megatron"  # the strategy.impl value, and the strategy of the same name (megatron/__init__.py)
 
@@ -97,7 +97,7 @@ def model_states(cfg: dict) -> ModelStates:
                        # softmax it saves becomes the gradient), whose 16-bit cast then flows back: 4 + 2 B
                        loss_bytes_per_logit=6,
                        # NVML used - reserved of one-GPU Megatron runs in results/ is 1.17 GiB above torch's: ~3
-                       # communicators of its own parallel state (bench/memory_margins.py NCCL_COMM_BYTES)
+                       # communicators of its own parallel state (bench/plan/memory_margins.py NCCL_COMM_BYTES)
                        extra_communicators=3, cuda_graph_pool=bool(s.get("cuda_graph")),
                        note=f"megatron tp={s['tp']} pp={s['pp']}"
                             + (" distributed optimizer" if s["use_distributed_optimizer"] else ""))

@@ -15,7 +15,7 @@
   and a torch LayerNorm / RMSNorm that also works under sequence parallelism (:class:`LayerNorm`,
   :class:`RMSNorm`); ``spec=local`` keeps Megatron's DotProductAttention; ``spec=te`` is
   Megatron's TE spec (its norms follow config.normalization).
-* :func:`load_bench_weights` copies bench's initialisation (bench.model.build_model) into a
+* :func:`load_bench_weights` copies bench's initialisation (bench.models.model.build_model) into a
   (TP-sharded, PP-split) Megatron chunk, so every layout starts from the weights of
   strategy=single.  Megatron's fused layouts (megatron-core 0.16.1): ``linear_qkv`` holds, per
   query group g, [the n_heads/n_kv_heads query heads of g; k_g; v_g] (SelfAttention.
@@ -46,7 +46,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from bench.model import DTYPES, sdpa_kv
+from bench.models.model import DTYPES, sdpa_kv
 
 
 

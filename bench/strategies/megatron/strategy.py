@@ -17,7 +17,7 @@ The data: every rank holds its data-parallel slice of the same global batches as
 strategy (SyntheticStream with dp_rank from the layout); the first stage reads the tokens,
 the last the labels.  Loss: the mean over micro-batches of the per-token loss on the last
 stage (a clone: the schedule divides the loss in place); reported, with the tokens, only by
-tp_rank 0 of the last stage (bench/layout.py).
+tp_rank 0 of the last stage (bench/run/layout.py).
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ import os
 
 import torch
 
-from bench.layout import TOKEN_RULE, resolve_schedule
-from bench.model import DTYPES, build_model
-from bench.schema import CUDA_GRAPH_CAPTURE_STEP
+from bench.run.layout import TOKEN_RULE, resolve_schedule
+from bench.models.model import DTYPES, build_model
+from bench.run.schema import CUDA_GRAPH_CAPTURE_STEP
 from bench.strategies.base import StepResult, Strategy
 
 log = logging.getLogger("bench.megatron")
@@ -152,7 +152,7 @@ def _after_failed_capture(stream, n: int) -> None:
     """An error inside the capture (out of memory: torch then raises AcceleratorError from capture_end,
     before torch.cuda.graph makes the step's stream current again) leaves the capture's stream current:
     restore it, so nothing after the failure runs on that stream, and leave the half-made graph alone
-    (never reset or replayed: the rank records the error and ends, bench/worker.py)."""
+    (never reset or replayed: the rank records the error and ends, bench/launch/worker.py)."""
     if torch.cuda.current_stream() != stream:
         log.error("step %d: the CUDA graph capture failed (strategy.cuda_graph); this rank ends", n)
         torch.cuda.set_stream(stream)
@@ -192,7 +192,7 @@ class MegatronModelParallel(Strategy):
         self.stream = self.data_stream(self.coord.dp)
 
     def _init_parallel_state(self) -> None:
-        """parallel_state's groups; checks that Megatron's coordinates are bench.layout's."""
+        """parallel_state's groups; checks that Megatron's coordinates are bench.run.layout's."""
         from megatron.core import parallel_state as ps
 
         p, cfg = self.plan, self.plan.cfg
@@ -206,7 +206,7 @@ class MegatronModelParallel(Strategy):
                 distributed_timeout_minutes=max(1, math.ceil(cfg["dist_timeout_s"] / 60)))
         got = (ps.get_data_parallel_rank(), ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank())
         if got != (c.dp, c.pp, c.tp):
-            raise RuntimeError(f"rank {self.dist.rank}: Megatron's (dp, pp, tp) = {got} != bench.layout's {c}")
+            raise RuntimeError(f"rank {self.dist.rank}: Megatron's (dp, pp, tp) = {got} != bench.run.layout's {c}")
 
     def _seed_and_bench_model(self):
         """bench's model (strategy.init=bench; else None), then Megatron-LM's seeding."""

@@ -1,12 +1,12 @@
 """Run identity and run folders: the run key, the statuses, and reading what a folder holds.
 
-One module below the single run (bench/job.py), the sweeper (bench/sweep/, bench/launch/slurm/) and
+One module below the single run (bench/launch/job.py), the sweeper (bench/sweep/, bench/launch/slurm/) and
 the analysis (multirun_analysis), so that all three agree on what a run is:
 
 * :func:`run_key`: a hash of the resolved configuration, without the keys that do not change
   what a run measures (``volatile`` in the schema) and without knobs added since runs were first
   recorded while they are at their default (``added``): an older sweep folder still resumes.
-  Both sets are read from the schema (bench/schema.py ``knob``), never from a hand-kept list;
+  Both sets are read from the schema (bench/run/schema.py ``knob``), never from a hand-kept list;
 * :func:`with_added_defaults`: the reading side of that rule, for runs recorded before a knob;
 * the statuses, ``status.json`` (written at each change) and :func:`read_result`;
 * :func:`rerun_command`: a run's overrides as the command that runs that setting once.
@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.metrics import STATUSES, skeleton
-from bench.schema import BenchConfig, ModelConfig, fields_of
+from bench.run.schema import BenchConfig, ModelConfig, fields_of
 
 FAILED = ("failed", "oom", "timeout", "interrupted")  # final, not completed, worth a re-run
 ATTEMPTS = ".attempts"

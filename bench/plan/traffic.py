@@ -1,5 +1,5 @@
 """What a strategy moves and adds per optimizer step: the terms each strategy declares
-(``StrategySpec.traffic``) for the throughput prediction (bench/predict.py).
+(``StrategySpec.traffic``) for the throughput prediction (bench/plan/predict.py).
 
 A strategy's ``traffic(plan, params_on_rank)`` returns a dict; every key is optional:
 
@@ -23,7 +23,7 @@ counts per step
                     torch.compile traces away); default 1
 
 Ring collectives: an all-reduce of B bytes over n ranks sends 2 B (n-1)/n per rank, an all-gather or a
-reduce-scatter B (n-1)/n.  Each byte kind travels over one group (bench/topology.py ``KIND_GROUP``: gradients and
+reduce-scatter B (n-1)/n.  Each byte kind travels over one group (bench/plan/topology.py ``KIND_GROUP``: gradients and
 parameters over the data-parallel group (its shard group under HSDP), the replicas' all-reduce of each gradient
 shard (HSDP, ``grad_replicate``) over the replicate group, activations over the tensor-parallel one, sends along the
 pipeline, K / V over the context-parallel one), whose placement on nodes sets the bandwidth.  Nothing here names a
@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from math import ceil
 
-from bench.model_spec import describe_model
-from bench.schema import Plan
+from bench.models.model_spec import describe_model
+from bench.run.schema import Plan
 
 BYTE_KINDS = ("grad_reduce", "param_gather", "tail", "activation", "p2p", "context", "offload")
 COUNT_KINDS = ("collectives", "hooks", "syncs", "host_adam", "graphed", "eager", "layer_host")

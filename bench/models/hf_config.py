@@ -1,5 +1,5 @@
 """The model section as it will run, settled before validation: a Hugging Face config read in, and the sizes
-that follow from a changed width derived.  bench.config.validate calls :func:`resolve_model` first, so the memory
+that follow from a changed width derived.  bench.run.config.validate calls :func:`resolve_model` first, so the memory
 plan, the prediction, the run and its record all read the one model dict this returns.
 
 ``model=hf model.hf_config=<config.json | a model folder | a Hub name in the local HF cache>``: the dense
@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from bench.schema import ConfigError
+from bench.run.schema import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def _schema_defaults() -> dict[str, Any]:
     """ModelConfig's defaults (UNSET where it has none)."""
     import dataclasses
 
-    from bench.schema import ModelConfig, fields_of
+    from bench.run.schema import ModelConfig, fields_of
 
     return {k: UNSET if f.default is dataclasses.MISSING or f.default == UNSET else f.default
             for k, f in fields_of(ModelConfig).items()}

@@ -1,4 +1,4 @@
-"""What must fit on the device beyond the allocated peak, and the verdict (bench/memory_model.py's plan).
+"""What must fit on the device beyond the allocated peak, and the verdict (bench/plan/memory_model.py's plan).
 
 needed = allocated peak x (1 + FRAGMENTATION)          the caching allocator's reserved-over-allocated
        + CUDA graph private pools                       a captured step's activations and temporaries
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from bench.schema import Plan
+from bench.run.schema import Plan
 
 GIB = 2**30
 # the plan over-predicts a measured peak rarely and by little (it under-predicts more often, by more): measured
@@ -25,7 +25,7 @@ TIGHT_BELOW = 0.05
 # failing, so what it cannot give back (inactive split blocks) is what must fit, not the tail of runs far below it
 FRAGMENTATION = 0.05
 # the plan's error against measured peaks (python -m multirun_analysis.prediction results/, 2026-11-26: 97.7% of
-# 810 completed GPU runs within 10%; bench/memory_model.py's docstring): a plan this close to the limit is tight
+# 810 completed GPU runs within 10%; bench/plan/memory_model.py's docstring): a plan this close to the limit is tight
 TIGHT = 0.10
 # one process's CUDA context, cuBLAS / cuDNN handles and kernels, outside the caching allocator: NVML used minus
 # max_memory_reserved of one-GPU runs in results/ (single, ddp, fsdp at world_size 1 on H200): 1.77-1.90 GiB

@@ -4,7 +4,7 @@ layers precision=fp8 converts, the activations a layer saves per token, the para
 Why: GPT and Llama differ in norms, MLP, biases and positions, and the memory plan, the traffic terms and the
 FLOPs all depend on it; each count that differs is a method of the family's class here (torchtitan's
 ``get_nparams_and_flops`` is the model), so generic code asks ``describe_model(model_cfg)`` and never branches on
-``model.arch``.  bench/model.py builds the modules these count; the tests check the counts against the built
+``model.arch``.  bench/models/model.py builds the modules these count; the tests check the counts against the built
 model and torch's FlopCounterMode.
 
 flops/token = 6N + 12 * L * d * seq  (forward + backward; PaLM appendix B)
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from bench.schema import ConfigError
+from bench.run.schema import ConfigError
 
 
 class SavedPerToken(NamedTuple):
@@ -99,7 +99,7 @@ class ModelDescription:
         return self.layers * g["block"] + g["norm"] + g["head"]
 
     def total_params(self) -> int:
-        """Unique parameters of bench.model.build_model: a tied output projection once."""
+        """Unique parameters of bench.models.model.build_model: a tied output projection once."""
         g = self.param_groups()
         return g["embedding"] + self.layers * g["block"] + g["norm"] + (0 if g["tied"] else g["head"])
 
@@ -138,7 +138,7 @@ class ModelDescription:
 
     # -- memory and traffic
     def saved_per_token(self, compiled: bool) -> SavedPerToken:
-        """What one layer saves for backward, per token (bench/memory_model.py's layer terms)."""
+        """What one layer saves for backward, per token (bench/plan/memory_model.py's layer terms)."""
         d = self.d
         return SavedPerToken(norm_inputs=2 * d, projection_inputs=(3 + self.mlp_inputs) * d, shared_inputs=2 * d,
                              attention=2 * self.heads * self.head_dim + 2 * self.kv_dim,

@@ -172,7 +172,7 @@ def exit_without_finalizing(exit_code: int) -> None:
 TEARDOWN_TIMEOUT_HEADER = re.compile(r"^Timeout \(\d+:\d\d:\d\d(\.\d+)?\)!$", re.M)  # faulthandler's dump
 # A failed rank's teardown (its exit; under SLURM, aborting its groups) ends after this long (or
 # teardown_timeout_s, if shorter): after an out-of-memory inside a CUDA graph capture on 4 H100s the
-# failing rank never exited (its NCCL abort blocks: bench/worker.py _close_process_group), and its peers
+# failing rank never exited (its NCCL abort blocks: bench/launch/worker.py _close_process_group), and its peers
 # waited in a collective until run_timeout_s.  (The launcher ends a run whose failed rank is still
 # there a little later: bench/launch/local.py FAILURE_GRACE_S.)
 FAILED_TEARDOWN_S = 5

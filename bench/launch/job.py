@@ -29,13 +29,14 @@ from typing import Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench import loggers, metrics
-from bench.config import validate
-from bench.data import loss_note
+from bench import metrics
+from bench.metrics import loggers
+from bench.run.config import validate
+from bench.models.data import loss_note
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.metrics import STATUSES, identity
-from bench.runs import holds_completed, read_failures, run_key, write_status
-from bench.schema import ConfigError, Plan
+from bench.run.runs import holds_completed, read_failures, run_key, write_status
+from bench.run.schema import ConfigError, Plan
 from bench.units import count_text
 
 log = logging.getLogger("bench")
@@ -111,7 +112,7 @@ def plan_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = (),
     except ConfigError as e:
         plan, err = None, e
     if plan is not None:
-        from bench.memory_model import memory_plan
+        from bench.plan.memory_model import memory_plan
 
         plan = resolve_choices(plan, explicit, gpus, run_dir.name)
         plan.memory = memory_plan(plan)
@@ -142,7 +143,7 @@ def run(cfg: DictConfig, run_dir: Path, command: list[str], t0: Optional[float] 
     if err is not None:
         return record_invalid(run_dir, raw, base, err, t0)
     try:
-        from bench.memory_model import fits
+        from bench.plan.memory_model import fits
 
         mem = plan.memory
         log.info("run %s: model=%s strategy=%s world_size=%d device=%s backend=%s precision=%s; %s",
@@ -199,7 +200,7 @@ def main_task(cfg: DictConfig) -> str:
 
 def run_task(cfg: DictConfig, run_dir: Path, command: list[str], t0: float, explicit: Iterable[str] = ()) -> str:
     """One rank of a submitit task (bench/launch/slurm/ sizes each job: one task per rank); rank 0 records."""
-    from bench.config import cuda_device_count
+    from bench.run.config import cuda_device_count
     from bench.launch.task import (launch_task_rank, no_requeue_on_time_limit_warning, since_process_start,
                               task_rank_environment)
 
@@ -231,7 +232,7 @@ def run_task(cfg: DictConfig, run_dir: Path, command: list[str], t0: float, expl
 
 def dry_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = ()) -> str:
     """dry_run=true: validate, print and write the memory plan (run_dir/plan.json); start no process."""
-    from bench.memory_model import fits
+    from bench.plan.memory_model import fits
 
     raw, base, plan, err = plan_run(cfg, run_dir, explicit)
     if err is not None:
@@ -247,7 +248,7 @@ def dry_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = ()) -> str
              mem["summary"],
              f" -> would be skipped: {verdict}; {way_out(plan)}" if verdict else "")
     log_choices(plan)
-    from bench.predict import predicted, prediction_line
+    from bench.plan.predict import predicted, prediction_line
 
     pred = None if verdict else predicted(plan)  # a plan that cannot run has no throughput to state
     log.info("%s", "prediction: none (the plan does not fit: it cannot run)" if verdict else prediction_line(pred))

@@ -1,5 +1,5 @@
 """Throughput prediction: the step time of a plan on a GPU, from first principles with a few constants
-calibrated on recorded runs (bench/calibrate.py writes bench/calibration.json, read here).
+calibrated on recorded runs (bench/calibrate.py writes bench/plan/calibration.json, read here).
 
 One optimizer step of the slowest rank, in seconds::
 
@@ -24,8 +24,8 @@ One optimizer step of the slowest rank, in seconds::
              link' = a datasheet link x link_eff (fitted: NCCL's share of the datasheet, and NVLink's losses at
              a step's message sizes); a link given as NCCL's bus bandwidth (a probe's, a PCIe preset's) as it
              is, at the step's typical message size on the probe's all-reduce curve (measured_link_factor)
-             bytes per kind from the strategy (StrategySpec.traffic, bench/traffic.py); the link is the bus
-             bandwidth of the group each kind travels over (bench/topology.py: TP inside a node, a data-parallel
+             bytes per kind from the strategy (StrategySpec.traffic, bench/plan/traffic.py); the link is the bus
+             bandwidth of the group each kind travels over (bench/plan/topology.py: TP inside a node, a data-parallel
              group across nodes costed hierarchically, HSDP's gradient and parameter traffic over its shard group and
              the replicas' all-reduce over its replicate group, pipeline sends at the network share once they
              cross nodes, context parallelism's K / V exchange over the cp group: waited on inside attention,
@@ -63,21 +63,21 @@ from typing import Optional
 
 import numpy as np
 
-from bench.hardware import HardwareConfig, match, resolve
-from bench.memory_model import MB, memory_plan
+from bench.machine.hardware import HardwareConfig, match, resolve
+from bench.plan.memory_model import MB, memory_plan
 from bench.metrics.flops import (executed_flops_per_token, float8_cast_elements_per_layer_token, float8_matmul_params,
                                 flops_per_token)
-from bench.schema import Plan
+from bench.run.schema import Plan
 from bench.strategies.registry import get_spec
-from bench.topology import Topology, topology
-from bench.traffic import BYTE_KINDS, local_tokens
+from bench.plan.topology import Topology, topology
+from bench.plan.traffic import BYTE_KINDS, local_tokens
 
 CALIBRATION = Path(__file__).with_name("calibration.json")
 CASE_MIN_RUNS = 5  # a strategy's own error is quoted from this many recorded runs of its case up; else its GPU's
 OPTIMIZER_PASSES = 1.75  # fused AdamW: reads params, grads, m, v, writes params, m, v: 7 of 4 state parts
 HOST_LINK_GBPS = 25.0  # host <-> device over PCIe (offload), one direction, achieved
 COLLECTIVE_LATENCY_S = 20e-6  # one NCCL collective's start-up inside a node (small-message latency)
-# measured / datasheet bf16 matmul peak (an 8192^3 matmul, bench/worker.py measure_matmul_peak): set by hand to the
+# measured / datasheet bf16 matmul peak (an 8192^3 matmul, bench/launch/worker.py measure_matmul_peak): set by hand to the
 # median over the recorded runs' rank 0 (metrics.json flops.matmul_peak_tflops_measured; their range on the day it
 # was set: docs/results.md, "How the fit was chosen"); a datasheet preset's peaks are taken at this share, a probe's
 # (measured) at their value
@@ -90,9 +90,9 @@ REFERENCE_MATMUL_FLOPS = 989.4e12 * MEASURED_OVER_DATASHEET
 # the three matmul passes); parameter gathers are prefetched through forward and backward (the whole compute)
 BACKWARD_SHARE = 2.0 / 3.0
 
-# The fitted constants (values: bench/calibration.json), each with its physical reading and what checks it; here the
+# The fitted constants (values: bench/plan/calibration.json), each with its physical reading and what checks it; here the
 # fit's starting point.  Set by hand, not fitted (python -m bench.calibrate's docstring says why): OPTIMIZER_PASSES,
-# HOST_LINK_GBPS, COLLECTIVE_LATENCY_S above; the strategies' host-operation counts (bench/traffic.py
+# HOST_LINK_GBPS, COLLECTIVE_LATENCY_S above; the strategies' host-operation counts (bench/plan/traffic.py
 # DTENSOR_LAYER_HOST and the pipeline's 4 hooks per micro-batch, ZeRO's FETCH_OPS / PARAM_OPS, Megatron's PARAM_OPS).
 DEFAULTS = {
     # device: matmuls, memory-bound work, links
@@ -138,7 +138,7 @@ def device_hardware(plan: Plan, hardware: Optional[HardwareConfig] = None) -> Ha
 
         hw = match(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
     if hw is None or not hw.peak_tflops or not hw.hbm_gbps:
-        raise ValueError("no hardware to predict for: plan with hardware=<preset> (bench/hardware.py), or pass one")
+        raise ValueError("no hardware to predict for: plan with hardware=<preset> (bench/machine/hardware.py), or pass one")
     return hw
 
 
@@ -158,7 +158,7 @@ def _peak(plan: Plan, hw: HardwareConfig) -> float:
 
 
 def plan_topology(plan: Plan, hardware: Optional[HardwareConfig] = None) -> Topology:
-    """The plan's groups placed on the hardware's nodes (bench/topology.py)."""
+    """The plan's groups placed on the hardware's nodes (bench/plan/topology.py)."""
     lay = plan.layout
     return topology(lay.tp, lay.pp, lay.dp, device_hardware(plan, hardware), lay.dp_replicate, lay.cp)
 
@@ -177,7 +177,7 @@ def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, fl
 
 def measured_link(hw: HardwareConfig, traffic: dict) -> dict[str, float]:
     """How the link figure is read: ``link_fitted`` 1 for a datasheet figure (link_eff, fitted on such runs,
-    applies); 0 for one that is NCCL's bus bandwidth already (a probe's profile, a PCIe preset: bench/hardware.py
+    applies); 0 for one that is NCCL's bus bandwidth already (a probe's profile, a PCIe preset: bench/machine/hardware.py
     gives those as NCCL's), used as measured, times ``link_factor``: the probe's all-reduce bus bandwidth at the
     step's typical message (its bytes over its collectives) over the figure (1 without a curve).  On a slow link
     NCCL reaches its figure at a bucket's size; NVLink does not (its losses are in link_eff)."""
@@ -342,7 +342,7 @@ def case_error(cal: dict, gpu: str, nodes: int, strategy: str) -> dict:
 
 
 def predicted(plan) -> Optional[dict]:
-    """The throughput prediction of a plan (bench/predict.py), or None where there is no GPU to predict for."""
+    """The throughput prediction of a plan (bench/plan/predict.py), or None where there is no GPU to predict for."""
     try:
         return predict(plan)
     except ValueError as e:  # a CPU plan with hardware=auto

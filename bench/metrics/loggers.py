@@ -1,6 +1,6 @@
 """Experiment trackers: the ``logger`` config group (conf/logger/): none, tensorboard, mlflow, wandb.
 
-A logger records each run once it has ended, from its final ``metrics.json``: bench/job.py's
+A logger records each run once it has ended, from its final ``metrics.json``: bench/launch/job.py's
 ``finish`` calls :func:`log_run` in the launching process (rank 0's host under SLURM) after
 metrics.json and status.json are written.  So nothing is logged inside the timed window (nor
 inside any rank), failed / oom / timeout / interrupted runs are logged too, with their status,
@@ -35,9 +35,9 @@ Grouping.  A sweep (``--multirun``) is one group; a single run is a group of its
   ``wandb sync <dir>`` uploads later), files in ``<logger.dir or sweep dir or run dir>/wandb/``.
 
 A logger does not change what a run measures: ``logger`` is left out of the run key
-(volatile in bench/schema.py), so a sweep folder resumes whatever logger it ran with.  The
+(volatile in bench/run/schema.py), so a sweep folder resumes whatever logger it ran with.  The
 packages are the optional extra ``loggers`` (``pip install -e .[loggers]``);
-:func:`check` (called by bench.config.validate) refuses a logger whose package is missing
+:func:`check` (called by bench.run.config.validate) refuses a logger whose package is missing
 before anything is launched.
 """
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _installed(module: str) -> bool:
 
 def check(c: Optional[dict]) -> None:
     """Config rules of ``logger`` beyond its choices (raises ConfigError): its package is installed."""
-    from bench.schema import ConfigError
+    from bench.run.schema import ConfigError
 
     if not c:
         return

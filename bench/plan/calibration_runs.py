@@ -16,10 +16,10 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from bench.hardware import recorded
-from bench.predict import gpu_type, host_key, plan_topology, terms
-from bench.runs import with_added_defaults
-from bench.schema import BenchConfig, fields_of
+from bench.machine.hardware import recorded
+from bench.plan.predict import gpu_type, host_key, plan_topology, terms
+from bench.run.runs import with_added_defaults
+from bench.run.schema import BenchConfig, fields_of
 
 LEGACY = {("metrics", "step_timing"): "sync"}  # keys whose default changed since runs were recorded
 _ALIAS = re.compile(r"^\$\{bench_alias:\w+,(.*)\}$")
@@ -53,7 +53,7 @@ def _fill(values: dict, schema: type, path: tuple = ()) -> None:
 
 def replan(record: dict):
     """The Plan of a recorded run under today's code (raises ConfigError / KeyError when it cannot be)."""
-    from bench.config import validate
+    from bench.run.config import validate
     from bench.strategies.registry import get_spec
 
     cfg = with_added_defaults({k: v for k, v in record["config"].items() if k != "_command"})

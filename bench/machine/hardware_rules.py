@@ -15,8 +15,8 @@ import os
 import socket
 from typing import Optional
 
-from bench.hardware import HardwareConfig, PRESETS, cpu_name, match, resolve
-from bench.schema import ConfigError
+from bench.machine.hardware import HardwareConfig, PRESETS, cpu_name, match, resolve
+from bench.run.schema import ConfigError
 
 
 def cuda_device_count() -> int:
@@ -57,7 +57,7 @@ def planned_gpus(c: dict, gpus: int) -> int:
     """The GPUs the layout may use under ``hardware=`` (module docstring); ConfigError where the plan would be
     for the wrong device: a preset this run is not on, or a submitted GPU job planned for this machine's CPU."""
     _check_link_regime(c)
-    preset = resolve(c)  # complete: bench.hardware.check has passed
+    preset = resolve(c)  # complete: bench.machine.hardware.check has passed
     if preset is None:
         if submitting(c) and c["device"] != "cpu" and not cuda_device_count():
             raise ConfigError("hardware", "auto", "means this machine's device, and this machine has no GPU: name the "
@@ -77,12 +77,12 @@ def planned_gpus(c: dict, gpus: int) -> int:
 
 
 def _check_link_regime(c: dict) -> None:
-    """A link regime is NCCL's environment, put into each rank by the local launcher (bench/link_regime.py); the
+    """A link regime is NCCL's environment, put into each rank by the local launcher (bench/machine/link_regime.py); the
     ranks of a SLURM job start on its nodes, where nothing would set it."""
     regime = c.get("link_regime", "default")
     if regime != "default" and (c.get("submit") or in_submitted_job()):
         raise ConfigError("link_regime", regime, "is set by the local launcher only; for a SLURM job, export its NCCL "
-                          "variables (bench/link_regime.py REGIMES) in the job's environment and leave link_regime "
+                          "variables (bench/machine/link_regime.py REGIMES) in the job's environment and leave link_regime "
                           "at default")
 
 
@@ -111,7 +111,7 @@ def _check_landed(c: dict, preset: HardwareConfig, cpu: bool) -> None:
 
 def planned_device_name(c: dict, gpus: int) -> Optional[str]:
     """The GPU a run is on, as nvidia-smi names it (planned elsewhere, or with none visible: the preset's); None
-    on CPU: tuning=best looks up measured bests by it (bench/bests.py)."""
+    on CPU: tuning=best looks up measured bests by it (bench/plan/bests.py)."""
     if c.get("device") == "cpu":
         return None
     preset = resolve(c)

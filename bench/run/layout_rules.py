@@ -1,8 +1,8 @@
 """A run's layout: built and checked here, once, from the configuration; read as ``plan.layout`` after.
 
-``build`` (bench/config.py's validation, for every strategy): the strategy's layout knobs (``tp``, ``pp``,
+``build`` (bench/run/config.py's validation, for every strategy): the strategy's layout knobs (``tp``, ``pp``,
 ``virtual_pipeline``, ``schedule``, ``microbatches``, ``micro_batch_size``, ``dp_replicate``: those its schema
-has) and ``recompute`` become the frozen :class:`bench.layout.Layout`, after the rules that make it one: the
+has) and ``recompute`` become the frozen :class:`bench.run.layout.Layout`, after the rules that make it one: the
 sizes split the world, the batch and the model evenly, the pipeline schedule fits the virtual stages, and
 ``strategy.microbatches`` resolves into the micro-batch size and count.  ``check_torch_native`` (the
 torch-native strategies' rules, bench/strategies): what torch's own TP / pipelining / DDP cannot do with such a
@@ -10,8 +10,8 @@ layout.  What one library cannot do (megatron-core's schedules, say) stays with 
 """
 from __future__ import annotations
 
-from bench.layout import Layout, resolve_microbatches, resolve_schedule
-from bench.schema import ConfigError, Plan, check_positive
+from bench.run.layout import Layout, resolve_microbatches, resolve_schedule
+from bench.run.schema import ConfigError, Plan, check_positive
 
 
 def build(c: dict) -> Layout:
@@ -67,7 +67,7 @@ def _recompute_every(c: dict) -> int:
 
 def _micro_batch(m: dict, s: dict, dp: int, ws: int) -> tuple[int, int]:
     """strategy.micro_batch_size: a divisor of the per-rank batch, or all of it (null; auto, until the memory
-    plan chooses in bench/config.py)."""
+    plan chooses in bench/run/config.py)."""
     gb = m["global_batch"]
     if gb % dp:
         raise ConfigError("model.global_batch", gb,

@@ -1,6 +1,6 @@
 """The calibration's error, as measured and as shown (bench/calibrate.py): median / p90 absolute error of
 tokens/s, the same on steps of 100 ms or more, winner agreement, per case; the printed report and the
-generated block of docs/results.md, both rendered from what bench/calibration.json records."""
+generated block of docs/results.md, both rendered from what bench/plan/calibration.json records."""
 from __future__ import annotations
 
 import re
@@ -9,8 +9,8 @@ from typing import Optional
 
 import numpy as np
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
-BEGIN = "<!-- calibration: begin (python -m bench.calibrate writes this block from bench/calibration.json) -->"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "results.md"
+BEGIN = "<!-- calibration: begin (python -m bench.calibrate writes this block from bench/plan/calibration.json) -->"
 END = "<!-- calibration: end -->"
 # docs/results.md's targets: on the runs held out by folder, and (issue 44) on runs no fit has seen
 TARGETS = {"median_abs": ("≤ 15%", "-"), "median_abs_step_ge_100ms": ("≤ 10%", "≤ 5%"),

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from bench import metrics
-from bench.data import loss_note
+from bench.models.data import loss_note
 from bench.jsonio import write_json_atomic
 from bench.launch.placement import placement
 from bench.metrics import provenance
@@ -32,9 +32,9 @@ from bench.metrics.nvml import NvmlSampler
 from bench.metrics.profile import profile_steps
 from bench.metrics.timing import phase
 from bench.strategies.registry import get_spec, sweep_preloads
-from bench.schema import Plan
+from bench.run.schema import Plan
 from bench.strategies.base import DistContext
-from bench.teardown import arm_teardown_deadline, exit_without_finalizing, failed_teardown_s, release_process_groups
+from bench.launch.teardown import arm_teardown_deadline, exit_without_finalizing, failed_teardown_s, release_process_groups
 
 log = logging.getLogger("bench.worker")
 
@@ -120,7 +120,7 @@ FAILED_EXIT_FAULT = "BENCH_FAULT_FAILED_EXIT"  # test hook: how the rank that an
 
 def _failed_exit_fault(fault: dict, rank: int) -> None:
     """Test hook for the exit of the rank an injected fault failed (environment BENCH_FAULT_FAILED_EXIT):
-    ``hang``: its teardown blocks (its own deadline, bench.teardown.failed_teardown_s, ends it);
+    ``hang``: its teardown blocks (its own deadline, bench.launch.teardown.failed_teardown_s, ends it);
     ``stuck``: the process cannot end (like the rank whose CUDA graph capture ran out of memory on
     4 H100s: only the launcher ends it)."""
     how = os.environ.get(FAILED_EXIT_FAULT)
@@ -195,7 +195,7 @@ def _setup(plan: Plan, rank: int, local_rank: int, world_size: int):
 def _warmup(plan: Plan, strategy, rank: int, device, losses: list, skipped: list) -> dict:
     """The untimed first steps (compilation, CUDA graph capture, allocator and NCCL set-up)."""
     cfg = plan.cfg
-    t0_wall, t0 = time.time(), time.perf_counter()  # t_first_step: bench/job.py's fixed overhead
+    t0_wall, t0 = time.time(), time.perf_counter()  # t_first_step: bench/launch/job.py's fixed overhead
     for n in range(cfg["warmup_steps"]):
         inject_fault(cfg["fault"], rank, n)
         res = strategy.step(n)
@@ -284,7 +284,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         "setup_s": start["setup_s"], "startup_phases_s": start["startup_phases_s"],
         "setup_phases_s": strategy.setup_phases_s, "preloaded_modules": start["preloaded_modules"],
         "compile": compiled, "warmup_s": warm["warmup_s"],
-        # wall clock, for bench/job.py: launch -> first step, last step (profiled ones included) -> done
+        # wall clock, for bench/launch/job.py: launch -> first step, last step (profiled ones included) -> done
         "t_first_step": warm["t_first_step"], "t_loop_end": time.time(),
         "max_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "max_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20 if device.type == "cuda" else None,
@@ -316,7 +316,7 @@ def _write_metrics(plan: Plan, run_dir: Path, device, gathered: list, strategy, 
     if plan.micro_batch_auto:  # strategy.micro_batch_size=auto: what it chose and why
         layout["micro_batch_size_auto"] = plan.micro_batch_auto
     m = metrics.assemble(cfg, device.type, gathered, layout, prov, matmul_peak)
-    m["memory"]["plan"] = plan.memory  # predicted before launch (bench/job.py), beside the measured peak
+    m["memory"]["plan"] = plan.memory  # predicted before launch (bench/launch/job.py), beside the measured peak
     write_json_atomic(run_dir / "metrics.json", m)
     log.info(metrics.one_line(m))
     log.info(loss_note(cfg["model"]["vocab_size"]))
@@ -380,7 +380,7 @@ def _close_process_group(abort_it: bool, own_process: bool = False) -> None:
     (After CUDA-graph runs on 2 H200s, aborting instead of destroying left the processes unable to
     end, even after os._exit, until run_timeout_s: the launcher's teardown deadline ends them.)
     Then drop what keeps a destroyed group's C++ object - and its threads - alive (DTensor's device
-    meshes, torch.distributed.nn's default arguments, megatron's globals: bench/teardown.py), so that
+    meshes, torch.distributed.nn's default arguments, megatron's globals: bench/launch/teardown.py), so that
     no c10d thread is left running while a spawned rank's interpreter finalizes (the random
     "terminate called without an active exception" abort at exit); a rank where some are left all
     the same does not finalize its interpreter, where the process is its own (``own_process``: an
@@ -388,13 +388,13 @@ def _close_process_group(abort_it: bool, own_process: bool = False) -> None:
     A failed rank whose process is its own releases nothing and ends with os._exit: on 2 H100s,
     aborting the NCCL group of a rank that ran out of memory inside a CUDA graph capture holding an
     all-reduce, while its peer waited in a barrier, never returned (the hang of issue 43 on 4 H100s),
-    where os._exit ended the process at once; its teardown deadline (bench/teardown.py) is the net."""
+    where os._exit ended the process at once; its teardown deadline (bench/launch/teardown.py) is the net."""
     if abort_it and own_process:
-        log.info("this rank failed: it ends with os._exit, its process groups not aborted (bench/worker.py)")
+        log.info("this rank failed: it ends with os._exit, its process groups not aborted (bench/launch/worker.py)")
         return
     left = release_process_groups(abort=abort_it)
     if left:  # DeepSpeed's engine keeps its groups: then this rank skips the interpreter's finalization
-        log.info("%s: %s%s (bench/teardown.py)", C10D_THREADS_LEFT, ", ".join(left),
+        log.info("%s: %s%s (bench/launch/teardown.py)", C10D_THREADS_LEFT, ", ".join(left),
                  "; this rank ends with os._exit" if own_process else "")
         if own_process:
             exit_without_finalizing(1 if abort_it else 0)

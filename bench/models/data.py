@@ -22,7 +22,7 @@ def global_batch(n: int, *, seed: int, vocab_size: int, seq_len: int, batch: int
 
 def loss_note(vocab_size: int) -> str:
     """Why a run's loss does not fall: said where the loss is reported, so a flat or rising loss reads as expected."""
-    return (f"synthetic uniform tokens over {vocab_size} ids (bench/data.py): the loss stays near ln({vocab_size}) = "
+    return (f"synthetic uniform tokens over {vocab_size} ids (bench/models/data.py): the loss stays near ln({vocab_size}) = "
             f"{math.log(vocab_size):.2f}, up or down by noise; no model can learn them")
 
 

@@ -5,11 +5,11 @@ bench/strategies/), declared with :func:`knob`, whose metadata says what the key
 valid choices, its candidate values for the knob search, and how it enters a run's key:
 
 * ``volatile``: does not change what a run measures (deadlines, resume flags): left out of the
-  run key (bench/runs.py) and of the analysis' experiment key;
+  run key (bench/run/runs.py) and of the analysis' experiment key;
 * ``added``: added after runs were first recorded; at its default it is left out of the key, so
   an earlier sweep folder still resumes, and a recorded run that lacks it reads as the default.
 
-This module imports nothing of bench's but the Layout (bench/layout.py, below it): strategies, validation and
+This module imports nothing of bench's but the Layout (bench/run/layout.py, below it): strategies, validation and
 run identity build on it.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 from omegaconf import MISSING
 
-from bench.layout import Layout
+from bench.run.layout import Layout
 
 
 class ConfigError(ValueError):
@@ -35,7 +35,7 @@ def knob(default: Any = MISSING, doc: str = "", *, choices: Optional[tuple] = No
          requires: Optional[dict] = None, added: bool = False, volatile: bool = False, alias: Optional[str] = None,
          factory: Optional[Callable[[], Any]] = None):
     """A schema field with its documentation (docs/knobs.md is generated from it), its valid
-    ``choices`` (checked by bench.config.validate), its candidate values for the knob search
+    ``choices`` (checked by bench.run.config.validate), its candidate values for the knob search
     (``tune``) and the settings such a candidate needs to take effect (``requires``, dotted key ->
     value: compile_mode needs compile=true), its run-key rule (``added``, ``volatile``: module
     docstring), and for a top-level shorthand the strategy key it sets (``alias``)."""
@@ -52,11 +52,11 @@ def fields_of(schema: type) -> dict[str, dataclasses.Field]:
 
 def alias_default(key: str, default: Any) -> str:
     """A strategy field's default that a top-level shorthand can set (``zero_stage=3`` -> strategy.zero_stage):
-    an interpolation of the shorthand, resolved by bench.config's ``bench_alias`` resolver."""
+    an interpolation of the shorthand, resolved by bench.run.config's ``bench_alias`` resolver."""
     return f"${{bench_alias:{key},{'null' if default is None else default}}}"
 
 
-# the names of bench/link_regime.py's REGIMES (kept here: this module imports nothing of bench's above the Layout)
+# the names of bench/machine/link_regime.py's REGIMES (kept here: this module imports nothing of bench's above the Layout)
 LINK_REGIMES = ("default", "p2p_off", "sockets", "few_channels")
 
 
@@ -113,7 +113,7 @@ class ModelConfig:
 @dataclass
 class StrategyConfig:
     """Fields every strategy has. ``micro_batch_size`` is per data-parallel rank; null means one
-    micro-batch per step (no gradient accumulation); auto, the largest the memory plan fits (bench/config.py)."""
+    micro-batch per step (no gradient accumulation); auto, the largest the memory plan fits (bench/run/config.py)."""
 
     name: str = MISSING
     impl: str = "torch"
@@ -157,7 +157,7 @@ class FaultConfig:
 
 @dataclass
 class LoggerConfig:
-    """Where a run's config, per-step series and summary go at its end (bench/loggers.py)."""
+    """Where a run's config, per-step series and summary go at its end (bench/metrics/loggers.py)."""
 
     name: str = knob("none", "none | tensorboard | mlflow | wandb", choices=("none", "tensorboard", "mlflow", "wandb"))
     dir: Optional[str] = knob(None, "null: <sweep dir or run dir>/tensorboard | mlruns | wandb")
@@ -216,7 +216,7 @@ class BenchConfig:
                                    volatile=True)
     start_method: str = knob("forkserver", "forkserver (ranks forked from a server that imported torch once) | spawn",
                              choices=("forkserver", "spawn"), volatile=True)
-    link_regime: str = knob("default", "how NCCL may link the GPUs of a node (bench/link_regime.py): default (NCCL's "
+    link_regime: str = knob("default", "how NCCL may link the GPUs of a node (bench/machine/link_regime.py): default (NCCL's "
                             "choice) | p2p_off (through host memory) | sockets (through the network stack) | "
                             "few_channels (at most 2 channels); each run records the transports NCCL used",
                             choices=LINK_REGIMES, added=True)
@@ -230,7 +230,7 @@ class BenchConfig:
     memory_gib: Optional[float] = knob(None, "device memory the plan checks against (default: hardware's, else the "
                                        "visible GPU's)", volatile=True)
     hardware: Any = knob(MISSING, "the GPU and node a run is planned for: auto (the visible device) | a preset "
-                         "(conf group hardware: bench/hardware.py); with a preset dry_run=true or submit=slurm plans on "
+                         "(conf group hardware: bench/machine/hardware.py); with a preset dry_run=true or submit=slurm plans on "
                          "any machine",
                          volatile=True)
     force_run: bool = knob(False, "run even when the memory plan predicts an out-of-memory", volatile=True)
@@ -251,10 +251,10 @@ class Plan:
     device: str  # "cuda" | "cpu"
     backend: str  # "nccl" | "gloo"
     world_size: int
-    layout: Layout  # tp x pp x dp, the pipeline and the micro-batches: built and checked once (bench/layout_rules.py)
-    tuning: Optional[dict] = None  # tuning=best: what the profile applied and skipped (bench/tuning_profiles.py)
-    micro_batch_auto: Optional[dict] = None  # strategy.micro_batch_size=auto: what it chose and why (bench/config.py)
-    memory: Optional[dict] = None  # the memory plan (bench/memory_model.py), made before launch, recorded by rank 0
+    layout: Layout  # tp x pp x dp, the pipeline and the micro-batches: built and checked once (bench/run/layout_rules.py)
+    tuning: Optional[dict] = None  # tuning=best: what the profile applied and skipped (bench/run/tuning_profiles.py)
+    micro_batch_auto: Optional[dict] = None  # strategy.micro_batch_size=auto: what it chose and why (bench/run/config.py)
+    memory: Optional[dict] = None  # the memory plan (bench/plan/memory_model.py), made before launch, recorded by rank 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -299,7 +299,7 @@ class Plan:
 
 # --------------------------------------------------------------------------- layout knobs
 # The tp x pp x dp layout knobs of the strategies that split the model (dp = world_size / (tp * pp)), declared
-# once here; validation reads them into plan.layout (bench/layout_rules.py).
+# once here; validation reads them into plan.layout (bench/run/layout_rules.py).
 SCHEDULES = ("auto", "gpipe", "1f1b", "interleaved_1f1b")
 LAYOUT_KNOBS = ("tp", "pp", "cp", "microbatches", "virtual_pipeline", "schedule")
 

@@ -7,8 +7,8 @@ knob values where the winner differs from its search's base), tokens/s, peak mem
 rank per micro-batch (seq_len x the micro-batch the workload asks for: strategy.micro_batch_size or
 strategy.microbatches when set, else the whole per-rank batch) and precision.
 
-The store is two files: ``bench/bests.json``, shipped, rebuilt from the searches recorded in results/ by
-``python -m bench.bests results/``; and the user's own, ``$BENCH_BESTS`` (default
+The store is two files: ``bench/plan/bests.json``, shipped, rebuilt from the searches recorded in results/ by
+``python -m bench.plan.bests results/``; and the user's own, ``$BENCH_BESTS`` (default
 ``~/.cache/bench/bests.json``), where every search adds its winners (a winner of the same workload
 replaces the earlier one).
 
@@ -24,7 +24,7 @@ architecture is never compared::
 (2 -> 4, not 1 -> 2), but not two of them; an architecture of its own costs half of it, another precision
 is never near; a sibling device costs as much as another architecture (the same kernels run, memory size and
 bandwidth differ: a setting that does not fit is still refused by the memory plan).  tuning=best applies
-the nearest entry's settings when it is near, else the strategy's static profile (bench/tuning_profiles.py).  The micro-batch is not taken from an entry (a number of
+the nearest entry's settings when it is near, else the strategy's static profile (bench/run/tuning_profiles.py).  The micro-batch is not taken from an entry (a number of
 sequences of another workload's batch): tuning=best uses micro_batch_size=auto.
 """
 from __future__ import annotations
@@ -40,9 +40,9 @@ from dataclasses import MISSING
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from bench.hardware import match as match_hardware
+from bench.machine.hardware import match as match_hardware
 from bench.jsonio import read_json_dict, write_json_atomic
-from bench.schema import BenchConfig, fields_of
+from bench.run.schema import BenchConfig, fields_of
 from bench.units import count_text
 
 SHIPPED = Path(__file__).with_name("bests.json")
@@ -135,7 +135,7 @@ def describe(e: dict) -> str:
 # ------------------------------------------------------------------------------ distance and lookup
 def device_cost(a: Optional[str], b: Optional[str]) -> Optional[float]:
     """0 for one device type, SIBLING_COST for two GPUs of one architecture (the presets' compute capability,
-    bench/hardware.py), None for devices never compared."""
+    bench/machine/hardware.py), None for devices never compared."""
     if str(a or "").lower() == str(b or "").lower():
         return 0.0
     pa, pb = match_hardware(a), match_hardware(b)
@@ -177,7 +177,7 @@ def nearest(spec, strategy: dict, wl: dict, entries: Optional[list] = None) -> O
 
 
 def as_profile(e: dict, spec, d: float) -> dict:
-    """An entry's settings as a profile (bench/tuning_profiles.py): a knob that needs another (compile_mode
+    """An entry's settings as a profile (bench/run/tuning_profiles.py): a knob that needs another (compile_mode
     needs compile) is applied together with it."""
     settings = {k: v for k, v in (e.get("settings") or {}).items() if k != MICRO_BATCH}
     evidence = (f"measured {e.get('tokens_per_s') or 0:,.0f} tokens/s at {describe(e)}, distance {d:.2f} "
@@ -263,7 +263,7 @@ def _winner(trials: list[dict], recorded: Optional[dict]) -> Optional[tuple[dict
 
 def from_tune(tune: dict, find: Callable[[str, str, Optional[str]], Optional[dict]], source: str) -> list[dict]:
     """Entries of every base of a tune.json with a winner; ``find(sub, dir, run key)`` gives a run's metrics."""
-    from bench.runs import override_key, rerun_command
+    from bench.run.runs import override_key, rerun_command
     from bench.strategies.registry import get_spec
 
     out = []
@@ -303,7 +303,7 @@ def record(entries: list[dict], path: Optional[Path] = None) -> Path:
     return path
 
 
-# ------------------------------------------------------------------------------ python -m bench.bests
+# ------------------------------------------------------------------------------ python -m bench.plan.bests
 def _runs_index(folder: Path) -> Callable[[str, str, Optional[str]], Optional[dict]]:
     """A results folder's runs: runs.json (the runs' metrics.json, each with its run_dir) or the run folders."""
     runs = json.loads((folder / "runs.json").read_text()) if (folder / "runs.json").is_file() else []
@@ -328,13 +328,13 @@ def build(paths: list[Path]) -> list[dict]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.bests", description="Rebuild the shipped store of measured "
-                                 "bests (bench/bests.json) from the searches' tune.json under the folders.")
+    ap = argparse.ArgumentParser(prog="python -m bench.plan.bests", description="Rebuild the shipped store of measured "
+                                 "bests (bench/plan/bests.json) from the searches' tune.json under the folders.")
     ap.add_argument("paths", nargs="*", default=["results"], type=Path)
     ap.add_argument("--out", type=Path, default=SHIPPED)
     args = ap.parse_args(argv)
     entries = build(args.paths)
-    write_json_atomic(args.out, {"generated_by": "python -m bench.bests " + " ".join(map(str, args.paths)),
+    write_json_atomic(args.out, {"generated_by": "python -m bench.plan.bests " + " ".join(map(str, args.paths)),
                                  "entries": entries})
     sources = sorted({e["source"].split("#")[0] for e in entries})
     print(f"{args.out}: {len(entries)} entries from {len(sources)} tune.json: {', '.join(sources)}")

@@ -1,11 +1,11 @@
 """The one place where a configuration is checked: Hydra's schema registration and ``validate``.
 
-Hydra composes ``conf/`` over the dataclasses of bench/schema.py and of each strategy's module
+Hydra composes ``conf/`` over the dataclasses of bench/run/schema.py and of each strategy's module
 (registered in the ConfigStore: a strategy's schema is its config group option, so its defaults
 live in one place), so an unknown key or a wrong type fails at composition.  ``validate`` then
 applies every cross-field rule and returns a :class:`Plan`: the shared rules here, the layout
 rules of strategies that split the model, then the strategy's own (``StrategySpec.rules``).
-With ``tuning=best`` it first applies the strategy's profile (bench/tuning_profiles.py).  Errors name the
+With ``tuning=best`` it first applies the strategy's profile (bench/run/tuning_profiles.py).  Errors name the
 key, the value and what would be valid, and are raised before any process is spawned.
 """
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import Any, Iterable, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from bench.parallel.cp import NO_CPU
-from bench.hardware import HardwareConfig, check as check_hardware, preset_nodes
-from bench.hardware_rules import compute_capability, cuda_device_count, planned_device_name, planned_gpus
-from bench.hf_config import resolve_model
-from bench.layout_rules import build as build_layout
-from bench.loggers import check as check_logger
-from bench.model_spec import describe_model
-from bench.schema import (BenchConfig, ConfigError, LoggerConfig, ModelConfig, Plan, check_choice, check_positive,
+from bench.machine.hardware import HardwareConfig, check as check_hardware, preset_nodes
+from bench.machine.hardware_rules import compute_capability, cuda_device_count, planned_device_name, planned_gpus
+from bench.models.hf_config import resolve_model
+from bench.run.layout_rules import build as build_layout
+from bench.metrics.loggers import check as check_logger
+from bench.models.model_spec import describe_model
+from bench.run.schema import (BenchConfig, ConfigError, LoggerConfig, ModelConfig, Plan, check_choice, check_positive,
                           fields_of)
 from bench.strategies.registry import StrategySpec, get_spec, specs
 
@@ -100,8 +100,8 @@ def _check_known_keys(values: dict, schema: type, prefix: str = "") -> None:
 
 
 def _check_choices(c: dict, spec: StrategySpec) -> None:
-    """Every knob declared with ``choices`` (bench/schema.py knob), in every section."""
-    from bench.schema import FaultConfig, MetricsConfig
+    """Every knob declared with ``choices`` (bench/run/schema.py knob), in every section."""
+    from bench.run.schema import FaultConfig, MetricsConfig
 
     sections = [("", BenchConfig, c), ("model.", ModelConfig, c["model"]), ("metrics.", MetricsConfig, c["metrics"]),
                 ("fault.", FaultConfig, c["fault"]), ("logger.", LoggerConfig, c.get("logger") or {}),
@@ -140,7 +140,7 @@ def validate(cfg: DictConfig | dict, gpus: Optional[int] = None, explicit: Itera
     c = _apply_shorthands(c, spec)
     gpus = cuda_device_count() if gpus is None else gpus
     if c.get("tuning", "default") != "default":
-        from bench.tuning_profiles import apply_profile
+        from bench.run.tuning_profiles import apply_profile
 
         _check_choices(c, spec)
         # each trial is checked on a copy: a setting such as micro_batch_size=auto stays what was set until the end
@@ -231,7 +231,7 @@ def _device(c: dict, gpus: int) -> str:
 
 
 def _layout(c: dict, spec: StrategySpec, device: str) -> Plan:
-    """The plan around its layout (bench/layout_rules.py builds and checks it), micro_batch_size=auto chosen."""
+    """The plan around its layout (bench/run/layout_rules.py builds and checks it), micro_batch_size=auto chosen."""
     plan = Plan(cfg=c, device=device, backend="nccl" if device == "cuda" else "gloo", world_size=c["world_size"],
                 layout=build_layout(c))
     if c["strategy"].get("micro_batch_size") == "auto":
@@ -245,7 +245,7 @@ def _auto_micro_batch(plan: Plan, per_rank: int) -> None:
     else the largest that fits at all, else 1; the rest of the per-rank batch by gradient accumulation.  With
     no device memory to plan against (a CPU run without memory_gib) the whole per-rank batch, as null.  The
     choice goes into the config (the run key says what ran) and plan.micro_batch_auto (why)."""
-    from bench.memory_model import memory_plan
+    from bench.plan.memory_model import memory_plan
 
     tried, chosen, why = [], None, None
     for b in sorted((d for d in range(1, per_rank + 1) if per_rank % d == 0), reverse=True):

@@ -7,7 +7,7 @@ sparsity); ``memory_gib`` is what ``torch.cuda.get_device_properties().total_mem
 usable memory, a little under the marketed size).  Link and host figures describe the usual server
 of that GPU (an 8-GPU HGX board for the SXM parts, a PCIe server or workstation for the others):
 set ``hardware.<key>=...`` for yours.  Presets are registered in Hydra's ConfigStore (group
-``hardware``) by bench/config.py; ``match`` finds the preset of a device by its name (MFU's peak).
+``hardware``) by bench/run/config.py; ``match`` finds the preset of a device by its name (MFU's peak).
 
 A profile measured on the user's machine (``python -m bench.probe``, docs/probe.md) is a YAML in a
 ``hardware/`` folder of a ``--config-dir``: Hydra composes it like a preset.  ``check`` is the one rule
@@ -20,7 +20,7 @@ import platform
 from dataclasses import dataclass, fields, replace
 from typing import Any, Dict, Optional
 
-from bench.schema import ConfigError, knob
+from bench.run.schema import ConfigError, knob
 
 
 @dataclass
@@ -39,11 +39,11 @@ class HardwareConfig:
     hbm_gbps: Optional[float] = knob(None, "device memory bandwidth (GB/s)")
     intra_node_gbps: Optional[float] = knob(None, "GPU-to-GPU bandwidth inside a node, one direction (GB/s)")
     intra_node_link: Optional[str] = knob(None, "nvlink | pcie | host (CPU ranks: gloo through host memory) | shm / "
-                                          "socket / ib (NCCL kept off peer-to-peer: bench/link_regime.py)")
+                                          "socket / ib (NCCL kept off peer-to-peer: bench/machine/link_regime.py)")
     inter_node_gbps: Optional[float] = knob(None, "network bandwidth per GPU between nodes, one direction (GB/s)")
     gpus_per_node: Optional[int] = knob(None, "GPUs in one node")
     nics_per_node: Optional[int] = knob(None, "network adapters of one node; with nic_gbps it replaces "
-                                        "inter_node_gbps by nics_per_node x nic_gbps / gpus_per_node (bench/topology.py)")
+                                        "inter_node_gbps by nics_per_node x nic_gbps / gpus_per_node (bench/plan/topology.py)")
     nic_gbps: Optional[float] = knob(None, "bandwidth of one network adapter, one direction (GB/s; 400 Gb/s = 50)")
     host_memory_gib: Optional[float] = knob(None, "host memory of one node (GiB): offloaded states are checked "
                                             "against it")
@@ -144,7 +144,7 @@ def recorded(hardware: Any, device_name: Optional[str]) -> Optional[HardwareConf
 
 
 def preset_nodes() -> dict[str, HardwareConfig]:
-    """What bench/config.py registers in Hydra's ConfigStore group ``hardware``."""
+    """What bench/run/config.py registers in Hydra's ConfigStore group ``hardware``."""
     return {"auto": HardwareConfig(), **PRESETS}
 
 
@@ -158,7 +158,7 @@ PEER_FIELDS = ("intra_node_gbps", "intra_node_link")
 POSITIVE = ("memory_gib", "hbm_gbps", "intra_node_gbps", "inter_node_gbps", "gpus_per_node", "host_memory_gib",
             "compute_capability", "nics_per_node", "nic_gbps")  # null allowed where not REQUIRED
 WHOLE = ("gpus_per_node", "nics_per_node")
-# shm / socket / ib: what NCCL used when it was kept off peer-to-peer (bench/link_regime.py): host shared memory, the
+# shm / socket / ib: what NCCL used when it was kept off peer-to-peer (bench/machine/link_regime.py): host shared memory, the
 # network stack, InfiniBand
 LINKS = ("nvlink", "pcie", "host", "shm", "socket", "ib")
 SOURCES = ("datasheet", "probe", "user")
@@ -218,7 +218,7 @@ def _check_peaks(peaks: Any) -> None:
 
 def cpu_name() -> str:
     """This machine's CPU as a profile names it (``gpu`` of a CPU profile written by bench.probe), and as a run on
-    this machine is checked against it (bench/hardware_rules.py)."""
+    this machine is checked against it (bench/machine/hardware_rules.py)."""
     try:
         with open("/proc/cpuinfo") as f:
             name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")

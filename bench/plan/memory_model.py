@@ -44,31 +44,31 @@ peak allocated (what ``torch.cuda.max_memory_allocated`` measures: the largest r
   first step's, ZeRO's reduce buckets (whole, per communication dtype, in backward for stages 1-2),
   ZeRO-3's gathered parameters, ZeRO's step (the flattened gradient partition and its fp32 copy).
 
-Not in the allocated peak, but in what must fit on the device (``needed``, bench/memory_margins.py: each
+Not in the allocated peak, but in what must fit on the device (``needed``, bench/plan/memory_margins.py: each
 margin and where its number comes from): the allocator's fragmentation, a captured step's CUDA graph pool
 (its activations and temporaries again, apart from the eager steps' cached blocks), the CUDA context and
 the NCCL communicators.  Predictions are compared with the measured peaks of every recorded run by
-``python -m multirun_analysis.prediction results/`` (bench/memory_margins.py ``TIGHT``).
+``python -m multirun_analysis.prediction results/`` (bench/plan/memory_margins.py ``TIGHT``).
 """
 from __future__ import annotations
 
 import os
 from typing import Any, Optional
 
-from bench.hardware import resolve as resolve_hardware
-from bench.memory_margins import (CONTEXT_BYTES, FRAGMENTATION, TIGHT, graph_pool_bytes, margins_text,  # noqa: F401
+from bench.machine.hardware import resolve as resolve_hardware
+from bench.plan.memory_margins import (CONTEXT_BYTES, FRAGMENTATION, TIGHT, graph_pool_bytes, margins_text,  # noqa: F401
                                   outside_allocator_bytes, verdict)
-from bench.model_spec import describe_model
+from bench.models.model_spec import describe_model
 from bench.parallel.float8 import fsdp_float8_all_gather, saves_float8_inputs
 from bench.strategies.registry import FP32, ModelStates, get_spec
-from bench.traffic import RING_GRAD_BYTES, compute_bytes, kv_bytes, local_tokens
-from bench.schema import Plan
+from bench.plan.traffic import RING_GRAD_BYTES, compute_bytes, kv_bytes, local_tokens
+from bench.run.schema import Plan
 
 GIB = 2**30
 MB = 2**20
 # torch's default cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG=:4096:8), from the caching allocator
 CUBLAS_WORKSPACE_BYTES = 8 * 4 * MB
-# bench/worker.py measure_matmul_peak: two 8192 x 8192 bf16 matrices and their product
+# bench/launch/worker.py measure_matmul_peak: two 8192 x 8192 bf16 matrices and their product
 PROBE_BYTES = 3 * 8192 * 8192 * 2
 # offload: the host holds the offloaded states of every rank of the node, plus each rank's own process
 # (torch, CUDA, DeepSpeed's pinned staging buffers); the OS and page cache keep the rest.
@@ -153,7 +153,7 @@ def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
     ``float8_saved``: what precision=fp8's float8-saved Linear inputs take off them (0 otherwise)."""
     m, tp = plan.model, plan.tp
     d = m["d_model"]
-    e = describe_model(m).saved_per_token(bool(plan.cfg.get("compile")))  # elements, by kind (bench/model_spec.py)
+    e = describe_model(m).saved_per_token(bool(plan.cfg.get("compile")))  # elements, by kind (bench/models/model_spec.py)
     act, norm_in, per_consumer = _act_dtypes(plan, lay)
     lin = float8_input_bytes(plan, act, per_consumer)  # a converted Linear's saved input: q/k/v, gate/up, down
     tokens = b * m["seq_len"] // plan.cp  # the rank's shard of each sequence under context parallelism
@@ -308,7 +308,7 @@ def _workspace(plan: Plan) -> float:
 
 
 def _probe(plan: Plan) -> float:
-    """Rank 0's matmul-peak probe before the run (bench/worker.py measure_matmul_peak, when
+    """Rank 0's matmul-peak probe before the run (bench/launch/worker.py measure_matmul_peak, when
     metrics.measure_matmul_peak): its peak is in the run's max_memory_allocated too."""
     on = plan.device == "cuda" and (plan.cfg.get("metrics") or {}).get("measure_matmul_peak", False)
     return PROBE_BYTES + CUBLAS_WORKSPACE_BYTES if on else 0.0
@@ -342,7 +342,7 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
     buf_note, phase_note, allocated = r["buf_note"], r["phase_note"], r["allocated"]
     mem_gib, source = device_memory_gib(plan, gpu_memory_gib)
     outside = outside_allocator_bytes(plan, lay.extra_communicators)
-    v = verdict(allocated, r["graph_pool"] + outside, mem_gib)  # bench/memory_margins.py
+    v = verdict(allocated, r["graph_pool"] + outside, mem_gib)  # bench/plan/memory_margins.py
     needed, fits_, tight = v["needed"], v["fits"], v["tight"]
     host_needed = sum(host.values()) * _ranks_on_node(plan) + (HOST_PER_RANK_BYTES * _ranks_on_node(plan)
                                                                  if any(host.values()) else 0)

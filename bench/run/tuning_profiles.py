@@ -15,7 +15,7 @@ fastest and the evidence (a results/ folder).  Applied in order, each entry is:
   ("tight"), and one that fits without it (never worse for memory: the plan's numbers are the reason);
 * ``applied`` otherwise.
 
-Which settings: with ``tuning=best`` the nearest measured workload's (bench/bests.py: a knob search's
+Which settings: with ``tuning=best`` the nearest measured workload's (bench/plan/bests.py: a knob search's
 winner on this device type, near enough), else the static profile, and the record says which and how
 near.  Unless the user set the micro-batch (or strategy.microbatches), ``strategy.micro_batch_size=auto``
 comes first (the largest the memory plan fits), so every later setting is checked at the micro-batch it
@@ -31,7 +31,7 @@ import copy
 from dataclasses import MISSING
 from typing import Any, Callable, Iterable, Optional
 
-from bench.schema import BenchConfig, ConfigError, fields_of
+from bench.run.schema import BenchConfig, ConfigError, fields_of
 
 MICRO_BATCH = "strategy.micro_batch_size"
 
@@ -91,9 +91,9 @@ def _plan_or_none(check: Callable[[dict], Any], c: dict) -> Any:
 
 
 def _choose(c: dict, spec, base: Any, device: Optional[str]) -> tuple[Optional[dict], dict]:
-    """The settings tuning=best applies: the nearest measured workload's when it is near (bench/bests.py),
+    """The settings tuning=best applies: the nearest measured workload's when it is near (bench/plan/bests.py),
     else the static profile; with the record of which and how near."""
-    from bench import bests
+    from bench.plan import bests
 
     static = spec.profiles.get("best")
 
@@ -111,7 +111,7 @@ def _choose(c: dict, spec, base: Any, device: Optional[str]) -> tuple[Optional[d
     e, d = found["entry"], found["distance"]
     if d > bests.NEAR:
         return fallback(f"the nearest measured workload ({bests.describe(e)}) is at distance {d:.2f} > "
-                        f"{bests.NEAR:g} (bench/bests.py)")
+                        f"{bests.NEAR:g} (bench/plan/bests.py)")
     return bests.as_profile(e, spec, d), {
         "kind": "measured", "distance": d, "near": bests.NEAR, "distance_parts": found["parts"],
         "workload": e["workload"], "this_workload": wl, "strategy": e["strategy"],
@@ -123,7 +123,7 @@ def _choose(c: dict, spec, base: Any, device: Optional[str]) -> tuple[Optional[d
 def _micro_batch_entry(c: dict, base: Any, explicit: set, record: dict) -> list:
     """micro_batch_size=auto as the first entry, unless the micro-batch is the user's (set, or set by
     strategy.microbatches) or there is no device memory to plan against (said in the record)."""
-    from bench.memory_model import device_memory_gib
+    from bench.plan.memory_model import device_memory_gib
 
     s = c["strategy"]
     if MICRO_BATCH in explicit or s.get("micro_batch_size") is not None or s.get("microbatches") is not None:
@@ -138,7 +138,7 @@ def _micro_batch_entry(c: dict, base: Any, explicit: set, record: dict) -> list:
 def _memory(plan: Any) -> Optional[tuple[dict, Optional[str]]]:
     """(memory plan, why it does not fit cleanly: an out-of-memory, or "tight"; None where it fits) of a plan;
     None without one."""
-    from bench.memory_model import fits, memory_plan
+    from bench.plan.memory_model import fits, memory_plan
 
     if plan is None:
         return None

@@ -1,0 +1,1 @@
+"""The hardware: presets and profiles, their rules, and NCCL's environment per link regime."""

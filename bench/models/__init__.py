@@ -1,0 +1,1 @@
+"""The models (GPT, Llama, Hugging Face configs): their description, build and data."""
