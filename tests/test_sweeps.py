@@ -111,6 +111,12 @@ def test_sweep_isolates_failures_and_reports_them(first_sweep):
                                  "interrupted": 0, "pending": 0, "unknown": 0}
     assert summary["exit_code"] == 1
     assert "SUMMARY 5 runs: completed=2 invalid=1 skipped=0 failed=0 oom=1 timeout=1 interrupted=0" in out
+    # the device time the runs held, from each run's own status.json (wall x world size), and its overhead share
+    held = [j["status"] for j in jobs.values() if j["status"].get("wall_s")]
+    g = summary["gpu_time"]
+    assert g["runs"] == len(held) >= 3
+    assert g["device_minutes"] == pytest.approx(sum(h["wall_s"] * h["world_size"] for h in held) / 60, abs=0.01)
+    assert 0 < g["overhead_minutes"] < g["device_minutes"] and "[sweep] device time: " in out
     # progress: the plan, one line per run, the live step line with tokens/s; no carriage returns
     assert "[sweep] 5 runs in" in out and "4 to run, 1 invalid" in out
     assert "[sweep] run 4/4" in out and "tokens/s so far" in out and "\r" not in out

@@ -55,7 +55,17 @@ def summarize(sweep_dir: Path, manifest: Optional[dict] = None) -> dict:
         # pending: never started (the sweep stopped); running/None: started but never reported its end
         counts[row["status"] if row["status"] in counts else "unknown"] += 1
     resumed = sum(r["resumed"] for r in rows)
-    return {"sweep_dir": str(sweep_dir), "runs": len(rows), "counts": counts, "resumed": resumed, "rows": rows}
+    return {"sweep_dir": str(sweep_dir), "runs": len(rows), "counts": counts, "resumed": resumed, "rows": rows,
+            "gpu_time": gpu_time(rows)}
+
+
+def gpu_time(rows: list) -> dict:
+    """Device-minutes this sweep's runs held (wall time x world size, resumed runs left out) and the part spent
+    outside the ranks' steps (start, set-up, compile before the first step, teardown: each run's overhead_s)."""
+    ran = [r for r in rows if not r.get("resumed") and r.get("wall_s") and isinstance(r.get("world_size"), int)]
+    total = sum(r["wall_s"] * r["world_size"] for r in ran) / 60
+    overhead = sum((r.get("overhead_s") or 0.0) * r["world_size"] for r in ran) / 60
+    return {"runs": len(ran), "device_minutes": round(total, 2), "overhead_minutes": round(overhead, 2)}
 
 
 def exit_code_of(summary: dict, interrupted: bool) -> int:
@@ -115,6 +125,12 @@ def format_summary(s: dict, code: int) -> list[str]:
         lines.append(f"[sweep]   #{r.get('num')} {r.get('dir')}/ {r['status']:<11} {ident}{wall}{over}{tag}")
     lines += reason_lines([(r["status"], r.get("num"), r.get("reason")) for r in s["rows"]
                            if r["status"] != "completed"])
+    g = s.get("gpu_time") or {}
+    if g.get("runs"):
+        share = g["overhead_minutes"] / g["device_minutes"] if g["device_minutes"] else 0.0
+        lines.append(f"[sweep] device time: {g['device_minutes']:.1f} device-minutes over {g['runs']} runs (wall x "
+                     f"world size), {g['overhead_minutes']:.1f} of them ({share:.0%}) outside the steps (start, "
+                     "set-up and compile before the first step, teardown)")
     lines.append(f"[sweep] results in {s['sweep_dir']}")
     return lines
 
