@@ -48,10 +48,10 @@ def test_cp_refused_in_one_line_before_launch(overrides, words):
 
 
 @pytest.mark.gpu2
-@pytest.mark.parametrize("extra", [[], ["strategy.tp=2"]])
+@pytest.mark.parametrize("extra", [[], ["strategy.tp=2"], ["strategy.dp_replicate=2"]])
 def test_fsdp_cp_follows_single(bench_run, extra):
     """fp32 (TF32 off): ring attention over two sequence shards and FSDP2 over dp x cp change summation order only.
-    With tp=2 it needs four GPUs."""
+    With tp=2, or HSDP's two replicas of dp_shard x cp, it needs four GPUs."""
     import torch
 
     if extra and torch.cuda.device_count() < 4:

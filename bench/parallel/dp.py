@@ -75,13 +75,15 @@ def apply_fsdp(model: nn.Module, dp_mesh, precision: str, knobs: dict, offload: 
 
 def _sharding_info(dp_mesh) -> dict:
     """What the states were sharded over: the dp ranks, or HSDP's shard dimension with its replicas."""
+    over = "dp x cp" if "cp" in dp_mesh.mesh_dim_names[-1] else "dp"  # context parallelism: dp_cp, dp_shard_cp
     if dp_mesh.ndim == 1:
         return {"dp_reduction": "FSDP2 (torch.distributed.fsdp.fully_shard): parameters, gradients and optimizer "
-                                "states sharded over dp"}
+                                f"states sharded over {over}"}
     rep, shard = dp_mesh.shape
+    name = dp_mesh.mesh_dim_names[-1]
     return {"dp_reduction": f"HSDP: FSDP2 (torch.distributed.fsdp.fully_shard) over a 2-D mesh (dp_replicate "
-                            f"{rep} x dp_shard {shard}): parameters, gradients and optimizer states sharded over "
-                            "dp_shard (all-gather / reduce-scatter), replicated over dp_replicate (the gradient "
+                            f"{rep} x {name} {shard}): parameters, gradients and optimizer states sharded over "
+                            f"{name} (all-gather / reduce-scatter), replicated over dp_replicate (the gradient "
                             "shards all-reduced)",
             "dp_replicate": rep, "dp_shard": shard}
 
@@ -190,8 +192,9 @@ class FSDP2(DataParallel):
         self.sync_every_microbatch = bool(plan.strategy.get("sync_every_microbatch"))
         dp_mesh = data_mesh(mesh, plan.layout)
         info: dict = {}
-        if plan.layout.dp_replicate > 1:  # the mesh as it ran (the layout's own is (pp, dp, cp, tp))
-            info["device_mesh"] = {"shape": [plan.pp, *dp_mesh.shape, plan.layout.cp, plan.tp],
+        lay = plan.layout
+        if lay.dp_replicate > 1:  # the mesh as it ran (the layout's own is (pp, dp, cp, tp))
+            info["device_mesh"] = {"shape": [lay.pp, lay.dp_replicate, lay.dp_shard, lay.cp, lay.tp],
                                    "dims": ["pp", "dp_replicate", "dp_shard", "cp", "tp"]}
         for chunk in chunks:
             info.update(apply_fsdp(chunk, dp_mesh, plan.cfg["precision"], plan.strategy, self.offload(plan),

@@ -33,7 +33,9 @@ def hsdp_mesh(mesh, replicate: int):
 def data_mesh(mesh, layout: Layout):
     """The mesh FSDP2 shards over: the dp dimension; with context parallelism dp x cp flattened (every rank of a
     replica's sequence shares the sharded states and averages its gradients, torchtitan's dp_shard_cp); with
-    replicas (HSDP) the 2-D (dp_replicate, dp_shard) mesh."""
-    if layout.cp > 1:
-        return mesh["dp", "cp"]._flatten("dp_cp")
-    return hsdp_mesh(mesh, layout.dp_replicate) if layout.dp_replicate > 1 else mesh["dp"]
+    replicas (HSDP) the 2-D (dp_replicate, dp_shard) mesh, or (dp_replicate, dp_shard_cp)."""
+    r = layout.dp_replicate
+    if layout.cp > 1:  # dp-major, cp-minor: replica k holds the flat indices k * dp_shard * cp and up
+        flat = mesh["dp", "cp"]._flatten("dp_cp")
+        return flat if r == 1 else flat._unflatten(0, (r, flat.size() // r), ("dp_replicate", "dp_shard_cp"))
+    return hsdp_mesh(mesh, r) if r > 1 else mesh["dp"]

@@ -3,7 +3,7 @@ then the strategy's own knobs on the leaders.
 
 Bounded by construction: tp in 1, 2, 4, 8 (inside a node), pp in 1, 2, 4, cp (context parallelism, for a strategy
 whose schema has it) over the divisors of world_size / tp that cut the sequence into 2 x cp chunks, without a
-pipeline or HSDP replicas (what bench/run/layout_rules.py refuses), the micro-batch over the divisors of
+pipeline (what bench/run/layout_rules.py refuses), the micro-batch over the divisors of
 the per-rank batch (the best one of each group is kept: a group is one row), and a strategy's knobs (their
 ``tune`` candidates in the schema) tried one at a time, only on the ``LEADERS`` best rows.  A knob is applied
 only when the memory plan counts it (its value changes the planned peak): one whose memory the plan does not
@@ -60,7 +60,7 @@ def layouts(spec: StrategySpec, cfg: dict, per_node: int, fixed: set[str]) -> li
 def contexts(names: dict, cfg: dict, room: int, pp: Optional[int], fixed: set[str]) -> list[Optional[int]]:
     """cp sizes to try beside a (tp, pp): None (as composed) where the schema has no cp or the user set it; else 1
     and each divisor of the ranks left by tp (``room``) that cuts the sequence into 2 x cp chunks of whole CP_CHUNK_ROWS, none with a
-    pipeline (a pipeline or HSDP replicas the user set: validation refuses cp, ``without_refused_cp``)."""
+    pipeline (a pipeline the user set: validation refuses cp, ``without_refused_cp``)."""
     if "cp" not in names or "strategy.cp" in fixed:
         return [None]
     if (pp or 1) > 1:

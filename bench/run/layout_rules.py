@@ -43,16 +43,15 @@ CP_CHUNK_ROWS = 32  # measured: a 16-row chunk fails in torch 2.11's ring merge 
 
 def _check_context(m: dict, s: dict, cp: int) -> None:
     """What context parallelism splits: the sequence into 2 x cp chunks (each rank one from the head and its mirror
-    from the tail, so causal work is even); not with a pipeline or HSDP replicas (not implemented here)."""
+    from the tail, so causal work is even); not with a pipeline (not implemented here)."""
     if m["seq_len"] % (CP_CHUNK_ROWS * 2 * cp):
         raise ConfigError("strategy.cp", cp, f"needs model.seq_len={m['seq_len']} divisible by {CP_CHUNK_ROWS} x 2 x "
                           f"cp = {CP_CHUNK_ROWS * 2 * cp}: the sequence is cut into 2 x cp load-balanced chunks, each a "
                           f"multiple of {CP_CHUNK_ROWS} rows (the memory-efficient attention kernel pads its log-sum-exp "
                           f"to {CP_CHUNK_ROWS} rows, which torch's ring cannot merge)")
-    for key in ("pp", "dp_replicate"):
-        if s.get(key, 1) > 1:
-            raise ConfigError("strategy.cp", cp, f"with strategy.{key}={s[key]} is not implemented; use "
-                              f"strategy.{key}=1 with cp > 1 (context parallelism composes with FSDP2 and tp here)")
+    if s.get("pp", 1) > 1:
+        raise ConfigError("strategy.cp", cp, f"with strategy.pp={s['pp']} is not implemented; use strategy.pp=1 "
+                          "with cp > 1 (context parallelism composes with FSDP2, HSDP and tp here)")
 
 
 def _recompute_every(c: dict) -> int:
