@@ -47,7 +47,8 @@ class TorchParallel(Strategy):
         self.coord = self.layout.coords(self.dist.rank)
         self.offload = self.policy.offload(p)
         self.mesh = None
-        if self.policy.needs_mesh(p) or p.tp > 1 or p.pp > 1 or p.layout.cp > 1:  # plain DDP reduces over the default group
+        # plain DDP reduces over the default group
+        if self.policy.needs_mesh(p) or p.tp > 1 or p.pp > 1 or p.layout.cp > 1:
             with self.setup_phase("device mesh"):
                 self.mesh = build_mesh(self.layout, dev.type, self.dist.rank)
         with self.setup_phase("bench model"):
