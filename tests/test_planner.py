@@ -149,3 +149,55 @@ def test_measure_top_two_runs_them_and_records_the_winner(tmp_path):
         assert run["config"]["recompute"] == row["recompute"]
     entries = json.loads(store.read_text())["entries"]
     assert len(entries) == 1 and entries[0]["tokens_per_s"] == max(m["measured_tokens_per_s"] for m in measured)
+
+
+OFFLOAD_QUESTION = ["model=llama3_8b", "hardware=a100_40gb", "nodes=1", "gpus_per_node=2", "model.seq_len=2048",
+                    "tokens_per_step=16384", "compile=true"]
+
+
+def offload_rows(strategy: str, offload: str, tmp_path) -> list[dict]:
+    """The planner's rows for one strategy on OFFLOAD_QUESTION, checked: some fit, and each row that fits or is
+    tight carries the offload, in its knobs and its command (none does without it)."""
+    _, rows = plan(parse([*OFFLOAD_QUESTION, f"strategy={strategy}", f"out={tmp_path / strategy}"]))
+    key, value = offload.split("=")
+    assert rows[0]["verdict"] == "fits"
+    for r in rows:
+        if r["verdict"] in ("fits", "tight"):
+            assert offload in r["overrides"] and f"{key.split('.')[1]}={value}" in r["knobs"], r["command"]
+    assert not any("dp_replicate" in r["knobs"] for r in rows)  # one node: no replicas across nodes
+    return rows
+
+
+def test_an_offload_is_searched_where_nothing_fits_without_it_and_its_command_fits(tmp_path):
+    """Llama-3 8B on 2 x A100 40GB: no layout of FSDP2 or ZeRO fits on the GPUs (the states alone are 64 GiB a rank
+    at most sharding), an offload to the host does; the planner must find it, its row must say so, and
+    ``python -m bench <its command> dry_run=true`` must plan it to fit, as ranked."""
+    top = offload_rows("fsdp", "strategy.cpu_offload=true", tmp_path)[0]
+    out = subprocess.run([sys.executable, "-m", "bench", *top["overrides"], "dry_run=true",
+                          f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]  # 3: does not fit
+    planned = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert verdict_of(planned["memory"]) == "fits" and planned["config"]["strategy"]["cpu_offload"] is True
+    assert round(planned["memory"]["needed_mb"] / 1024, 1) == top["needed_gib"]
+    assert round(planned["prediction"]["tokens_per_s"]) == top["tokens_per_s"]
+    top = offload_rows("zero", "strategy.offload_optimizer=cpu", tmp_path)[0]  # ZeRO's optimizer offload
+    p = replan(top["overrides"])
+    assert verdict_of(p.memory) == "fits" and p.strategy["offload_optimizer"] == "cpu"
+    assert round(p.memory["needed_mb"] / 1024, 1) == top["needed_gib"]
+    assert round(predict(p)["tokens_per_s"]) == top["tokens_per_s"]
+
+
+def test_hsdp_replicas_across_the_nodes_are_searched_on_two_nodes(answer, tmp_path):
+    """Llama-3.2 1B on 2 nodes of 8 x A100 80GB: FSDP2 sharded inside a node and replicated across the two
+    (strategy.dp_replicate=2) is searched and ranked; its command plans as ranked.  A job whose strategies fit
+    without offload gets no offload."""
+    _, rows = plan(parse(["model=llama3_1b", "hardware=a100_80gb", "nodes=2", "gpus_per_node=8", "model.seq_len=4096",
+                          "tokens_per_step=1Mi", "strategy=fsdp", "compile=true", "recompute=none", f"out={tmp_path}"]))
+    hsdp = [r for r in rows if "strategy.dp_replicate=2" in r["overrides"]]
+    assert hsdp and "dp_replicate=2" in hsdp[0]["knobs"]
+    p = replan(hsdp[0]["overrides"])
+    assert p.world_size == 16 and p.strategy["dp_replicate"] == 2
+    assert verdict_of(p.memory) == hsdp[0]["verdict"] == "fits"
+    assert round(predict(p)["tokens_per_s"]) == hsdp[0]["tokens_per_s"]
+    _, free = answer  # two nodes too: HSDP searched; FSDP2 and ZeRO fit, so no offload is
+    assert not any("offload" in r["knobs"] for r in free)

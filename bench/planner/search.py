@@ -5,10 +5,14 @@ Bounded by construction: tp in 1, 2, 4, 8 (inside a node), pp in 1, 2, 4, cp (co
 whose schema has it) over the divisors of world_size / tp that cut the sequence into 2 x cp chunks, without a
 pipeline (what bench/run/layout_rules.py refuses), the micro-batch over the divisors of
 the per-rank batch (the best one of each group is kept: a group is one row), and a strategy's knobs (their
-``tune`` candidates in the schema) tried one at a time, only on the ``LEADERS`` best rows.  A knob is applied
-only when the memory plan counts it (its value changes the planned peak): one whose memory the plan does not
-see (CUDA graph pools, say) could turn a layout that "fits" into an out-of-memory.  Every key the user set is
-kept as set.
+``tune`` candidates in the schema) tried one at a time, only on the ``LEADERS`` best rows; on a job that spans
+nodes, a knob whose schema says ``tune_nodes`` (HSDP's replicas) is then tried at the number of nodes on each
+leader's best setting.  A
+strategy's ``fallback`` knobs (offload: host memory and PCIe time for device memory) are tried only where none of
+the strategy's rows fits without them, on its ``UNFIT_STRATEGY`` rows closest to fitting (``fallbacks``).  A knob
+is applied only when the memory plan counts it (its value changes the planned peak): one whose memory the plan
+does not see (CUDA graph pools, say) could turn a layout that "fits" into an out-of-memory.  Every key the user
+set is kept as set.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from typing import Callable, Iterable, Optional
 from bench.run.config import FLOAT8_MIN_CC
 from bench.machine.hardware import resolve as resolve_hardware
 from bench.run.layout_rules import CP_CHUNK_ROWS
-from bench.planner.evaluate import FITS, NO_FIT, Evaluator, Row, get_key
+from bench.planner.evaluate import FITS, NO_FIT, ORDER, Evaluator, Row, get_key
 from bench.run.schema import BenchConfig, fields_of
 from bench.strategies.registry import StrategySpec, get_spec
 
@@ -125,6 +129,21 @@ def tunable_knobs(spec: StrategySpec, fixed: set[str]) -> list[tuple[str, tuple,
     return out
 
 
+def node_knobs(spec: StrategySpec, fixed: set[str], nodes: int) -> list[tuple[str, tuple, dict]]:
+    """On a job over ``nodes`` > 1 nodes, the strategy's ``tune_nodes`` knobs the user did not set, at their default
+    and ``nodes`` (validation refuses a value that does not divide the data-parallel ranks)."""
+    return [(f"strategy.{name}", (f.default, nodes), dict(f.metadata.get("requires") or {}))
+            for name, f in fields_of(spec.schema).items()
+            if nodes > 1 and f.metadata.get("tune_nodes") and f"strategy.{name}" not in fixed]
+
+
+def fallback_knobs(spec: StrategySpec, fixed: set[str]) -> list[tuple[str, tuple, dict]]:
+    """(dotted key, candidate values, what a value needs) of the strategy's ``fallback`` knobs the user did not set."""
+    return [(f"strategy.{name}", tuple(f.metadata["fallback"]), dict(f.metadata.get("requires") or {}))
+            for name, f in fields_of(spec.schema).items()
+            if f.metadata.get("fallback") and f"strategy.{name}" not in fixed]
+
+
 def counted_knobs(ev: Evaluator, base: dict, row: Row, knobs: Iterable[tuple[str, tuple, dict]]) -> list[tuple]:
     """(key, values) of the knobs that can apply to a row and whose memory the plan counts: some value other than
     the row's changes its planned peak (at the row's micro-batch).  Others are never applied."""
@@ -183,9 +202,43 @@ def search(bases: dict[str, dict], per_node: int, fixed: set[str], ev: Evaluator
         rows += [r for r in (best_micro_batch(ev, base, g, fixed) for g in groups) if r is not None]
     rows.sort(key=Row.rank_key)
     for i in leaders(rows):
-        row = rows[i]
-        rows[i], _ = improve_knobs(ev, bases[row.strategy], row, fixed, tunable_knobs(get_spec(row.strategy), fixed))
-    return _unique(sorted(rows, key=Row.rank_key))
+        row, base, spec = rows[i], bases[rows[i].strategy], get_spec(rows[i].strategy)
+        rows[i], _ = improve_knobs(ev, base, row, fixed, tunable_knobs(spec, fixed))
+        across = node_knobs(spec, fixed, nodes_of(base, per_node))
+        if across:  # then the best setting's replicas across nodes (one more knob, not a doubled product of all)
+            rows[i], _ = improve_knobs(ev, base, rows[i], fixed, across)
+    rows.sort(key=Row.rank_key)  # the fallbacks' "closest to fitting" is this order
+    return _unique(sorted(fallbacks(ev, bases, rows, fixed), key=Row.rank_key))
+
+
+def nodes_of(base: dict, per_node: int) -> int:
+    """The nodes a job spans (1 where its world size is not whole nodes)."""
+    ws = base["world_size"]
+    return ws // per_node if ws > per_node and ws % per_node == 0 else 1
+
+
+def fallbacks(ev: Evaluator, bases: dict[str, dict], rows: list[Row], fixed: set[str]) -> list[Row]:
+    """The ranked ``rows`` with each strategy's fallback knobs (offload) tried where none of its rows fits (tight
+    at best), on its ``UNFIT_STRATEGY`` rows closest to fitting that such a knob applies to.  A row the knobs
+    bring to a better verdict replaces it where it did not fit, and joins it where it was tight (the tight row,
+    faster, stays to choose from)."""
+    fitting = {r.strategy for r in rows if r.verdict == FITS}
+    out, tried = list(rows), {}
+    for i, row in enumerate(rows):
+        knobs = fallback_knobs(get_spec(row.strategy), fixed) if row.strategy not in fitting else []
+        if not knobs or tried.get(row.strategy, 0) >= UNFIT_STRATEGY:
+            continue
+        base = bases[row.strategy]
+        if not counted_knobs(ev, base, row, knobs):
+            continue  # no fallback applies to this layout (the strategy's rules refuse it there)
+        tried[row.strategy] = tried.get(row.strategy, 0) + 1
+        best, _ = improve_knobs(ev, base, row, fixed, knobs)
+        if ORDER[best.verdict] < ORDER[row.verdict]:
+            if row.verdict == NO_FIT:
+                out[i] = best
+            else:
+                out.append(best)
+    return out
 
 
 def without_refused_cp(ev: Evaluator, base: dict, groups: list[dict]) -> list[dict]:
@@ -200,9 +253,9 @@ def without_refused_cp(ev: Evaluator, base: dict, groups: list[dict]) -> list[di
 def leaders(rows: list[Row]) -> list[int]:
     """Indexes of the rows whose knobs are searched: the ``LEADERS`` best overall, each strategy's ``PER_STRATEGY``
     best, and, for a strategy none of whose rows fits, its ``UNFIT_STRATEGY`` closest to fitting (a knob the plan
-    counts, FSDP2's sync_every_microbatch or an offload, can make a layout fit that does not without it).  A strategy's
-    context-parallel rows (cp > 1) are counted apart from its others, so that they fitting (their activations split)
-    never leaves the others unsearched (nor the others fitting, them)."""
+    counts, FSDP2's sync_every_microbatch, can make a layout fit that does not without it; offload: ``fallbacks``).
+    A strategy's context-parallel rows (cp > 1) are counted apart from its others, so that they fitting (their
+    activations split) never leaves the others unsearched (nor the others fitting, them)."""
     key = lambda r: (r.strategy, r.plan.cp > 1)  # noqa: E731
     fitting = {key(r) for r in rows if r.verdict == FITS}
     picked: list[int] = []

@@ -33,14 +33,17 @@ class ConfigError(ValueError):
 
 def knob(default: Any = MISSING, doc: str = "", *, choices: Optional[tuple] = None, tune: Optional[tuple] = None,
          requires: Optional[dict] = None, added: bool = False, volatile: bool = False, alias: Optional[str] = None,
-         factory: Optional[Callable[[], Any]] = None):
+         factory: Optional[Callable[[], Any]] = None, fallback: Optional[tuple] = None, tune_nodes: bool = False):
     """A schema field with its documentation (docs/knobs.md is generated from it), its valid
     ``choices`` (checked by bench.run.config.validate), its candidate values for the knob search
     (``tune``) and the settings such a candidate needs to take effect (``requires``, dotted key ->
     value: compile_mode needs compile=true), its run-key rule (``added``, ``volatile``: module
-    docstring), and for a top-level shorthand the strategy key it sets (``alias``)."""
+    docstring), and for a top-level shorthand the strategy key it sets (``alias``).  For the planner
+    (bench/planner/search.py): ``fallback``, candidates tried only where the strategy has no layout that fits
+    without them (an offload: host memory and PCIe time for device memory); ``tune_nodes``, the job's number of
+    nodes tried as the knob's value where it spans several (replicas across nodes, shards inside one)."""
     md = {"doc": doc, "choices": choices, "tune": tune, "requires": requires, "added": added,
-          "volatile": volatile or bool(alias), "alias": alias}
+          "volatile": volatile or bool(alias), "alias": alias, "fallback": fallback, "tune_nodes": tune_nodes}
     if factory is not None:
         return field(default_factory=factory, metadata=md)
     return field(default=default, metadata=md)

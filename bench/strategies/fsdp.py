@@ -27,7 +27,7 @@ class FSDPConfig(AddedLayoutKnobs):
     reduce_dtype: str = knob("fp32", "gradient reduce-scatter dtype under bf16/fp16: fp32 | param (half the bytes, "
                              "lower-precision sums)", choices=("fp32", "param"))
     cpu_offload: bool = knob(False, "CPUOffloadPolicy: sharded parameters, gradients and the optimizer step on the "
-                             "host (memory for PCIe traffic and a CPU AdamW)")
+                             "host (memory for PCIe traffic and a CPU AdamW)", fallback=(False, True))
     prefetch: int = knob(0, "0: FSDP2's implicit prefetching; k >= 1: the next k units' all-gathers issued early "
                          "(k extra gathered units alive)")
     blocks_per_unit: int = knob(1, "consecutive blocks per FSDP unit: k > 1 means k times fewer, larger collectives "
@@ -42,7 +42,7 @@ class FSDPConfig(AddedLayoutKnobs):
     dp_replicate: int = knob(1, "HSDP: the data-parallel ranks as dp_replicate replicas x dp / dp_replicate shards "
                              "(FSDP2 over a 2-D mesh, torchtitan's data_parallel_replicate_degree): states sharded "
                              "within a replica, gradient shards all-reduced across replicas; must divide dp "
-                             "(= world_size / (tp x pp)); 1: plain FSDP", added=True)
+                             "(= world_size / (tp x pp)); 1: plain FSDP", added=True, tune_nodes=True)
     sync_every_microbatch: bool = knob(False, "with gradient accumulation: reduce-scatter the gradients after every "
                                        "micro-batch (torchtitan's default), keeping only sharded gradients, at m x "
                                        "the reduce-scatters; false: gradient sync on the last micro-batch only, "

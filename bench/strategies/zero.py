@@ -60,9 +60,9 @@ class ZeroConfig(StrategyConfig):
                           "under torch.autocast, as single)", tune=(False, True), added=True)
     offload_optimizer: str = knob("none", "cpu: optimizer states and step on the host (DeepSpeedCPUAdam): frees "
                                   "12 B/param of GPU memory for PCIe traffic and a CPU Adam step; stages 1-3",
-                                  choices=OFFLOAD)
+                                  choices=OFFLOAD, fallback=OFFLOAD)
     offload_param: str = knob("none", "cpu: stage 3's parameter shards on the host, copied in before each gather",
-                              choices=OFFLOAD)
+                              choices=OFFLOAD, fallback=OFFLOAD)
     reduce_bucket_size: float = knob(5e8, "gradient bucket of the reduce (elements): bigger = fewer, later "
                                      "collectives; smaller = finer overlap with backward", tune=(5e8, 5e7))
     allgather_bucket_size: float = knob(5e8, "stages 1-2: bucket of the parameter all-gather after the step")
