@@ -16,7 +16,8 @@ One optimizer step of the slowest rank, in seconds::
                                                                      output gradient (3 bytes an element: read bf16,
                                                                      write float8; amax and transposes in fp8_cast)
   comm     = exposed(grad_reduce, BACKWARD_SHARE x compute, grad_exposed)
-           + exposed(param_gather, compute, param_exposed) + (tail + activation + p2p + context) / link'
+           + exposed(param_gather, compute - what the reduction hid behind, param_exposed)
+           + (tail + activation + p2p + context) / link'
            + 20 us x collectives + offload / PCIe
              exposed(w, window, share) = max(w' - window, 0) + share x min(w', window), w' = w / link':
              what overlaps costs its exposed share while compute lasts, and all of it beyond (a slow link's
@@ -250,9 +251,9 @@ def _host_terms(plan: Plan, traffic: dict) -> dict[str, float]:
 
 def _exposed(wire, window, share):
     """Overlapped communication's cost: its exposed share while the compute it hides behind lasts, all of it
-    beyond that (floats or numpy arrays)."""
+    beyond that (floats or numpy arrays); with the window it used, (cost, hidden)."""
     hidden = np.minimum(wire, window)
-    return wire - hidden + share * hidden
+    return wire - hidden + share * hidden, hidden
 
 
 def combine(t: dict, k: dict) -> dict:
@@ -262,9 +263,11 @@ def combine(t: dict, k: dict) -> dict:
     compute = (t["flops"] / (t["peak"] * t["peak_ratio"] * eff) + k["passes"] * t["elementwise_s"] * fused + t["optimizer_s"]
                + k["fp8_cast"] * t["fp8_cast_s"])
     link = np.where(t.get("link_fitted", 1.0) > 0, k["link_eff"], 1.0) * t.get("link_factor", 1.0)
-    wire = (_exposed(t["grad_reduce_s"] / link, BACKWARD_SHARE * compute, k["grad_exposed"])
-            + _exposed(t["param_gather_s"] / link, compute, k["param_exposed"])
-            + (t["tail_s"] + t["activation_s"] + t["p2p_s"] + t.get("context_s", 0.0)) / link)
+    # gradient reductions and parameter gathers share one link and one compute window: what the reductions
+    # hide behind is not there for the gathers (a slow link's step is at least its overlapped bytes' time)
+    grads, hidden = _exposed(t["grad_reduce_s"] / link, BACKWARD_SHARE * compute, k["grad_exposed"])
+    params, _ = _exposed(t["param_gather_s"] / link, compute - hidden, k["param_exposed"])
+    wire = grads + params + (t["tail_s"] + t["activation_s"] + t["p2p_s"] + t.get("context_s", 0.0)) / link
     comm = wire + COLLECTIVE_LATENCY_S * t["collectives"] + t["offload_s"]
     bubble = (compute + comm) * t["bubble"]
     device = compute + comm + bubble

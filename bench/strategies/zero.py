@@ -259,23 +259,28 @@ def _zero_option(plan: Plan, key: str, default: float) -> float:
     return ((plan.strategy.get("ds_config") or {}).get("zero_optimization") or {}).get(key, default)
 
 
-def _gathered_params(plan: Plan, psi: float, per_block: float) -> float:
-    """Elements of ZeRO-3's gathered parameters when backward starts.  One rank without parameter offload: none
-    (a gathered parameter is its own partition, no copy).  Otherwise the prefetch bucket and the block in use, or
-    more: from step 2 (the trace complete) a parameter stays gathered from its forward to its backward when it is
-    used again within stage3_max_reuse_distance elements (1e9) of the trace (partitioned_param_coordinator.py
-    __params_to_release).  Counted here over the rest of the forward (the blocks after it and the head): the runs
-    held every block of 300m, 500m and 1b (36 blocks of 28M) at dp 2-4 (results/2026-11-23-h200x2-ddp-ceiling-
-    graph-exit), where the trace's forward and backward together would have released 1b's first half."""
-    s = plan.strategy
-    if plan.dp_size == 1 and s["offload_param"] == "none" and not s["deepcompile"]:  # DeepCompile copies
-        return 0.0
+def _kept_params(plan: Plan, per_block: float) -> float:
+    """Elements of ZeRO-3's parameters that stay gathered from their forward to their backward: from step 2 (the
+    trace complete) a parameter used again within stage3_max_reuse_distance elements (1e9) of the trace is not
+    released (partitioned_param_coordinator.py __params_to_release).  Counted over the rest of the forward (the
+    blocks after it and the head): the runs held every block of 300m, 500m and 1b (36 blocks of 28M) at dp 2-4
+    (results/2026-11-23-h200x2-ddp-ceiling-graph-exit), where the trace's forward and backward together would have
+    released 1b's first half."""
     g, L = param_groups(plan.model), plan.model["n_layers"]
     reuse = float(_zero_option(plan, "stage3_max_reuse_distance", 1e9))
     head = g["head"] + g["norm"]
     blocks = min(L, max(0, math.ceil((reuse - head) / per_block)))
-    kept = blocks * per_block + head + (g["embedding"] if L * per_block + head < reuse else 0)
-    return min(psi, max(kept, float(s["prefetch_bucket_size"]) + per_block))
+    return blocks * per_block + head + (g["embedding"] if L * per_block + head < reuse else 0)
+
+
+def _gathered_params(plan: Plan, psi: float, per_block: float) -> float:
+    """Elements of ZeRO-3's gathered parameters when backward starts.  One rank without parameter offload: none
+    (a gathered parameter is its own partition, no copy).  Otherwise the prefetch bucket and the block in use, or
+    more: those kept from forward to backward (:func:`_kept_params`)."""
+    s = plan.strategy
+    if plan.dp_size == 1 and s["offload_param"] == "none" and not s["deepcompile"]:  # DeepCompile copies
+        return 0.0
+    return min(psi, max(_kept_params(plan, per_block), float(s["prefetch_bucket_size"]) + per_block))
 
 
 def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
@@ -312,13 +317,19 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     if stage == 0:
         out.update(tail=all_reduce(grads, dp), collectives=buckets(grads, s["reduce_bucket_size"] * elem))
     elif stage in (1, 2):
-        out["grad_reduce" if overlap else "tail"] = all_gather(grads, dp)
+        # each reduce bucket all-reduced whole, every rank keeping its partition (use_multi_rank_bucket_allreduce,
+        # DeepSpeed's default); without it one reduce per partition to its owner: the bucket's bytes, in n calls
+        multi = _zero_option(plan, "use_multi_rank_bucket_allreduce", True)
+        reduce = all_reduce(grads, dp) if multi else grads * (dp > 1)
+        out["grad_reduce" if overlap else "tail"] = reduce
         out.update(tail=out.get("tail", 0.0) + all_gather(grads, dp), hooks=out["hooks"] + stage * n * m,
-                   collectives=2 * buckets(grads, s["reduce_bucket_size"] * elem))
+                   collectives=(2 if multi else dp + 1) * buckets(grads, s["reduce_bucket_size"] * elem))
     else:
         per_block = s["leaf_blocks"] or s["deepcompile"]
         modules = plan.model["n_layers"] * (1 if per_block else 12) + 5
-        out.update(param_gather=2 * m * all_gather(grads, dp), grad_reduce=m * all_gather(grads, dp),
+        # forward gathers every parameter; backward only those released since (_kept_params stay gathered)
+        regather = 1.0 - min(1.0, _kept_params(plan, param_groups(plan.model)["block"]) / params)
+        out.update(param_gather=(1 + regather) * m * all_gather(grads, dp), grad_reduce=m * all_gather(grads, dp),
                    collectives=2 * m * modules + m * buckets(grads, s["reduce_bucket_size"] * elem),
                    hooks=out["hooks"] + m * (FETCH_OPS * modules + (0 if s["deepcompile"] else PARAM_OPS * n)))
     if s["offload_optimizer"] != "none":  # gradients out, updated parameters in, the Adam step on the host
