@@ -185,7 +185,8 @@ def measured_link(hw: HardwareConfig, traffic: dict) -> dict[str, float]:
     if hw.source != "probe" and hw.intra_node_link != "pcie":
         return {"link_fitted": 1.0, "link_factor": 1.0}
     curve = ((((hw.probe or {}).get("curves") or {}).get("intra_node") or {}).get("all_reduce")) or []
-    sent = sum(traffic.get(k, 0.0) for k in ("grad_reduce", "param_gather", "tail", "activation", "p2p", "context"))
+    sent = sum(traffic.get(k, 0.0) for k in ("grad_reduce", "param_gather", "tail", "activation", "p2p", "context",
+                                        "embedding_grad"))
     calls = traffic.get("collectives", 0.0)
     if not curve or not hw.intra_node_gbps or not sent or not calls:
         return {"link_fitted": 0.0, "link_factor": 1.0}

@@ -39,10 +39,10 @@ VARIES = {"tp": ("tp",), "dp": ("dp_replicate", "dp_shard", "cp"), "pp": ("pp",)
 HSDP_GROUPS = ("dp_shard", "dp_replicate")  # named in the plan only where there are replicas
 # what each kind of bytes (bench/plan/traffic.py BYTE_KINDS) travels over; offload goes to the host, not a group
 KIND_GROUP = {"grad_reduce": "dp_shard", "grad_replicate": "dp_replicate", "param_gather": "dp_shard", "tail": "dp",
-              "activation": "tp", "p2p": "pp", "context": "cp"}
+              "activation": "tp", "p2p": "pp", "context": "cp", "embedding_grad": "pp"}
 # the prediction's term a kind is part of: the replicas' all-reduce is issued in backward like the reduce-scatter
-# before it, and hides behind the same compute
-KIND_TERM = {"grad_replicate": "grad_reduce"}
+# before it, and hides behind the same compute; a pipeline's tied-embedding all-reduce comes after backward
+KIND_TERM = {"grad_replicate": "grad_reduce", "embedding_grad": "tail"}
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ bytes one rank sends per step, by how they can hide behind compute
   ``activation``    tensor-parallel all-reduces of activations (on the critical path of every layer)
   ``p2p``           pipeline sends of activations and their gradients
   ``context``       context parallelism's K / V exchange inside attention (``cp_kv_exchange``): waited on
+  ``embedding_grad`` a pipeline's tied embedding: its gradient all-reduced between the first and last stage after
+                    backward (over the pipeline group, costed as ``tail``)
   ``offload``       bytes over the host link (PCIe) to and from host memory
 counts per step
   ``collectives``   collective / point-to-point calls (each pays a latency)

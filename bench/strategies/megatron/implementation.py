@@ -121,9 +121,15 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
                          2 * plan.grad_accum * s["virtual_pipeline"]),
            "hooks": 0 if graphed else PARAM_OPS * param_tensors(plan) * plan.grad_accum,
            "graphed": 1 if graphed else 0}
+    if plan.pp > 1 and plan.model.get("tie_embeddings"):
+        # the tied word embedding lives on the first and the last stage: finalize_model_grads all-reduces its
+        # (vocab-parallel) main grad between the two after every backward (_allreduce_word_embedding_grads)
+        m = plan.model
+        own.update(embedding_grad=all_reduce(m["vocab_size"] * m["d_model"] / plan.tp * grads / params, 2),
+                   collectives=1)
     if dp > 1:
         kind = "grad_reduce" if s["overlap_grad_reduce"] else "tail"
-        own["collectives"] = buckets(params, bucket) * (2 if s["use_distributed_optimizer"] else 1)
+        own["collectives"] = own.get("collectives", 0) + buckets(params, bucket) * (2 if s["use_distributed_optimizer"] else 1)
         if s["use_distributed_optimizer"]:
             gather = {"param_gather" if s["overlap_param_gather"] else "tail": all_gather(2 * params, dp)}
             return merge(own, {kind: all_gather(grads, dp)}, gather, tp_activation(plan), pp_p2p(plan))
