@@ -170,7 +170,9 @@ def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, fl
     mem = memory_plan(plan, gpu_memory_gib=hw.memory_gib)
     traffic = get_spec(plan.strategy["name"]).traffic(plan, float(mem["parameters_on_rank"]))
     topo = plan_topology(plan, hw)
-    return {**_device_terms(plan, hw, mem), **_host_terms(plan, traffic),
+    device = _device_terms(plan, hw, mem)
+    device["flops"] += traffic.get("extra_flops", 0.0)
+    return {**device, **_host_terms(plan, traffic),
             **{f"{k}_s": v for k, v in topo.seconds(traffic).items()},
             "offload_s": traffic.get("offload", 0.0) / (HOST_LINK_GBPS * 1e9), **measured_link(hw, traffic),
             "collectives": traffic.get("collectives", 0.0)}

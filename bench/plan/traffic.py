@@ -23,6 +23,7 @@ counts per step
   ``eager``         1: torch.compile leaves the step eager (the strategy's module hooks break every graph)
   ``layer_host``    eager host cost of a layer's ops against plain tensors' (> 1: DTensor dispatch, which
                     torch.compile traces away); default 1
+  ``extra_flops``   FLOPs the rank runs beyond its 1 / world share of the step's (a replicated layer's)
 
 Ring collectives: an all-reduce of B bytes over n ranks sends 2 B (n-1)/n per rank, an all-gather or a
 reduce-scatter B (n-1)/n.  Each byte kind travels over one group (bench/plan/topology.py ``KIND_GROUP``: gradients and
@@ -39,7 +40,7 @@ from bench.models.model_spec import describe_model
 from bench.run.schema import Plan
 
 BYTE_KINDS = ("grad_reduce", "param_gather", "tail", "activation", "p2p", "context", "offload")
-COUNT_KINDS = ("collectives", "hooks", "syncs", "host_adam", "graphed", "eager", "layer_host")
+COUNT_KINDS = ("collectives", "hooks", "syncs", "host_adam", "graphed", "eager", "layer_host", "extra_flops")
 FLAGS = ("graphed", "eager", "layer_host")  # merged by the largest, not summed
 # torch-native tensor parallelism: a layer's ops dispatched as DTensors cost this many times a plain layer's
 # on the host (300m, TP=2, 2 x H200, eager: 243 ms a step against Megatron's 73-78 ms with the same
@@ -142,8 +143,14 @@ def pp_p2p(plan: Plan) -> dict[str, float]:
 
 def torch_native_hooks(plan: Plan) -> dict[str, float]:
     """torch-native model parallelism's host work: DTensor dispatch of every op of a tensor-parallel layer,
-    and the pipeline schedule's forward, backward, send and receive per micro-batch and local stage."""
+    and the pipeline schedule's forward, backward, send and receive per micro-batch and local stage.  Device: its
+    tensor parallelism keeps the output head replicated (bench/parallel/tp.py), so every tp rank runs the whole
+    head's forward and backward for its tokens: (tp - 1) / world of the head's FLOPs beyond the rank's share."""
     out: dict[str, float] = {"layer_host": DTENSOR_LAYER_HOST} if plan.tp > 1 else {}
+    if plan.tp > 1:
+        m = plan.model
+        out["extra_flops"] = (6.0 * m["d_model"] * m["vocab_size"] * m["global_batch"] * m["seq_len"]
+                              * (plan.tp - 1) / plan.world_size)
     if plan.pp > 1:  # compiled stages save no host time under the schedule (300m, PP=2, 2 x H200: 146-209 ms
         # a step eager, 203-274 compiled; results/2026-11-22-h200x2-model-parallel, -forkserver-graphs, -x4-followups)
         out.update(hooks=4 * plan.grad_accum * plan.layout.virtual_pipeline, eager=1)
