@@ -263,6 +263,22 @@ def test_fsdp_gathers_no_more_units_than_it_has():
     assert one["buffers_mb"] == pytest.approx((24 * per_block * 2 + 24 * per_block * 4 + 2 * root) / MIB, rel=1e-3)
 
 
+def test_fsdp_without_resharding_plans_a_units_reduce_scatter_input_after_its_backward():
+    """Issue 50: FSDP2's post_backward frees the unit's gathered parameters, then foreach_reduce allocates the unit's
+    gradients in reduce_dtype and copies autograd's 16-bit ones into it (bench/strategies/fsdp.py phase_buffers);
+    with one unit of all 24 blocks and short sequences that moment is the peak, beside no block's activations."""
+    o = ("strategy=fsdp", "world_size=2", "strategy.reshard_after_forward=false", "strategy.blocks_per_unit=24",
+         "model.seq_len=64")
+    fp32, param = _mem(*o, gpus=2), _mem(*o, "strategy.reduce_dtype=param", gpus=2)
+    per_block = param_groups(plan(*GPU, gpus=1).model)["block"]
+    assert fp32["phase_buffers_mb"]["reduce"] == pytest.approx(24 * per_block * (4 + 2 - 2) / MIB, rel=1e-3)
+    assert param["phase_buffers_mb"]["reduce"] == pytest.approx(24 * per_block * (2 + 2 - 2) / MIB, rel=1e-3)
+    states = fp32["model_states"]["device_mb"]  # + cuBLAS's workspace (32 MiB); the gradients come after the moment
+    peak = states["params"] + states["optimizer"] + fp32["phase_buffers_mb"]["reduce"] + 32
+    assert fp32["predicted_peak_allocated_mb"] == pytest.approx(peak, rel=1e-3)
+    assert param["predicted_peak_allocated_mb"] < fp32["predicted_peak_allocated_mb"]
+
+
 EDGE = ("+experiment=gpu_llama8b_x4", "dry_run=true", "hardware=h100_sxm_80gb")
 
 

@@ -41,7 +41,8 @@ peak allocated (what ``torch.cuda.max_memory_allocated`` measures: the largest r
   micro-batch FSDP2 keeps every parameter's unsharded gradient in the reduce dtype (fp32: 4 B) from the first
   micro-batch's backward on, in place of the sharded gradients: beside the later micro-batches' activations.
 * Strategy buffers by phase (``StrategySpec.buffers`` / ``phase_buffers``): DDP's reducer buckets and the
-  first step's, ZeRO's reduce buckets (whole, per communication dtype, in backward for stages 1-2),
+  first step's, ZeRO's reduce buckets (whole, per communication dtype, in backward for stages 1-2), FSDP2's
+  reduce-scatter input (one unit's gradients, after that unit's backward: beside the other blocks' activations),
   ZeRO-3's gathered parameters, ZeRO's step (the flattened gradient partition and its fp32 copy).
 
 Not in the allocated peak, but in what must fit on the device (``needed``, bench/plan/memory_margins.py: each
@@ -295,8 +296,11 @@ def transient_bytes(plan: Plan, lay, grads: float, act: dict, phase: dict, accum
     largest, the forward-backward's own part: what a CUDA graph capture of it keeps in its pool)."""
     bwd, step = phase.get("backward", 0.0), phase.get("step", 0.0)
     early, late = (0.0, bwd) if lay.late_grad_hooks else (bwd, 0.0)
+    # "reduce": allocated once the backward of the rank's last reduce_blocks blocks has run (their activations freed)
+    reduce = phase.get("reduce", 0.0) - phase.get("reduce_blocks", 0) * act["activations"] / (
+        act["microbatches_in_flight"] * act["layers_on_rank"])
     start = act["activations"] + phase.get("pass", 0.0) + act.get("cp_ring", 0.0) + max(
-        act["logits"] + act["weight_copies"], early + max(act["recomputed_layer"], act["weight_copies"]))
+        act["logits"] + act["weight_copies"], early + max(act["recomputed_layer"], act["weight_copies"], reduce))
     grads_live = plan.grad_accum > 1 or plan.pp > 1 or lay.grads_live
     kept = accum if accum else (grads if grads_live else 0.0)
     return max(start + kept, grads + max(late, step)), start
@@ -371,7 +375,8 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
                         "per_layer_per_microbatch_mb": mib(act["per_layer_per_microbatch"]),
                         "activations_mb": mib(act["activations"]), "logits_mb": mib(act["logits"])},
         "buffers_mb": mib(buf), "buffers_note": buf_note,
-        "phase_buffers_mb": {k: mib(v) for k, v in phase.items()}, "phase_buffers_note": phase_note,
+        "phase_buffers_mb": {k: mib(v) for k, v in phase.items() if k != "reduce_blocks"},  # a count, not bytes
+        "phase_buffers_note": phase_note,
         "predicted_peak_allocated_mb": mib(allocated),
         "allowance": margins_text(), "accumulated_grads_mb": mib(r["accum_grads"]),
         "outside_allocator_mb": {"cuda_graph_pool": mib(r["graph_pool"]), "context_and_nccl": mib(outside)},

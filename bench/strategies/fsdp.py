@@ -126,6 +126,33 @@ def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
         "FSDP2: gathered units (current + next + prefetch), one unit's unsharded gradients, the root's parameters"
 
 
+def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, float], str]:
+    """Without resharding, in backward: the reduce-scatter of one unit's gradients, after that unit's backward.
+    FSDPParamGroup.post_backward (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py) first reshards the unit
+    (reshard_after_backward, torch's default: its gathered parameters freed), then calls foreach_reduce
+    (_fsdp_collectives.py), which allocates the reduce-scatter input, the unit's whole unsharded gradients in
+    reduce_dtype (MixedPrecisionPolicy.reduce_dtype: fp32 under bf16 / fp8 with strategy.reduce_dtype=fp32,
+    bench/parallel/dp.py apply_fsdp), copies into it the gradients autograd made (param dtype) and frees those only
+    after the copy: both alive at that allocation.  With gradient sync off (accumulation) the gradients reduced are
+    the accumulated ones, already counted (ModelStates.accum_grad_bytes).  One unit's input at a time: post_backward
+    waits on the previous unit's reduce-scatter event and drops its input before its own foreach_reduce
+    (comm_ctx.reduce_scatter_state; newer torch: reduce_scatter_states, at most reduce_scatter_max_input_buffers, 1
+    unless set_reduce_scatter_max_input_buffers raises it, which bench does not).  With resharding buffers() holds
+    the same moment: two gathered units and one unit's gradients at 4 B, where the unit's gathered parameters are
+    freed and its input (4 B) and gradients (2 B) are alive beside the next unit's gathered ones."""
+    s, fp32 = plan.strategy, plan.cfg["precision"] == "fp32"
+    if s["reshard_after_forward"]:
+        return {}, ""
+    reduce_bytes = 4 if fp32 or s["reduce_dtype"] == "fp32" else 2
+    accumulated = plan.grad_accum > 1 and not s.get("sync_every_microbatch") and not s["cpu_offload"]
+    grad_bytes = 0 if accumulated else 4 if fp32 else 2
+    gathered = 4 if fp32 else (1 if fsdp_float8_all_gather(plan) else 2)  # as buffers() counts a gathered unit
+    blocks = min(s["blocks_per_unit"], plan.model["n_layers"] / (plan.pp * plan.layout.virtual_pipeline))
+    return {"reduce": blocks * per_block * (reduce_bytes + grad_bytes - gathered), "reduce_blocks": blocks}, \
+        f"FSDP2: one unit's reduce-scatter input ({reduce_bytes} B a parameter) and the gradients copied into it " \
+        f"({grad_bytes} B), less its gathered parameters ({gathered} B), after the backward of its {blocks:g} blocks"
+
+
 def traffic(plan: Plan, params: float) -> dict[str, float]:
     """Per micro-batch each unit's 16-bit parameters are gathered for forward (and again for backward when
     resharding), prefetched ahead of use; the gradients are reduce-scattered once per step (no gradient sync on
@@ -160,8 +187,8 @@ def label(name: str, v: dict) -> list[str]:
 
 SPEC = register(StrategySpec(
     name="fsdp", schema=FSDPConfig, summary="PyTorch FSDP2 (fully_shard), alone or over torch TP / PP",
-    implementation=lambda plan: torch_native(FSDP2()), rules=rules, model_states=model_states, buffers=buffers, label=label,
-    traffic=traffic, float8=True, profiles={"best": {
+    implementation=lambda plan: torch_native(FSDP2()), rules=rules, model_states=model_states, buffers=buffers,
+    phase_buffers=phase_buffers, label=label, traffic=traffic, float8=True, profiles={"best": {
         "strategy.blocks_per_unit": (8, "2 x H200, 300m, global batch 16, compiled: units of 8 beat 4 and 24 twice "
                                         "within one call, 76.2% / 67.1% of 2 x single without / with resharding "
                                         "(results/2026-11-23-h200x2-zero-grad-norm-fsdp)"),

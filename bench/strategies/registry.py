@@ -131,7 +131,9 @@ class StrategySpec:
     buffers: Callable[[Plan, float, float], tuple[float, str]] = no_buffers  # memory plan: (bytes, what they are)
     # memory plan: buffers alive in part of a step only, by phase: "pass" from the forward to the end of the
     # backward (ZeRO-3's gathered parameters), "backward" from a backward's first gradient to its end (ZeRO's reduce
-    # buckets: beside the activations, not beside the loss' logits buffers), "step" the optimizer step's temporaries
+    # buckets: beside the activations, not beside the loss' logits buffers), "reduce" once the backward of the rank's
+    # last "reduce_blocks" blocks has run (FSDP2's reduce-scatter input: beside the other blocks' activations, not
+    # those blocks' nor the logits' buffers), "step" the optimizer step's temporaries
     phase_buffers: Callable[[Plan, float, float], tuple[dict[str, float], str]] = no_phase_buffers
     # the throughput prediction (bench/plan/predict.py): (plan, parameters on the rank) -> per step, bytes sent by
     # kind and host work (keys: bench/plan/traffic.py)
