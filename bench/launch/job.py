@@ -252,10 +252,35 @@ def dry_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = ()) -> str
 
     pred = None if verdict else predicted(plan)  # a plan that cannot run has no throughput to state
     log.info("%s", "prediction: none (the plan does not fit: it cannot run)" if verdict else prediction_line(pred))
+    nearest = auto_way_out(cfg, run_dir, explicit) if verdict and plan.micro_batch_auto is None else None
     write_json_atomic(run_dir / "plan.json", {"key": base["key"], "config": plan.cfg, "memory": mem,
                                               "tuning": plan.tuning, "micro_batch_size_auto": plan.micro_batch_auto,
-                                              "fits": verdict is None, "prediction": pred})
+                                              "fits": verdict is None, "prediction": pred,
+                                              "with_micro_batch_size_auto": nearest})
     return "skipped" if verdict else "planned"
+
+
+def auto_way_out(cfg: DictConfig, run_dir: Path, explicit: Iterable[str]) -> Optional[dict]:
+    """A plan that does not fit at the micro-batch it was given: the same run with strategy.micro_batch_size=auto
+    (the micro-batch, recompute and sharding knobs chosen to fit), planned and predicted, so the way out is a
+    setting with its numbers rather than advice; None when it cannot be planned."""
+    from bench.plan.memory_model import fits
+    from bench.plan.predict import predicted, prediction_line
+
+    auto = cfg.copy()
+    auto.strategy.micro_batch_size = "auto"
+    _, _, plan, err = plan_run(auto, run_dir, [*explicit, "strategy.micro_batch_size"])
+    if err is not None or plan is None:
+        return None
+    verdict, a = fits(plan.memory, plan), plan.micro_batch_auto or {}
+    pred = None if verdict else predicted(plan)
+    lay = plan.memory["layout"]
+    log.info("with strategy.micro_batch_size=auto: micro-batch %d x %d, recompute=%s: %s; %s", lay["micro_batch_size"],
+             lay["microbatches"], lay["recompute"], plan.memory["summary"],
+             f"does not fit either ({verdict})" if verdict else prediction_line(pred))
+    return {"micro_batch_size": lay["micro_batch_size"], "microbatches": lay["microbatches"],
+            "recompute": lay["recompute"], "fits": verdict is None, "reason": a.get("reason"),
+            "summary": plan.memory["summary"], "prediction": pred}
 
 
 def way_out(plan: Plan) -> str:
