@@ -3,8 +3,9 @@ MemTracker, FSDPMemTracker; what torchtitan's memory estimation uses) on bench's
 gradient accumulation (bench/strategies/torch_native.py), one rank of a fake process group on the CPU.
 
 Where the tracker does not cover the case: DDP's reducer buckets are allocated in C++ when DDP wraps (before the
-tracked step) and are not seen, so DDP is compared with accumulation, where the kept gradients dominate; the fake
-group's all-reduce returns no tensor, so DDP reduces through a no-op comm hook (the buckets stay as they are)."""
+tracked step); those that are the gradients' views are seen through the gradients, but the first step's set, which
+on a GPU outlives the rebuild while its all-reduce works are held, is freed at once here (the fake group's all-reduce
+returns no tensor, so DDP reduces through a no-op comm hook): added from the plan (its ``buffers``)."""
 from __future__ import annotations
 
 import pytest
@@ -80,7 +81,77 @@ CASES = {
 def test_the_plan_is_within_10pct_of_torchs_memory_tracker(name):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         plan = validate(compose("config", overrides=[*BASE, *CASES[name]]), gpus=0)
-    planned = memory_plan(plan)["predicted_peak_allocated_mb"] * 2**20
-    tracked = _tracked_peak(plan)
+    mem = memory_plan(plan)
+    planned = mem["predicted_peak_allocated_mb"] * 2**20
+    tracked = _tracked_peak(plan) + (mem["buffers_mb"] * 2**20 if plan.strategy["name"] == "ddp" else 0.0)
     assert abs(planned / tracked - 1) <= 0.10, f"{name}: plan {planned / 2**20:.1f} MiB, tracker {tracked / 2**20:.1f}"
 
+
+
+def _fake_ddp_peak(plan) -> float:
+    """The tracker's peak over one DDP training step (after a first one), under FakeTensorMode: the real vocabulary and
+    sequence length at no compute.  DDP's shape check, broadcast and bucket rebuild read tensor data, which fake tensors
+    have none of: skipped (the rebuild's second set of buckets, the plan's ``buffers``, is then not allocated)."""
+    import torch.nn.parallel.distributed as ddp_module
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    class NoRebuild:  # DDP's forward asks its reducer (a C++ object) to rebuild the buckets
+        def __init__(self, reducer):
+            self._reducer = reducer
+
+        def __getattr__(self, name):
+            return getattr(self._reducer, name)
+
+        def _rebuild_buckets(self):
+            return False
+
+    saved = ddp_module._verify_param_shape_across_processes, ddp_module._sync_module_states
+    ddp_module._verify_param_shape_across_processes = ddp_module._sync_module_states = lambda *a, **k: None
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=plan.world_size)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            st = get_spec(plan.strategy["name"]).implementation(plan)(
+                plan, DistContext(0, 0, plan.world_size, torch.device("cpu"), "gloo"))
+            st.setup()
+            st.model.register_comm_hook(None, noop_hook)
+            st.step(0)
+            st.model.reducer = NoRebuild(st.model.reducer)
+            tracker = MemTracker()
+            tracker.track_external(st.model, st.optimizer)  # the gradients are bucket views: the buckets are seen
+            no_sync = st.policy.no_sync
+
+            def each_micro_batch(model, last):
+                tracker.reset_mod_stats()
+                return no_sync(model, last)
+
+            st.policy.no_sync = each_micro_batch
+            with tracker:
+                st.step(1)
+        return sum(d["Total"] for d in tracker.get_tracker_snapshot("peak").values())
+    finally:
+        dist.destroy_process_group()
+        ddp_module._verify_param_shape_across_processes, ddp_module._sync_module_states = saved
+
+
+def test_ddp_accumulation_and_autocasts_forward_end_against_the_tracker():
+    """Gemma-2B's 256k vocabulary, 4 of its 18 blocks at 1024 tokens, DDP with bucket views, accumulation 2 and full
+    recompute (results/2026-11-28-h100x4-slow-links-planner's DDP run, smaller): the plan counts the first micro-batch's
+    own gradients beside the bucket views (bench/strategies/ddp.py phase_buffers) and, at the forward's end, autocast's
+    cached copies of every weight beside the loss' forward buffers (bench/plan/forward_end.py); the tracker's peak
+    is there.  Without the two terms this plan was 15% short of the tracker."""
+    over = ["device=cpu", "model=hf", f"model.hf_config={REPO / 'tests/data/hf/gemma-2b'}", "model.n_layers=4",
+            "model.seq_len=1024", "model.global_batch=8", "strategy=ddp", "world_size=4", "precision=bf16",
+            "recompute=full", "strategy.micro_batch_size=1", "steps=3", "warmup_steps=1"]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        plan = validate(compose("config", overrides=over), gpus=0)
+    mem = memory_plan(plan)
+    act = mem["activations"]
+    assert mem["phase_buffers_mb"]["pass"] == pytest.approx(4 * mem["parameters_on_rank"] / 2**20, abs=0.1)
+    assert act["forward_end"] > act["logits_mb"] * 2**20 + act["weight_copies"]  # the forward's end is the peak
+    # the tracker does not see the rebuilt buckets (not allocated under fake tensors): the plan's buffers
+    tracked = _fake_ddp_peak(plan) + mem["buffers_mb"] * 2**20
+    planned = mem["predicted_peak_allocated_mb"] * 2**20
+    assert abs(planned / tracked - 1) <= 0.03, f"plan {planned / 2**20:.1f} MiB, tracker {tracked / 2**20:.1f}"

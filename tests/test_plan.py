@@ -285,10 +285,11 @@ EDGE = ("+experiment=gpu_llama8b_x4", "dry_run=true", "hardware=h100_sxm_80gb")
 @pytest.mark.parametrize("overrides, verdict", [
     # issue 43: out of memory at 74.6 GiB allocated + 3.25 GiB asked (FSDP2 keeps every fp32 gradient unsharded
     # between the 4 micro-batches), and Llama 3.2 3B DDP out of memory on the same 80 GB cards: neither "fits"; the
-    # second is within the plan's error of the limit (issue 48: between "fits" and "does not fit" is "tight")
+    # second was planned within the plan's error of the limit ("tight") until the plan counted DDP's first micro-batch's
+    # own gradients beside the bucket views (bench/strategies/ddp.py phase_buffers): now above it
     (("+experiment/arm=fsdp", "strategy.micro_batch_size=1", "strategy.reshard_after_forward=false", "compile=true"),
      "does not fit"),
-    (("+experiment/arm=ddp", "model=llama3_3b"), "tight"),
+    (("+experiment/arm=ddp", "model=llama3_3b"), "does not fit"),
 ])
 def test_the_edge_runs_that_ran_out_of_memory_do_not_fit(overrides, verdict):
     from bench.planner.evaluate import verdict_of

@@ -32,8 +32,8 @@ peak allocated (what ``torch.cuda.max_memory_allocated`` measures: the largest r
   ``selective`` recomputes only the attention core, whose s x s scores the fused kernel never stores: the
   same prediction as none.  Pipelines: 1F1B min(m, pp) micro-batches on the first stage, one on the last;
   GPipe all m.
-* Autocast's 16-bit copies of the fp32 matmul weights (2 B per parameter): each Linear saves its copy for
-  backward (with full recompute only the head's).
+* Autocast's 16-bit copies of the fp32 matmul weights (2 B per parameter): each Linear saves its copy for backward
+  (full recompute: the head's); all are cached to the forward's end, beside the loss' (bench/plan/forward_end.py).
 * Logits: b x s x vocab per micro-batch on the stage with the head, what the loss holds when its backward
   runs (``ModelStates.loss_bytes_per_logit``): torch's fp32 cross entropy 12 B (log-softmax output, its
   gradient, the fp32 logits' gradient), Megatron's in-place vocab-parallel one 6.
@@ -41,15 +41,15 @@ peak allocated (what ``torch.cuda.max_memory_allocated`` measures: the largest r
   micro-batch FSDP2 keeps every parameter's unsharded gradient in the reduce dtype (fp32: 4 B) from the first
   micro-batch's backward on, in place of the sharded gradients: beside the later micro-batches' activations.
 * Strategy buffers by phase (``StrategySpec.buffers`` / ``phase_buffers``): DDP's reducer buckets and the
-  first step's, ZeRO's reduce buckets (whole, per communication dtype, in backward for stages 1-2), FSDP2's
-  reduce-scatter input (one unit's gradients, after that unit's backward: beside the other blocks' activations),
-  ZeRO-3's gathered parameters, ZeRO's step (the flattened gradient partition and its fp32 copy).
+  first step's (with accumulation, the first micro-batch's own gradients too), ZeRO's reduce buckets (whole, per
+  communication dtype, in backward for stages 1-2), FSDP2's reduce-scatter input (one unit's gradients, after that
+  unit's backward: beside the other blocks' activations), ZeRO-3's gathered parameters, ZeRO's step (the flattened
+  gradient partition and its fp32 copy).
 
-Not in the allocated peak, but in what must fit on the device (``needed``, bench/plan/memory_margins.py: each
-margin and where its number comes from): the allocator's fragmentation, a captured step's CUDA graph pool
-(its activations and temporaries again, apart from the eager steps' cached blocks), the CUDA context and
-the NCCL communicators.  Predictions are compared with the measured peaks of every recorded run by
-``python -m multirun_analysis.prediction results/`` (bench/plan/memory_margins.py ``TIGHT``).
+Not in the allocated peak, but in what must fit on the device (``needed``, bench/plan/memory_margins.py: each margin
+and where its number comes from): the allocator's fragmentation, a captured step's CUDA graph pool (its activations
+and temporaries again, apart from the eager steps' cached blocks), the CUDA context and the NCCL communicators.
+Predictions against every recorded run's measured peak: ``python -m multirun_analysis.prediction results/``.
 """
 from __future__ import annotations
 
@@ -60,21 +60,20 @@ from bench.machine.hardware import resolve as resolve_hardware
 from bench.plan.memory_margins import (CONTEXT_BYTES, FRAGMENTATION, TIGHT, graph_pool_bytes, margins_text,  # noqa: F401
                                   outside_allocator_bytes, verdict)
 from bench.models.model_spec import describe_model
+from bench.plan.forward_end import forward_end_bytes
 from bench.parallel.float8 import fsdp_float8_all_gather, saves_float8_inputs
 from bench.strategies.registry import FP32, ModelStates, get_spec
 from bench.plan.traffic import RING_GRAD_BYTES, compute_bytes, kv_bytes, local_tokens
 from bench.run.schema import Plan
 
-GIB = 2**30
-MB = 2**20
+GIB, MB = 2**30, 2**20
 # torch's default cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG=:4096:8), from the caching allocator
 CUBLAS_WORKSPACE_BYTES = 8 * 4 * MB
 # bench/launch/worker.py measure_matmul_peak: two 8192 x 8192 bf16 matrices and their product
 PROBE_BYTES = 3 * 8192 * 8192 * 2
 # offload: the host holds the offloaded states of every rank of the node, plus each rank's own process
 # (torch, CUDA, DeepSpeed's pinned staging buffers); the OS and page cache keep the rest.
-HOST_PER_RANK_BYTES = 4 * GIB
-HOST_USABLE = 0.9
+HOST_PER_RANK_BYTES, HOST_USABLE = 4 * GIB, 0.9
 
 _PARTS = ("params", "grads", "optimizer")
 
@@ -229,9 +228,10 @@ def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str,
     vocab = m["vocab_size"] / (plan.tp if lay.tp_splits_vocab else 1)
     logits = layer["tokens"] * vocab * lay.loss_bytes_per_logit if ranks["head"] else 0.0
     ring = {"cp_ring": cp_ring_bytes(plan)} if plan.cp > 1 else {}
+    fwd_end = forward_end_bytes(plan, copies, logits / lay.loss_bytes_per_logit)
     return {"layers_on_rank": layers, "microbatches_in_flight": k, "per_layer_per_microbatch": layer["bytes"],
             "recompute": mode, "activations": k * per_mb, "logits": logits, "weight_copies": at_loss,
-            "recomputed_layer": recomputed, "float8_inputs_saving": saved, **ring}
+            "recomputed_layer": recomputed, "float8_inputs_saving": saved, "forward_end": fwd_end, **ring}
 
 
 def cp_ring_bytes(plan: Plan) -> float:
@@ -299,7 +299,7 @@ def transient_bytes(plan: Plan, lay, grads: float, act: dict, phase: dict, accum
     # "reduce": allocated once the backward of the rank's last reduce_blocks blocks has run (their activations freed)
     reduce = phase.get("reduce", 0.0) - phase.get("reduce_blocks", 0) * act["activations"] / (
         act["microbatches_in_flight"] * act["layers_on_rank"])
-    start = act["activations"] + phase.get("pass", 0.0) + act.get("cp_ring", 0.0) + max(
+    start = act["activations"] + phase.get("pass", 0.0) + act.get("cp_ring", 0.0) + max(act["forward_end"],
         act["logits"] + act["weight_copies"], early + max(act["recomputed_layer"], act["weight_copies"], reduce))
     grads_live = plan.grad_accum > 1 or plan.pp > 1 or lay.grads_live
     kept = accum if accum else (grads if grads_live else 0.0)

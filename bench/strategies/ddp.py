@@ -88,10 +88,24 @@ def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
     return bucket_bytes(plan, psi, views=plan.strategy["gradient_as_bucket_view"], rebuilds=True)
 
 
+def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, float], str]:
+    """With gradient_as_bucket_view and accumulation, the first micro-batches' own gradients (4 B/param, fp32 like the
+    weights), beside the buckets: the step zeroes gradients to None (bench/strategies/torch_native.py), and under
+    no_sync the reducer's hooks do not run, so autograd's AccumulateGrad stores each gradient as a new tensor, not in
+    its bucket view.  They live through the last micro-batch's forward and loss; its backward copies each into its
+    bucket view (reducer.cpp mark_variable_ready_dense: grad = bucket_view) and frees it.  Without bucket views the
+    gradients are the only copy (accumulated in place, copied into the buckets): nothing more.  Gemma-2B, 4 x H100,
+    micro-batch 1 x 2 (results/2026-11-28-h100x4-slow-links-planner): planned 9.3 GiB short without them; torch's
+    MemTracker sees them (tests/test_memory_tracker.py)."""
+    if plan.dp_size == 1 or plan.grad_accum == 1 or not plan.strategy["gradient_as_bucket_view"]:
+        return {}, ""
+    return {"pass": 4 * psi}, "the first micro-batch's gradients (no_sync), beside the bucket views"
+
+
 SPEC = register(StrategySpec(
     name="ddp", schema=DDPConfig, summary="torch DistributedDataParallel: replicas, bucketed all-reduce",
     implementation=lambda plan: torch_native(TorchDDP()), rules=rules, traffic=traffic,
-    model_states=model_states, buffers=buffers, float8=True,
+    model_states=model_states, buffers=buffers, phase_buffers=phase_buffers, float8=True,
     profiles={"best": {
         # one rank is single's step: single's compiled CUDA-graph profile holds; on several ranks it does not
         "compile": (True, "1 x H100, 1 rank: gpt2 94.6k -> 156.4k tokens/s, 300m 153.1k -> 195.0k "
