@@ -123,8 +123,13 @@ def test_a_plan_that_does_not_fit_names_the_way_out_and_states_no_throughput(tmp
     out = r.stdout + r.stderr
     assert r.returncode == 3, out
     assert "strategy.micro_batch_size=auto" in out and "python -m bench.planner" in out
-    assert "tokens/s" not in out.split("would be skipped", 1)[1]
-    assert json.loads((tmp_path / "plan.json").read_text())["prediction"] is None
+    # no throughput for the plan that cannot run; the way out (the same run at micro_batch_size=auto) has one
+    assert "prediction: none (the plan does not fit" in out
+    assert "tokens/s" not in out.split("would be skipped", 1)[1].split("prediction: none", 1)[0]
+    planned = json.loads((tmp_path / "plan.json").read_text())
+    assert planned["prediction"] is None
+    auto = planned["with_micro_batch_size_auto"]
+    assert auto["fits"] and auto["prediction"]["tokens_per_s"] > 0 and auto["micro_batch_size"] < 8, auto
 
 
 @pytest.mark.slow
@@ -180,6 +185,12 @@ def test_an_offload_is_searched_where_nothing_fits_without_it_and_its_command_fi
     assert verdict_of(planned["memory"]) == "fits" and planned["config"]["strategy"]["cpu_offload"] is True
     assert round(planned["memory"]["needed_mb"] / 1024, 1) == top["needed_gib"]
     assert round(planned["prediction"]["tokens_per_s"]) == top["tokens_per_s"]
+    # one run's micro_batch_size=auto searches the same fallback where nothing fits without it
+    from bench.planner.resolve import resolved
+
+    auto = resolved(replan([f for f in top["overrides"] if not f.startswith(("strategy.cpu_offload", "strategy.micro"))]
+                           + ["strategy.micro_batch_size=auto"]), ["strategy.micro_batch_size"])
+    assert auto.strategy["cpu_offload"] is True and verdict_of(memory_plan(auto)) == "fits"
     top = offload_rows("zero", "strategy.offload_optimizer=cpu", tmp_path)[0]  # ZeRO's optimizer offload
     p = replan(top["overrides"])
     assert verdict_of(p.memory) == "fits" and p.strategy["offload_optimizer"] == "cpu"

@@ -4,7 +4,9 @@ Validation (bench/run/config.py) resolves ``auto`` by memory alone: the largest 
 (bench/launch/job.py calls :func:`choose`), where a prediction may be made, this search takes the validated plan and
 chooses, for the strategy and layout the user named, the fastest predicted setting that fits without being
 tight among the micro-batch (with ``auto``), recompute and the strategy's knobs the memory plan counts (FSDP2's
-reshard and unit size, say), keeping every key the user set (and the precision: fp8 only when asked for).  With
+reshard and unit size, say), and, where none fits, its fallback knobs (offload: bench/planner/search.py
+``fallbacks``, as the planner tries them), keeping every key the user set (and the precision: fp8 only when
+asked for).  With
 nothing to predict for (a CPU run without hardware=<preset>) the plan stays as validation left it.
 """
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Iterable, Optional
 
 from bench.run.config import validate
 from bench.planner.evaluate import NO_FIT, Evaluator, Row
-from bench.planner.search import MICRO_BATCH, best_micro_batch, improve_knobs, recomputes, tunable_knobs
+from bench.planner.search import (MICRO_BATCH, best_micro_batch, fallbacks, improve_knobs, recomputes,
+                                  tunable_knobs)
 from bench.plan.predict import device_hardware
 from bench.run.schema import Plan
 from bench.strategies.registry import get_spec
@@ -71,7 +74,10 @@ def choose(plan: Plan, explicit: Iterable[str] = (), gpus: Optional[int] = None)
         row = best_micro_batch(ev, base, group, fixed)
         if row is not None:
             rows += improve_knobs(ev, base, row, fixed, tunable_knobs(spec, fixed))[1]
-    rows = sorted({id(r): r for r in rows if r.verdict != NO_FIT and r.tokens_per_s}.values(), key=Row.rank_key)
+    rows = sorted({id(r): r for r in rows}.values(), key=Row.rank_key)
+    # where no setting fits without them, the strategy's fallback knobs (offload), as the planner tries them
+    rows = [r for r in fallbacks(ev, {spec.name: base}, rows, fixed) if r.verdict != NO_FIT and r.tokens_per_s]
+    rows.sort(key=Row.rank_key)
     if not rows:
         return None
     best = rows[0]
