@@ -96,7 +96,17 @@ def replan(m: dict):
 
     plan = recorded_plan(m)
     hw = recorded_hardware(m)
-    return plan, memory_plan(plan, gpu_memory_gib=hw.memory_gib if hw else None)
+    return plan, memory_plan(plan, gpu_memory_gib=hw.memory_gib if hw else oom_capacity_gib(m))
+
+
+def oom_capacity_gib(m: dict) -> Optional[float]:
+    """The device memory an out-of-memory record states in torch's own words ("GPU 1 has a total capacity of
+    79.18 GiB"), for a record that names no GPU (older failure records): enough to re-plan its memory verdict."""
+    import re
+
+    texts = [f.get("message") or "" for f in m.get("failures") or []] + [str(m.get("error") or "")]
+    found = next((re.search(r"total capacity of ([0-9.]+) GiB", t) for t in texts if "total capacity of" in t), None)
+    return float(found.group(1)) if found else None
 
 
 def _predicted_tokens(plan, m: dict) -> Optional[float]:
@@ -126,7 +136,7 @@ def row(folder: str, name: str, m: dict) -> dict:
     model = (m.get("config") or {}).get("model") or {}
     if model.get("global_batch") and model.get("seq_len"):  # the workload, also where the re-plan fails
         out["tokens_per_step"] = model["global_batch"] * model["seq_len"]
-    if not m.get("config") or out["device"] is None:
+    if not m.get("config") or (out["device"] is None and oom_capacity_gib(m) is None):
         return {**out, "note": "no configuration or no GPU recorded"}
     try:
         plan, mem = replan(m)
