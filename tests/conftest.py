@@ -35,6 +35,48 @@ def run_bench(*overrides: str, run_dir: Path | None = None, multirun: bool = Fal
     return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=e)
 
 
+def _case_yaml(overrides: tuple[str, ...]) -> str:
+    """A config of the sweep's ``case`` group that sets these command-line overrides (``strategy=X`` picks
+    the strategy, ``a.b=v`` sets a key), so one sweep holds exactly the runs a test compares."""
+    groups, body = [], {}
+    for o in overrides:
+        key, value = o.split("=", 1)
+        if key in ("strategy", "model"):
+            groups.append(f"  - override /{key}: {value}\n")
+            continue
+        *parents, leaf = key.split(".")
+        node = body
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[leaf] = value
+
+    def dump(d: dict, indent: str) -> str:
+        return "".join(f"{indent}{k}:\n{dump(v, indent + '  ')}" if isinstance(v, dict) else f"{indent}{k}: {v}\n"
+                       for k, v in d.items())
+    return "# @package _global_\n" + ("defaults:\n" + "".join(groups) if groups else "") + dump(body, "")
+
+
+def case_sweep(d: Path, cases: dict[str, tuple[str, ...]], *common: str, timeout: int = 900) -> dict[str, Path]:
+    """The runs ``cases`` names ({name: its overrides}), as one `--multirun` over ``+case=<names>`` (one Hydra
+    process, the jobs one after another, in d/sweep; the cases are a config group in d/conf) instead of one
+    `python -m bench` each: every run is the one its own command line would give.  ``common`` goes to every
+    run.  The sweep must succeed; {case name: its run folder}."""
+    conf = d / "conf"
+    (conf / "case").mkdir(parents=True)
+    for case, overrides in cases.items():
+        (conf / "case" / f"{case}.yaml").write_text(_case_yaml(overrides))
+    sweep = d / "sweep"
+    p = run_bench(f"hydra.searchpath=[file://{conf}]", f"+case={','.join(cases)}", *common, run_dir=sweep,
+                  multirun=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out = {}
+    for j in json.loads((sweep / "sweep.json").read_text())["jobs"]:
+        case = next(o.split("=", 1)[1] for o in j["overrides"] if o.startswith("+case="))
+        out[case] = sweep / j["dir"]
+    assert sorted(out) == sorted(cases), out
+    return out
+
+
 # ------------------------------------------------------------------------------ faults: processes left, results lost
 TAG = "BENCH_TEST_TAG"  # an environment variable every process of one command inherits (fork server, ranks)
 

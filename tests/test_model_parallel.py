@@ -15,12 +15,13 @@ import copy
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from bench.run.config import ConfigError, register_configs, validate
-from tests.conftest import CPU_FAST, REPO, c10d_threads_left, loss_curve, metrics_of, run_bench, spawn_ranks
+from tests.conftest import CPU_FAST, REPO, c10d_threads_left, case_sweep, loss_curve, metrics_of, run_bench, spawn_ranks
 
 register_configs()
 
@@ -57,21 +58,25 @@ RUNS = {  # id -> (overrides, expected layout fields)
 }
 
 
-@pytest.mark.parametrize("run_id", list(RUNS))
-def test_torch_native_matches_single(run_id, single_cpu, bench_run):
-    overrides, layout = RUNS[run_id]
-    p, d = bench_run(*CPU_FAST, *overrides)
-    assert p.returncode == 0, p.stderr[-4000:]
+def test_torch_native_matches_single(single_cpu, tmp_path):
+    """Every layout of RUNS, one sweep (one Hydra process, the runs one after another): each run checked in turn."""
+    dirs = case_sweep(tmp_path, {run_id: tuple(overrides) for run_id, (overrides, _) in RUNS.items()}, *CPU_FAST)
+    for run_id, (overrides, layout) in RUNS.items():
+        _check_torch_native(run_id, overrides, layout, dirs[run_id], single_cpu)
+
+
+def _check_torch_native(run_id: str, overrides: list[str], layout: dict, d: Path, single_cpu: Path) -> None:
     m = metrics_of(d)
-    assert m["status"] == "completed"
+    assert m["status"] == "completed", (run_id, m.get("error"))
+    assert m["config"]["world_size"] == int(next(o for o in overrides if o.startswith("world_size=")).split("=")[1])
     ref, got = loss_curve(single_cpu), loss_curve(d)
-    assert _max_diff(ref, got) < 1e-5, (ref, got)
+    assert _max_diff(ref, got) < 1e-5, (run_id, ref, got)
     t = m["throughput"]
     assert t["tokens_per_step"] == t["tokens_per_step_expected"] == 8 * 128
     lay = m["layout"]
     assert lay["impl"] == "torch" and lay["token_rule"] == t["token_rule"]
     for k, v in layout.items():
-        assert lay[k] == v, (k, lay[k], v)
+        assert lay[k] == v, (run_id, k, lay[k], v)
     # exactly one rank per data-parallel replica counts tokens and loss
     counted = [r for r in m["ranks"] if r["tokens_per_step"]]
     assert len(counted) == layout["dp"]
@@ -89,13 +94,14 @@ def test_torch_native_matches_single(run_id, single_cpu, bench_run):
     assert c10d_threads_left(d) == []  # DTensor's meshes kept the gloo group (and its threads) alive
 
 
-def test_torch_tp_pp_gradient_clipping_matches_single(single_cpu, bench_run):
+def test_torch_tp_pp_gradient_clipping_matches_single(single_cpu, tmp_path):
     """optim.grad_clip with TP=2 x PP=2: the global norm sums the TP shards over tp and the stages
     over pp, so the clipped curve equals single's clipped curve (and differs from the unclipped one)."""
     clip = "optim.grad_clip=0.1"
-    p1, d1 = bench_run(*CPU_FAST, "strategy=single", clip)
-    p2, d2 = bench_run(*CPU_FAST, *RUNS["tp2_pp2"][0], clip)
-    assert p1.returncode == 0 and p2.returncode == 0, (p1.stderr[-3000:], p2.stderr[-3000:])
+    dirs = case_sweep(tmp_path, {"single": ("strategy=single",), "tp2_pp2": tuple(RUNS["tp2_pp2"][0])}, *CPU_FAST, clip)
+    d1, d2 = dirs["single"], dirs["tp2_pp2"]
+    assert metrics_of(d1)["config"]["optim"]["grad_clip"] == metrics_of(d2)["config"]["optim"]["grad_clip"] == 0.1
+    assert metrics_of(d1)["status"] == metrics_of(d2)["status"] == "completed"
     assert metrics_of(d2)["layout"]["grad_clip"] == "global norm over tp shards and pp stages"
     assert _max_diff(loss_curve(d1), loss_curve(d2)) < 1e-5, (loss_curve(d1), loss_curve(d2))
     assert _max_diff(loss_curve(d1), loss_curve(single_cpu)) > 1e-4  # clipping took effect

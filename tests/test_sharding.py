@@ -17,6 +17,7 @@ from bench.metrics.flops import total_params
 from bench.strategies.deepspeed_env import fix_cuda_arch_list
 from bench.strategies.zero_engine import build_ds_config
 from tests.conftest import CPU_FAST, REPO, metrics_of, run_bench
+from tests.conftest import case_sweep as _case_sweep
 
 TOL = 1e-5
 STEPS = 4
@@ -48,6 +49,11 @@ def single_run(tmp_path_factory, name: str, *overrides: str) -> dict:
     return metrics_of(d)
 
 
+def case_sweep(tmp_path_factory, name: str, cases: dict[str, tuple[str, ...]], *common: str) -> dict[str, dict]:
+    """The runs ``cases`` names, as one sweep (tests/conftest.py case_sweep); {case name: metrics}."""
+    return {case: metrics_of(d) for case, d in _case_sweep(tmp_path_factory.mktemp(name), cases, *common).items()}
+
+
 def assert_same_loss(m: dict, baseline: dict) -> None:
     assert m["status"] == "completed", m.get("error")
     got, want = m["loss"]["per_step"], baseline["loss"]["per_step"]
@@ -70,8 +76,9 @@ def assert_one_step_per_global_batch(m: dict) -> None:
 
 # --------------------------------------------------------------------------- runs (module-scoped)
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    return single_run(tmp_path_factory, "single", "strategy=single")
+def baseline(single_cpu):
+    """strategy=single with CPU_FAST: the session's run (tests/conftest.py), shared with the other files."""
+    return metrics_of(single_cpu)
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +94,15 @@ def fsdp_runs(tmp_path_factory):
     return {m["config"]["strategy"]["reshard_after_forward"]: m for m in runs.values()}
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_zero_stage_matches_single(stage, zero_runs, baseline):
-    m = zero_runs[stage]
+def test_zero_stage_matches_single(zero_runs, baseline):
+    """Stages 0-3, one sweep: each stage checked in turn (a failure names its stage)."""
+    assert sorted(zero_runs) == [0, 1, 2, 3]
+    for stage in range(4):
+        _check_zero_stage(stage, zero_runs[stage], baseline)
+
+
+def _check_zero_stage(stage: int, m: dict, baseline: dict) -> None:
+    assert m["config"]["strategy"]["zero_stage"] == stage
     assert_same_loss(m, baseline)
     assert_one_step_per_global_batch(m)
     lay = m["layout"]
@@ -129,9 +142,14 @@ def test_zero_without_grad_norm_matches_single(tmp_path_factory, baseline):
         assert m["layout"]["ds_config"]["zero_optimization"]["compute_grad_norm"] is False
 
 
-@pytest.mark.parametrize("reshard", [True, False])
-def test_fsdp2_matches_single(reshard, fsdp_runs, baseline):
-    m = fsdp_runs[reshard]
+def test_fsdp2_matches_single(fsdp_runs, baseline):
+    """reshard_after_forward true and false, one sweep: each checked in turn."""
+    assert sorted(fsdp_runs) == [False, True]
+    for reshard in (True, False):
+        _check_fsdp2(reshard, fsdp_runs[reshard], baseline)
+
+
+def _check_fsdp2(reshard: bool, m: dict, baseline: dict) -> None:
     assert_same_loss(m, baseline)
     assert_one_step_per_global_batch(m)
     lay = m["layout"]
@@ -144,9 +162,12 @@ def test_fsdp2_block_units_and_uneven_shards_match_single(tmp_path_factory):
     8001, whose embedding and head split 4001 / 4000 rows over 2 ranks: rank 1's shards are
     views into padded storage, which the local-shard optimizer steps in place."""
     odd = "model.vocab_size=8001"
-    want = single_run(tmp_path_factory, "single_v8001", "strategy=single", odd)
-    m = single_run(tmp_path_factory, "fsdp_units", "strategy=fsdp", "world_size=2", "strategy.blocks_per_unit=3",
-                   "strategy.prefetch=1", odd)
+    runs = case_sweep(tmp_path_factory, "fsdp_units", {
+        "single_v8001": ("strategy=single",),
+        "fsdp_units": ("strategy=fsdp", "world_size=2", "strategy.blocks_per_unit=3", "strategy.prefetch=1"),
+    }, *CPU_FAST, odd)  # one sweep: the vocabulary of both runs
+    want, m = runs["single_v8001"], runs["fsdp_units"]
+    assert want["config"]["model"]["vocab_size"] == m["config"]["model"]["vocab_size"] == 8001
     assert_same_loss(m, want)
     assert_one_step_per_global_batch(m)
     lay = m["layout"]
@@ -154,46 +175,72 @@ def test_fsdp2_block_units_and_uneven_shards_match_single(tmp_path_factory):
     assert lay["optimizer"].endswith("over each rank's local shards")
 
 
-@pytest.mark.parametrize("strategy", [
-    ("strategy=zero", "strategy.zero_stage=2"),
-    ("strategy=fsdp", "strategy.reshard_after_forward=true", "strategy.prefetch=2"),
-    ("strategy=fsdp", "strategy.sync_every_microbatch=true"),
-], ids=["zero2", "fsdp2-prefetch2", "fsdp2-sync-every-microbatch"])
-def test_gradient_accumulation_one_step_per_global_batch(strategy, tmp_path_factory, baseline):
+GA_STRATEGIES = {
+    "zero2": ("strategy=zero", "strategy.zero_stage=2"),
+    "fsdp2-prefetch2": ("strategy=fsdp", "strategy.reshard_after_forward=true", "strategy.prefetch=2"),
+    "fsdp2-sync-every-microbatch": ("strategy=fsdp", "strategy.sync_every_microbatch=true"),
+}
+
+
+def test_gradient_accumulation_one_step_per_global_batch(tmp_path_factory, baseline):
     """global batch 8 over 2 ranks = 4 per rank, in micro-batches of 1: 4 accumulation steps,
-    still one optimizer step (and the same loss) per global batch."""
-    m = single_run(tmp_path_factory, "ga", *strategy, "world_size=2", "strategy.micro_batch_size=1")
+    still one optimizer step (and the same loss) per global batch.  ZeRO-2, FSDP2 with prefetch 2 and
+    FSDP2 reducing every micro-batch: one sweep, each checked in turn."""
+    runs = case_sweep(tmp_path_factory, "ga", GA_STRATEGIES, *CPU_FAST, "world_size=2", "strategy.micro_batch_size=1")
+    for name, strategy in GA_STRATEGIES.items():
+        _check_grad_accum(name, strategy, runs[name], baseline)
+
+
+def _check_grad_accum(name: str, strategy: tuple[str, ...], m: dict, baseline: dict) -> None:
+    s = m["config"]["strategy"]
+    assert s["name"] == strategy[0].split("=")[1], name
+    for o in strategy[1:]:  # the case's knobs reached the run
+        key, value = o.split("=")
+        assert str(s[key.split(".")[1]]).lower() == value, (name, key, s)
     assert_same_loss(m, baseline)
     assert_one_step_per_global_batch(m)
     lay = m["layout"]
-    assert (lay["micro_batch_size"], lay["grad_accum"]) == (1, 4)
+    assert (lay["micro_batch_size"], lay["grad_accum"]) == (1, 4), name
     if "zero" in strategy[0]:
         ds = lay["ds_config"]
         assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 1, 4)
 
 
-@pytest.mark.parametrize("strategy", [("strategy=fsdp",), ("strategy=zero", "strategy.zero_stage=2")], ids=["fsdp2", "zero2"])
-def test_every_second_block_checkpointed_matches_single(strategy, tmp_path_factory, baseline):
-    """recompute=full recompute_every=2: blocks 0 and 2 of the 4 checkpointed, the same losses as single's."""
-    m = single_run(tmp_path_factory, "every2", *strategy, "world_size=2", "recompute=full", "recompute_every=2")
-    assert_same_loss(m, baseline)
-    assert "every 2th transformer block" in str(m["layout"]), m["layout"]
+def test_every_second_block_checkpointed_matches_single(tmp_path_factory, baseline):
+    """recompute=full recompute_every=2: blocks 0 and 2 of the 4 checkpointed, the same losses as single's
+    (FSDP2 and ZeRO-2: one sweep, each checked in turn)."""
+    runs = case_sweep(tmp_path_factory, "every2", {"fsdp2": ("strategy=fsdp",),
+                                                   "zero2": ("strategy=zero", "strategy.zero_stage=2")},
+                      *CPU_FAST, "world_size=2", "recompute=full", "recompute_every=2")
+    assert runs["fsdp2"]["config"]["strategy"]["name"] == "fsdp"
+    assert (runs["zero2"]["config"]["strategy"]["name"], runs["zero2"]["config"]["strategy"]["zero_stage"]) == ("zero", 2)
+    for name, m in runs.items():
+        assert_same_loss(m, baseline)
+        assert "every 2th transformer block" in str(m["layout"]), (name, m["layout"])
+
+
+OFFLOADS = {
+    "stage1-optimizer": ("strategy=zero", "strategy.zero_stage=1", "strategy.offload_optimizer=cpu"),
+    "stage3-optimizer+param": ("strategy=zero", "strategy.zero_stage=3", "strategy.offload_optimizer=cpu",
+                               "strategy.offload_param=cpu"),
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("offload", [
-    ("strategy.zero_stage=1", "strategy.offload_optimizer=cpu"),
-    ("strategy.zero_stage=3", "strategy.offload_optimizer=cpu", "strategy.offload_param=cpu"),
-], ids=["stage1-optimizer", "stage3-optimizer+param"])
-def test_zero_offload_matches_single(offload, tmp_path_factory, baseline):
-    """DeepSpeedCPUAdam: the first use JIT-compiles cpu_adam (~95 s) into <repo>/.torch_extensions."""
-    m = single_run(tmp_path_factory, "offload", "strategy=zero", "world_size=2", *offload)
-    assert_same_loss(m, baseline)
-    assert_one_step_per_global_batch(m)
-    lay = m["layout"]
-    assert lay["optimizer"] == "deepspeed.ops.adam.DeepSpeedCPUAdam(adamw_mode=True)"
-    assert lay["ds_config"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
-    assert m["memory"]["plan"]["model_states"]["host_mb"]["optimizer"] > 0
+def test_zero_offload_matches_single(tmp_path_factory, baseline):
+    """DeepSpeedCPUAdam: the first use JIT-compiles cpu_adam (~95 s) into <repo>/.torch_extensions.
+    Stage 1 offloading the optimizer, stage 3 offloading optimizer and parameters: one sweep, each checked."""
+    runs = case_sweep(tmp_path_factory, "offload", OFFLOADS, *CPU_FAST, "world_size=2")
+    for name, m in runs.items():
+        zo = m["layout"]["ds_config"]["zero_optimization"]
+        assert zo["stage"] == int(OFFLOADS[name][1].split("=")[1]), (name, zo)
+        assert (zo.get("offload_param") or {}).get("device", "none") == ("cpu" if "param" in name else "none"), (name, zo)
+        assert_same_loss(m, baseline)
+        assert_one_step_per_global_batch(m)
+        lay = m["layout"]
+        assert lay["optimizer"] == "deepspeed.ops.adam.DeepSpeedCPUAdam(adamw_mode=True)", name
+        assert zo["offload_optimizer"]["device"] == "cpu", name
+        assert m["memory"]["plan"]["model_states"]["host_mb"]["optimizer"] > 0, name
 
 
 def test_zero_autocast_follows_single_bf16(tmp_path_factory):
@@ -202,21 +249,23 @@ def test_zero_autocast_follows_single_bf16(tmp_path_factory):
     gradients are all-reduced in bf16, which moves the loss by far less than bf16's resolution."""
     bf16 = [o for o in CPU_FAST if not o.startswith("precision=")] + ["precision=bf16"]
 
-    def runs(name: str, *overrides: str, multirun: bool = False) -> list[dict]:
-        d = tmp_path_factory.mktemp(name)
-        p = run_bench(*overrides, *bf16, run_dir=d, multirun=multirun, timeout=600)
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        return [metrics_of(sub) for sub in sorted(d.iterdir()) if (sub / "metrics.json").exists()] \
-            if multirun else [metrics_of(d)]
-
-    ref = runs("single_bf16", "strategy=single")[0]["loss"]["per_step"]
-    one = runs("zero0_autocast", "strategy=zero", "strategy.autocast=true")[0]
+    # one sweep (one Hydra process): single, ZeRO on one rank, ZeRO-0/2/3 on two, all bf16
+    zero = ("strategy=zero", "strategy.autocast=true")
+    runs = case_sweep(tmp_path_factory, "autocast", {
+        "single_bf16": ("strategy=single",), "zero0_autocast": zero,
+        **{f"zero{s}_autocast_ws2": (*zero, "world_size=2", f"strategy.zero_stage={s}") for s in (0, 2, 3)},
+    }, *bf16)
+    assert all(m["config"]["precision"] == "bf16" for m in runs.values())
+    assert runs["single_bf16"]["config"]["strategy"]["name"] == "single"
+    ref = runs["single_bf16"]["loss"]["per_step"]
+    one = runs["zero0_autocast"]
+    assert one["config"]["world_size"] == 1 and one["config"]["strategy"]["zero_stage"] == 0
     assert one["loss"]["per_step"] == ref
     lay = one["layout"]
     assert lay["ds_config"]["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"} and "bf16" not in lay["ds_config"]
     assert lay["autocast"] is True and one["memory"]["plan"]["model_states"]["scheme"] == "fp32"
-    two = runs("zero_autocast_ws2", "strategy=zero", "strategy.autocast=true", "world_size=2",
-               "strategy.zero_stage=0,2,3", multirun=True)
+    two = [runs[f"zero{s}_autocast_ws2"] for s in (0, 2, 3)]
+    assert all(m["config"]["world_size"] == 2 for m in two)
     assert sorted(m["config"]["strategy"]["zero_stage"] for m in two) == [0, 2, 3]
     for m in two:
         assert m["status"] == "completed", m.get("error")
