@@ -9,7 +9,7 @@ constants (scipy.optimize.least_squares on log step time, Huber loss at HUBER, w
 predict.DEFAULTS) and writes them with the error measured leave-one-results-folder-out: each folder's runs are
 predicted by constants fitted without that folder, so the error is what a new session's runs would see.  The same
 held-out errors are summed up per case (GPU, nodes, strategy: ``error_by_case``), which each prediction quotes for
-its own case (bench/plan/predict.py ``case_error``), and beside them the error of the roofline alone
+its own case (bench/plan/calibration_error.py ``case_error``), and beside them the error of the roofline alone
 (predict.ROOFLINE: no fitted constant), so that what the fitted terms buy is on the page.  The measured step is
 the run's median step time (robust to a slow step); errors are on tokens/s (tokens per step / step time).
 Winner agreement: within each (model, GPU count, tokens per step, device) with two strategies or more, the
@@ -184,7 +184,10 @@ def calibrate(dirs: list[Path], out: Path = CALIBRATION, quiet: bool = False, fr
                               "method": "roofline: no fitted constant (bench/plan/predict.py ROOFLINE)"},
            "error_by_case": by_case(runs, predicted), "runs_left_out": left,
            "per_folder": per_folder(runs, predicted) if len(folders) > 1 else {},
-           "fitted_on": {"folders": folders, "runs": len(runs)}, "frozen": {**scored, "folders": frozen}}
+           "fitted_on": {"folders": folders, "runs": len(runs)}, "frozen": {**scored, "folders": frozen},
+           # what a prediction on a slow link quotes (bench/plan/calibration_error.py regime_error): each regime held out whole
+           "error_by_regime": {k: {"runs": v["runs"], "fitted_on": v["fitted_on"], **(v["error"] or {})}
+                               for k, v in by_regime(dirs).items()}}
     out.write_text(json.dumps(doc, indent=1) + "\n")
     if Path(out).resolve() == CALIBRATION.resolve():
         write_docs(doc)

@@ -44,3 +44,28 @@ def test_the_docs_quote_todays_per_regime_table(scores):
     text = (REPO / "docs" / "results.md").read_text()
     quoted = re.search(r"<!-- regimes: begin -->\n(.*?)\n<!-- regimes: end -->", text, re.S).group(1)
     assert quoted == regime_table(scores), "docs/results.md's regime table is stale"
+
+
+def test_a_prediction_on_a_slow_link_quotes_its_regime_held_out_error(scores):
+    """On a probe profile whose link is sockets, the prediction's error is the one measured with the sockets regime
+    held out of the fit (the shipped calibration's error_by_regime, as --by-regime computes it), not the NVLink runs'
+    of its GPU and strategy; on a datasheet NVLink preset, none."""
+    from dataclasses import replace
+
+    from bench.machine.hardware import resolve
+    from bench.plan.calibration_error import regime_error
+    from bench.plan.predict import error_words, load_calibration
+    from omegaconf import OmegaConf
+
+    from tests.test_planner import replan
+
+    prof = OmegaConf.to_container(OmegaConf.load(SLOW / "hardware" / "h100x4_sockets.yaml"))
+    hw = resolve({"hardware": prof})
+    plan = replan(["model=llama3_1b", "strategy=ddp", "world_size=4", "hardware=h100_sxm_80gb"])
+    cal = load_calibration()
+    quoted = regime_error(cal, plan, hw)
+    assert quoted["regime"] == "sockets" and quoted["runs"] == scores["sockets"]["runs"]
+    assert quoted["median_abs"] == pytest.approx(scores["sockets"]["error"]["median_abs"], rel=1e-6)
+    assert "over the sockets link regime, held out of the fit" in error_words({"regime_error": quoted})
+    assert regime_error(cal, plan, PRESETS["h100_sxm_80gb"]) is None
+    assert regime_error(cal, plan, replace(PRESETS["h100_sxm_80gb"], intra_node_link="pcie"))["regime"] == "p2p_off"

@@ -158,3 +158,36 @@ def docs_block_in(path: Path = DOCS) -> Optional[str]:
     """The block as docs/results.md holds it now (None without one)."""
     hit = re.search(re.escape(BEGIN) + ".*?" + re.escape(END), path.read_text(), re.S)
     return hit.group(0) if hit else None
+
+
+CASE_MIN_RUNS = 5  # a strategy's own error is quoted from this many recorded runs of its case up; else its GPU's
+
+
+def case_error(cal: dict, gpu: str, nodes: int, strategy: str) -> dict:
+    """The held-out error measured on the recorded runs most like this prediction (bench/calibrate.py
+    ``error_by_case``): this GPU type and node count with this strategy (at least CASE_MIN_RUNS runs), else with
+    every strategy; ``runs`` 0 where none was recorded."""
+    per = ((cal.get("error_by_case") or {}).get(gpu) or {}).get(str(nodes)) or {}
+    where = f"{gpu} / {nodes} node{'s' if nodes != 1 else ''}"
+    own = per.get(strategy) or {}
+    if own.get("runs", 0) >= CASE_MIN_RUNS:
+        return {**own, "case": f"{where} / {strategy}", "scope": "strategy"}
+    if per.get("*"):
+        return {**per["*"], "case": where, "scope": "gpu_nodes", "strategy_runs": own.get("runs", 0)}
+    measured = sorted(f"{g} / {n} node{'s' if n != '1' else ''}" for g, by in (cal.get("error_by_case") or {}).items()
+                      for n in by)
+    return {"runs": 0, "case": where, "scope": "none", "measured_on": measured}
+
+
+# a link a profile or preset names -> the link regime that stands in for it (bench/machine/link_regime.py REGIMES)
+LINK_REGIME = {"shm": "p2p_off", "pcie": "p2p_off", "socket": "sockets"}
+
+
+def regime_error(cal: dict, plan, hw) -> Optional[dict]:
+    """On a slow link, the error measured with its whole link regime held out of the fit (``python -m
+    bench.calibrate --by-regime``): the recorded runs like this one by GPU and strategy are NVLink runs, so their error
+    says little here.  The regime is the run's ``link_regime``, else the one standing in for the hardware's link."""
+    regime = plan.cfg.get("link_regime") or "default"
+    regime = regime if regime != "default" else LINK_REGIME.get(hw.intra_node_link or "", "default")
+    e = (cal.get("error_by_regime") or {}).get(regime)
+    return {**e, "regime": regime} if regime != "default" and e and e.get("median_abs") is not None else None

@@ -65,6 +65,7 @@ from typing import Optional
 import numpy as np
 
 from bench.machine.hardware import HardwareConfig, match, resolve
+from bench.plan.calibration_error import case_error, regime_error
 from bench.plan.memory_model import MB, memory_plan
 from bench.metrics.flops import (executed_flops_per_token, float8_cast_elements_per_layer_token, float8_matmul_params,
                                 flops_per_token)
@@ -74,7 +75,6 @@ from bench.plan.topology import Topology, topology
 from bench.plan.traffic import BYTE_KINDS, local_tokens
 
 CALIBRATION = Path(__file__).with_name("calibration.json")
-CASE_MIN_RUNS = 5  # a strategy's own error is quoted from this many recorded runs of its case up; else its GPU's
 OPTIMIZER_PASSES = 1.75  # fused AdamW: reads params, grads, m, v, writes params, m, v: 7 of 4 state parts
 HOST_LINK_GBPS = 25.0  # host <-> device over PCIe (offload), one direction, achieved
 COLLECTIVE_LATENCY_S = 20e-6  # one NCCL collective's start-up inside a node (small-message latency)
@@ -314,7 +314,7 @@ def predict(plan: Plan, hardware: Optional[HardwareConfig] = None, host: Optiona
     case = (gpu_type(hw), topo.nodes, plan.strategy["name"])
     return {"tokens_per_s": tokens / step, "step_time_s": step, "breakdown": parts, "error": cal.get("error"),
             "topology": topo.describe(), "placement": topo.as_dict(), "case_error": case_error(cal, *case),
-            "bound_tokens_per_s": tokens / bound_step(t)}
+            "regime_error": regime_error(cal, plan, hw), "bound_tokens_per_s": tokens / bound_step(t)}
 
 
 def gpu_type(hw: HardwareConfig) -> str:
@@ -329,22 +329,6 @@ def bound_step(t: dict) -> float:
     link's speed, whichever is longer (all else free and perfectly overlapped)."""
     wire = sum(t[f"{k}_s"] for k in BYTE_KINDS)
     return max(t["flops"] / t["peak"], wire)
-
-
-def case_error(cal: dict, gpu: str, nodes: int, strategy: str) -> dict:
-    """The held-out error measured on the recorded runs most like this prediction (bench/calibrate.py
-    ``error_by_case``): this GPU type and node count with this strategy (at least CASE_MIN_RUNS runs), else with
-    every strategy; ``runs`` 0 where none was recorded."""
-    per = ((cal.get("error_by_case") or {}).get(gpu) or {}).get(str(nodes)) or {}
-    where = f"{gpu} / {nodes} node{'s' if nodes != 1 else ''}"
-    own = per.get(strategy) or {}
-    if own.get("runs", 0) >= CASE_MIN_RUNS:
-        return {**own, "case": f"{where} / {strategy}", "scope": "strategy"}
-    if per.get("*"):
-        return {**per["*"], "case": where, "scope": "gpu_nodes", "strategy_runs": own.get("runs", 0)}
-    measured = sorted(f"{g} / {n} node{'s' if n != '1' else ''}" for g, by in (cal.get("error_by_case") or {}).items()
-                      for n in by)
-    return {"runs": 0, "case": where, "scope": "none", "measured_on": measured}
 
 
 def predicted(plan) -> Optional[dict]:
@@ -372,6 +356,11 @@ def error_words(pred: dict) -> str:
     c, e = pred.get("case_error") or {"runs": 0, "case": "?", "scope": "none"}, pred.get("error") or {}
     pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
     held = "each predicted with its results folder held out; python -m bench.calibrate results/"
+    r = pred.get("regime_error")
+    if r:  # a slow link: the error measured with its regime held out of the fit, not the NVLink runs' of this case
+        return (f"measured error on {r['runs']} recorded runs over the {r['regime']} link regime, held out of the fit "
+                f"(python -m bench.calibrate --by-regime results/): median {pct(r['median_abs'])}, 90th percentile "
+                f"{pct(r['p90_abs'])}, fastest strategy right in {r['winner_agree']} of {r['winner_groups']} groups")
     if c["scope"] == "strategy":
         return (f"measured error on {c['runs']} recorded {c['case']} runs: median {pct(c['median_abs'])}, "
                 f"90th percentile {pct(c['p90_abs'])} ({held})")
