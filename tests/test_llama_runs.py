@@ -1,70 +1,92 @@
 """llama_tiny (RMSNorm, SwiGLU, RoPE, grouped-query attention) under every strategy that runs on CPU, with
-and without activation recomputation: real gloo runs whose fp32 losses equal strategy=single's."""
+and without activation recomputation: real gloo runs whose fp32 losses equal strategy=single's.
+
+Every run of this file is one case of one sweep (tests/conftest.py case_sweep: one Hydra process and one
+fork server for all of them, each run the one its own command line gives), checked by one test: a
+module fixture shared by several tests would be recomputed on every xdist worker that runs one."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import CPU_FAST, loss_curve, metrics_of, run_bench
+from tests.conftest import CPU_FAST, case_sweep, metrics_of
 
 LLAMA = [*CPU_FAST, "model=llama_tiny"]
 
-
-def _sweep(tmp_path_factory, name: str, *overrides: str) -> dict[str, dict]:
-    d = tmp_path_factory.mktemp(name)
-    p = run_bench(*LLAMA, *overrides, run_dir=d, multirun=True, timeout=900)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-    out = {}
-    for sub in sorted(x for x in d.iterdir() if (x / "metrics.json").exists()):
-        m = json.loads((sub / "metrics.json").read_text())
-        c = m["config"]
-        out[f"{c['strategy']['name']}/{c['recompute']}"] = m
-    return out
-
-
-@pytest.fixture(scope="module")
-def llama_single(tmp_path_factory) -> list[float]:
-    d = tmp_path_factory.mktemp("llama_single")
-    p = run_bench(*LLAMA, "strategy=single", run_dir=d, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return loss_curve(d)
+RUNS = {  # run name -> its overrides (on top of LLAMA)
+    "single": ("strategy=single",),
+    # activation recomputation on one device
+    "single_recompute_full": ("strategy=single", "recompute=full"),
+    "single_recompute_selective": ("strategy=single", "recompute=selective"),
+    # data parallel with full recomputation
+    "ddp_recompute_full": ("strategy=ddp", "world_size=2", "recompute=full"),
+    "fsdp_recompute_full": ("strategy=fsdp", "world_size=2", "recompute=full"),
+    "zero_recompute_full": ("strategy=zero", "world_size=2", "recompute=full"),
+    # torch-native tensor and pipeline parallel
+    "tp_torch": ("strategy=tp", "strategy.impl=torch", "world_size=2"),
+    "pp_torch": ("strategy=pp", "strategy.impl=torch", "world_size=2"),
+    # FSDP2 over TP=2: two dimensions
+    "fsdp_tp2_recompute_full": ("strategy=fsdp", "strategy.tp=2", "world_size=4", "recompute=full"),
+}
 
 
-def _same(m: dict, ref: list[float]) -> None:
-    assert m["status"] == "completed", m.get("error")
+def _same(name: str, m: dict, ref: list[float]) -> None:
+    assert m["status"] == "completed", (name, m.get("error"))
     got = m["loss"]["per_step"]
-    assert max(abs(a - b) for a, b in zip(got, ref)) < 1e-5, (got, ref)
+    assert max(abs(a - b) for a, b in zip(got, ref)) < 1e-5, (name, got, ref)
 
 
-def test_recompute_full_and_selective_train_the_same_model(llama_single, tmp_path_factory):
-    runs = _sweep(tmp_path_factory, "llama_recompute", "strategy=single", "recompute=full,selective")
-    for key, m in runs.items():
-        _same(m, llama_single)
-        assert m["layout"]["recompute"].startswith(m["config"]["recompute"])
-        assert m["flops"]["hardware_flops_per_token"] > m["flops"]["flops_per_token"]  # HFU counts the re-run
+def _is_its_run(name: str, m: dict) -> None:
+    """The run folder holds the run its overrides ask for (strategy, world size, recomputation, impl, tp)."""
+    c, want = m["config"], dict(o.split("=", 1) for o in RUNS[name])
+    assert c["model"]["name"] == "llama_tiny", (name, c["model"]["name"])
+    assert c["strategy"]["name"] == want["strategy"], (name, c["strategy"]["name"])
+    assert c["world_size"] == int(want.get("world_size", 1)), (name, c["world_size"])
+    assert c["recompute"] == want.get("recompute", "none"), (name, c["recompute"])
+    for key in ("impl", "tp"):
+        if f"strategy.{key}" in want:
+            assert str(c["strategy"][key]) == want[f"strategy.{key}"], (name, key, c["strategy"][key])
 
 
-def test_data_parallel_strategies_with_full_recompute(llama_single, tmp_path_factory):
-    runs = _sweep(tmp_path_factory, "llama_dp", "strategy=ddp,fsdp,zero", "world_size=2", "recompute=full")
-    assert sorted(runs) == ["ddp/full", "fsdp/full", "zero/full"]
-    for m in runs.values():
-        _same(m, llama_single)
+def test_llama_tiny_under_every_cpu_strategy_matches_single(tmp_path):
+    """The runs of RUNS, one sweep; each group checked in turn (a failure names its run)."""
+    dirs = case_sweep(tmp_path, RUNS, *LLAMA)
+    runs = {name: metrics_of(d) for name, d in dirs.items()}
+    for name, m in runs.items():
+        _is_its_run(name, m)
+    ref = runs["single"]
+    assert ref["status"] == "completed", ref.get("error")
+    llama_single = ref["loss"]["per_step"]
+    _recompute_full_and_selective_train_the_same_model(runs, llama_single)
+    _data_parallel_strategies_with_full_recompute(runs, llama_single)
+    _torch_tensor_and_pipeline_parallel(runs, llama_single)
+    _fsdp_over_tensor_parallel_two_dimensions(runs, dirs, llama_single)
 
 
-def test_torch_tensor_and_pipeline_parallel(llama_single, tmp_path_factory):
+def _recompute_full_and_selective_train_the_same_model(runs: dict, llama_single: list[float]) -> None:
+    for name in ("single_recompute_full", "single_recompute_selective"):
+        m = runs[name]
+        _same(name, m, llama_single)
+        assert m["layout"]["recompute"].startswith(m["config"]["recompute"]), (name, m["layout"]["recompute"])
+        # HFU counts the re-run
+        assert m["flops"]["hardware_flops_per_token"] > m["flops"]["flops_per_token"], (name, m["flops"])
+
+
+def _data_parallel_strategies_with_full_recompute(runs: dict, llama_single: list[float]) -> None:
+    for name in ("ddp_recompute_full", "fsdp_recompute_full", "zero_recompute_full"):
+        _same(name, runs[name], llama_single)
+
+
+def _torch_tensor_and_pipeline_parallel(runs: dict, llama_single: list[float]) -> None:
     """TP=2 splits the 8 query and 4 key/value heads (and gate/up/down) over 2 ranks; PP=2 splits the blocks."""
-    runs = _sweep(tmp_path_factory, "llama_mp", "strategy=tp,pp", "strategy.impl=torch", "world_size=2")
-    for m in runs.values():
-        _same(m, llama_single)
-    assert "mlp.gate_proj" in runs["tp/none"]["layout"]["tp_plan"] and "mlp.down_proj" in runs["tp/none"]["layout"]["tp_plan"]
+    for name in ("tp_torch", "pp_torch"):
+        _same(name, runs[name], llama_single)
+    plan = runs["tp_torch"]["layout"]["tp_plan"]
+    assert "mlp.gate_proj" in plan and "mlp.down_proj" in plan, ("tp_torch", plan)
 
 
-def test_fsdp_over_tensor_parallel_two_dimensions(llama_single, bench_run):
-    p, d = bench_run(*LLAMA, "strategy=fsdp", "strategy.tp=2", "world_size=4", "recompute=full")
-    assert p.returncode == 0, p.stderr[-3000:]
-    m = metrics_of(d)
-    _same(m, llama_single)
-    assert (m["layout"]["tp"], m["layout"]["dp"]) == (2, 2) and "FSDP2" in m["layout"]["dp_reduction"]
-    assert Path(d).exists()
+def _fsdp_over_tensor_parallel_two_dimensions(runs: dict, dirs: dict, llama_single: list[float]) -> None:
+    name = "fsdp_tp2_recompute_full"
+    m = runs[name]
+    _same(name, m, llama_single)
+    assert (m["layout"]["tp"], m["layout"]["dp"]) == (2, 2) and "FSDP2" in m["layout"]["dp_reduction"], (name, m["layout"])
+    assert Path(dirs[name]).exists()
