@@ -238,30 +238,76 @@ def _no_baseline(d: Path):
     return None, None, "no completed strategy=single world_size=1 run"
 
 
-@pytest.mark.parametrize("corrupt", [_truncate, _garbage, _not_an_object, _delete, _running, _pending, _killed, _old_schema, _hung_exit,
-                                     _no_baseline],
-                         ids=lambda f: f.__name__.strip("_"))
-def test_broken_sweep_is_reported_not_fatal(sweep, tmp_path, corrupt):
-    d = tmp_path / "sweep"
-    shutil.copytree(sweep, d, ignore=shutil.ignore_patterns("analysis"))
-    run_dir, status, text = corrupt(d)
-    out = tmp_path / "out"
-    p = analyse(d, "--out", out)
-    assert text in p.stdout and text in (out / "report.md").read_text()
+BROKEN = [_truncate, _garbage, _not_an_object, _delete, _running, _pending, _killed, _old_schema, _hung_exit, _no_baseline]
+
+# The CLI's main() once per (argv) of a JSON list, in one interpreter (one start-up and one import of pandas and
+# matplotlib for all of them instead of one each): [{rc, stdout, stderr}], each call's own output and exit status
+# (what `python -m multirun_analysis ARGV` prints and returns; sys.exit(main()) is all its __main__ adds).
+_ANALYSE_EACH = r"""
+import contextlib, io, json, sys, traceback, warnings
+from multirun_analysis.__main__ import main
+res = []
+for argv in json.loads(sys.argv[1]):
+    o, e = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e), warnings.catch_warnings():
+        try:
+            rc = main(argv)
+        except SystemExit as x:
+            rc = x.code if isinstance(x.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            rc = 1
+    res.append({"rc": rc, "stdout": o.getvalue(), "stderr": e.getvalue()})
+with open(sys.argv[2], "w") as f:
+    json.dump(res, f)
+"""
+
+
+def analyse_each(results: Path, *argvs) -> list[subprocess.CompletedProcess]:
+    """analyse(*argv) for every argv, the analyses one after another in one process (see _ANALYSE_EACH);
+    their outputs go through the file ``results``."""
+    argvs = [[str(a) for a in argv] for argv in argvs]
+    p = subprocess.run([sys.executable, "-c", _ANALYSE_EACH, json.dumps(argvs), str(results)], cwd=REPO,
+                       capture_output=True, text=True, timeout=120 * len(argvs))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    out = [subprocess.CompletedProcess([sys.executable, "-m", "multirun_analysis", *argv], r["rc"], r["stdout"],
+                                       r["stderr"]) for argv, r in zip(argvs, json.loads(results.read_text()))]
+    assert len(out) == len(argvs), (len(out), len(argvs))
+    return out
+
+
+def test_broken_sweep_is_reported_not_fatal(sweep, tmp_path):
+    """Each corruption of BROKEN on its own copy of the sweep, the copies analysed by one process
+    (analyse_each): each checked in turn, a failure names its corruption."""
+    cases = {}
+    for corrupt in BROKEN:
+        d = tmp_path / corrupt.__name__.strip("_") / "sweep"
+        shutil.copytree(sweep, d, ignore=shutil.ignore_patterns("analysis"))
+        cases[corrupt] = (d, *corrupt(d))
+    ps = analyse_each(tmp_path / "analyses.json", *[(d, "--out", d.parent / "out") for d, *_ in cases.values()])
+    for (corrupt, (d, run_dir, status, text)), p in zip(cases.items(), ps):
+        _check_broken(corrupt, p, d.parent / "out", run_dir, status, text)
+
+
+def _check_broken(corrupt, p: subprocess.CompletedProcess, out: Path, run_dir: Path | None, status: str | None,
+                  text: str) -> None:
+    name = corrupt.__name__.strip("_")
+    assert p.returncode == 0, (name, p.stdout[-2000:] + p.stderr[-3000:])
+    assert text in p.stdout and text in (out / "report.md").read_text(), (name, text, p.stdout[-3000:])
     s, f = pd.read_csv(out / "summary.csv"), pd.read_csv(out / "failed_runs.csv")
-    assert row(f, "single", 2)["status"] == "invalid"  # the rest of the sweep is still analysed
+    assert row(f, "single", 2)["status"] == "invalid", name  # the rest of the sweep is still analysed
     if status is not None:  # the broken run is a failed/incomplete row with its reason
         r = f[f["run_dir"] == str(run_dir.resolve())]
-        assert len(r) == 1 and r.iloc[0]["status"] == status and text in r.iloc[0]["reason"]
-        assert len(s) == (3 if corrupt in (_running, _pending, _killed) else 2)
+        assert len(r) == 1 and r.iloc[0]["status"] == status and text in r.iloc[0]["reason"], (name, r)
+        assert len(s) == (3 if corrupt in (_running, _pending, _killed) else 2), (name, s)
         if corrupt is _pending:  # what it would have run, from the sweep's status.json
             assert (r.iloc[0]["model"], r.iloc[0]["strategy"], r.iloc[0]["world_size"]) == ("tiny", "zero", 2)
             assert r.iloc[0]["overrides"] == "strategy=zero world_size=2"
     elif corrupt in (_old_schema, _hung_exit):  # loaded what is there: still in the summary
-        assert len(s) == 3 and row(s, "ddp", 2)["tokens_per_s"] > 0
+        assert len(s) == 3 and row(s, "ddp", 2)["tokens_per_s"] > 0, (name, s)
     else:  # no baseline: comparison columns empty, not an exception
-        assert len(s) == 2 and s["scaling_efficiency_pct"].isna().all() and s["memory_ratio"].isna().all()
-        assert s["tokens_per_s"].notna().all()
+        assert len(s) == 2 and s["scaling_efficiency_pct"].isna().all() and s["memory_ratio"].isna().all(), (name, s)
+        assert s["tokens_per_s"].notna().all(), (name, s)
     if corrupt in (_truncate, _garbage, _not_an_object, _delete):  # the fault table (tests/test_faults.py)
         what = {_truncate: "truncated", _garbage: "garbage (binary)", _not_an_object: "valid JSON, not an object",
                 _delete: "missing"}[corrupt]
