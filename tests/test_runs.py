@@ -141,9 +141,14 @@ def test_hang_after_completed_run_keeps_the_results(bench_run, kind, teardown_s,
     assert time.time() - t0 < max(teardown_s, run_s)  # ended by the first deadline, not the later one
     m = metrics_of(d)
     assert m["status"] == "completed" and m["throughput"]["tokens_per_s"] > 0
-    assert warning in m["exit_warning"]
+    # the rank's own teardown deadline ends it with its stacks; on a loaded machine the launcher's (the same
+    # deadline + TEARDOWN_GRACE_S after rank 0's result) may come first: either ends it by teardown_timeout_s
+    launcher = f"did not exit within teardown_timeout_s={teardown_s} after the run completed and were terminated"
+    own = kind == "hang_at_exit" and teardown_s < run_s
+    assert warning in m["exit_warning"] or (own and launcher in m["exit_warning"]), m["exit_warning"]
     rank1_log = (d / "rank1.log").read_text()
-    assert ("inject_fault" in rank1_log) == (kind == "hang_at_exit" and teardown_s < run_s)  # faulthandler's stacks
+    if warning in m["exit_warning"]:
+        assert ("inject_fault" in rank1_log) == own  # faulthandler's stacks, written where the rank ended itself
 
 
 def test_oom_is_classified(bench_run):
