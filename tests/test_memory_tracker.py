@@ -23,6 +23,21 @@ register_configs()
 BASE = ("device=cpu", "model=llama_tiny", "model.n_layers=2", "precision=bf16", "steps=3", "warmup_steps=1")
 
 
+def _tracked_step(st, tracker) -> float:
+    """The tracker's peak (bytes) over one training step of ``st``, reset at each micro-batch (the tracker refuses a
+    module called twice without a reset)."""
+    no_sync = st.policy.no_sync
+
+    def each_micro_batch(model, last):
+        tracker.reset_mod_stats()
+        return no_sync(model, last)
+
+    st.policy.no_sync = each_micro_batch
+    with tracker:
+        st.step(1)
+    return sum(d["Total"] for d in tracker.get_tracker_snapshot("peak").values())
+
+
 def _tracked_peak(plan) -> float:
     """The tracker's peak over one training step (after a first one built the optimizer and buckets)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -44,16 +59,7 @@ def _tracked_peak(plan) -> float:
         tracker = FSDPMemTracker(st.model, opt) if fsdp else MemTracker()
         if not fsdp:
             tracker.track_external(st.model, opt)
-        no_sync = st.policy.no_sync
-
-        def each_micro_batch(model, last):  # the tracker refuses a module called twice without a reset
-            tracker.reset_mod_stats()
-            return no_sync(model, last)
-
-        st.policy.no_sync = each_micro_batch
-        with tracker:
-            st.step(1)
-        return sum(d["Total"] for d in tracker.get_tracker_snapshot("peak").values())
+        return _tracked_step(st, tracker)
     finally:
         dist.destroy_process_group()
 
@@ -121,16 +127,7 @@ def _fake_ddp_peak(plan) -> float:
             st.model.reducer = NoRebuild(st.model.reducer)
             tracker = MemTracker()
             tracker.track_external(st.model, st.optimizer)  # the gradients are bucket views: the buckets are seen
-            no_sync = st.policy.no_sync
-
-            def each_micro_batch(model, last):
-                tracker.reset_mod_stats()
-                return no_sync(model, last)
-
-            st.policy.no_sync = each_micro_batch
-            with tracker:
-                st.step(1)
-        return sum(d["Total"] for d in tracker.get_tracker_snapshot("peak").values())
+            return _tracked_step(st, tracker)
     finally:
         dist.destroy_process_group()
         ddp_module._verify_param_shape_across_processes, ddp_module._sync_module_states = saved
