@@ -114,7 +114,8 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     micro-batch, a device sync after each batched pipeline send / receive, the gradient norm read on the host;
     cuda_graph replays forward-backward (hooks, sends, reduction) as one graph."""
     s, dp = plan.strategy, plan.dp_size
-    grads = params * (4 if s["grad_reduce_in_fp32"] or plan.cfg["precision"] == "fp32" else 2)
+    elem = 4 if s["grad_reduce_in_fp32"] or plan.cfg["precision"] == "fp32" else 2  # bytes of a main grad
+    grads = params * elem
     bucket = s["bucket_size"] or max(40_000_000, 1_000_000 * dp)  # Megatron's default bucket (parameters)
     graphed = s["cuda_graph"]
     own = {"syncs": 1 + (0 if graphed or not s["batch_p2p_sync"] or plan.pp == 1 else
@@ -125,7 +126,7 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
         # the tied word embedding lives on the first and the last stage: finalize_model_grads all-reduces its
         # (vocab-parallel) main grad between the two after every backward (_allreduce_word_embedding_grads)
         m = plan.model
-        own.update(embedding_grad=all_reduce(m["vocab_size"] * m["d_model"] / plan.tp * grads / params, 2),
+        own.update(embedding_grad=all_reduce(m["vocab_size"] * m["d_model"] / plan.tp * elem, 2),
                    collectives=1)
     if dp > 1:
         kind = "grad_reduce" if s["overlap_grad_reduce"] else "tail"
