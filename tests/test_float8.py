@@ -246,7 +246,7 @@ def test_fp8_plan_saves_the_converted_linears_inputs_in_one_byte():
     """torchao's Float8Linear, compiled, keeps a float8 cast of its input for backward (tensorwise, rowwise): the
     q/k/v and gate/up inputs (one shared tensor each) and down's input at 1 B, not 2; rowwise_with_gw_hp's weight
     gradient reads the bf16 input, and full recompute keeps only block inputs: no saving there."""
-    from bench.plan.memory_model import layer_activation_bytes
+    from bench.plan.activations import layer_activation_bytes
     from bench.strategies.registry import get_spec
 
     bf16, _ = _planned("precision=bf16")

@@ -104,8 +104,8 @@ def test_the_plans_parts_follow_the_layout():
 
 
 # ------------------------------------------------------------------------------ the plan's terms, formula by formula
-from bench.plan.memory_model import (CUBLAS_WORKSPACE_BYTES, PROBE_BYTES, activation_bytes, layer_activation_bytes,  # noqa: E402
-                                params_per_rank)
+from bench.plan.activations import activation_bytes, layer_activation_bytes, params_per_rank  # noqa: E402
+from bench.plan.memory_model import CUBLAS_WORKSPACE_BYTES, PROBE_BYTES  # noqa: E402
 from bench.metrics.flops import param_groups  # noqa: E402
 from bench.strategies.registry import get_spec  # noqa: E402
 
