@@ -68,6 +68,7 @@ def test_ddp_plan_splits_batch_and_accumulates():
     (["teardown_timeout_s=0"], 0, "teardown_timeout_s"),
     (["compile=true", "compile_mode=fast"], 0, "compile_mode"),
     (["compile_mode=reduce-overhead"], 0, "compile_mode"),  # without compile=true
+    (["allocator=expandable_segments", "device=cpu"], 0, "allocator"),  # a CUDA allocator setting on CPU
 ])
 def test_validation_errors_name_key_value_and_fix(overrides, gpus, key):
     with pytest.raises(ConfigError) as e:
@@ -141,3 +142,12 @@ def test_torch_1f1b_with_fewer_micro_batches_than_stages_is_refused_before_launc
 ])
 def test_torch_pipelines_with_a_micro_batch_per_stage_or_gpipe_are_valid(overrides):
     assert validate(cfg("device=cpu", *overrides), gpus=0).pp == 2
+
+
+def test_an_inherited_allocator_setting_must_be_the_configs(monkeypatch):
+    """allocator=default while the environment turns expandable segments on would record what did not run."""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:256, expandable_segments:True")
+    with pytest.raises(ConfigError) as e:
+        validate(cfg("device=cuda", "hardware=h100_sxm_80gb", "dry_run=true"), gpus=1)
+    assert e.value.key == "allocator" and "PYTORCH_CUDA_ALLOC_CONF" in str(e.value)
+    assert validate(cfg("device=cuda", "hardware=h100_sxm_80gb", "dry_run=true", "allocator=expandable_segments"), gpus=1)

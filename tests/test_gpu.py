@@ -20,6 +20,13 @@ def test_cuda_run_fills_gpu_metrics(bench_run):
 
 
 @pytest.mark.gpu
+def test_expandable_segments_reach_the_ranks_allocator_and_its_record(bench_run):
+    p, d = bench_run(*GPU_FAST, "allocator=expandable_segments")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert metrics_of(d)["memory"]["allocator"]["conf"] == "expandable_segments:True"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("timing,source", [("events", "cuda_events"), ("sync", "host_sync_each_step")])
 def test_step_timing_source(bench_run, timing, source):
     p, d = bench_run("device=cuda", "model=10m", "precision=bf16", "steps=12", "warmup_steps=4",

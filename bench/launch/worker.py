@@ -2,9 +2,8 @@
 
 init process group -> strategy.setup() -> warm-up steps -> barrier -> timed steps (timed by
 CUDA events or a host sync after each: metrics.step_timing) -> per-rank record -> rank 0
-assembles and writes metrics.json.
-A rank that raises writes ``failure_rank{r}.json`` (type, message, traceback) before the
-exception leaves, so the launcher can tell the root cause from its collateral.
+assembles and writes metrics.json.  A rank that raises writes ``failure_rank{r}.json`` (type, message,
+traceback) before the exception leaves, so the launcher can tell the root cause from its collateral.
 """
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ from bench import metrics
 from bench.models.data import loss_note
 from bench.jsonio import write_json_atomic
 from bench.launch.placement import placement
+from bench.machine.allocator import rank_env
 from bench.metrics import provenance
 from bench.metrics.memory import allocator_record
 from bench.metrics.nvml import NvmlSampler
@@ -171,7 +171,7 @@ def _setup(plan: Plan, rank: int, local_rank: int, world_size: int):
     spec = get_spec(plan.strategy["name"])
     # imported before this rank's own code ran: by the fork server (start_method=forkserver)
     preloaded = [m for m in sweep_preloads(plan.strategy) if m in sys.modules]
-    os.environ.update(spec.process_env(plan))  # before CUDA starts (e.g. CUDA_DEVICE_MAX_CONNECTIONS)
+    os.environ.update({**spec.process_env(plan), **rank_env(plan.cfg["allocator"])})  # before CUDA starts
     startup: dict[str, float] = {}  # before setup (metrics.json ranks[].startup_phases_s)
     cpus = _pin_cpus(plan, local_rank)  # before any thread of this rank starts
     with phase(startup, "device_and_process_group"):

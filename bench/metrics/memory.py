@@ -3,6 +3,7 @@ limit the allocator retries and flushes, and graph pools and communicators live 
 peak alone).  CPU runs record null with the reason; nothing is estimated here."""
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 MB = 2**20
@@ -11,7 +12,8 @@ MB = 2**20
 def allocator_record(device, nvml_used_peak_mb: Optional[float] = None) -> dict:
     """This rank's torch.cuda.memory_stats() at the end of the run: the reserved peak, cudaMalloc retries, OOMs,
     the inactive split bytes (fragmentation) at their peak, and NVML's used peak minus the reserved peak (device
-    memory outside PyTorch's allocator: context, NCCL, graphs' own)."""
+    memory outside PyTorch's allocator: context, NCCL, graphs' own); ``conf``: PYTORCH_CUDA_ALLOC_CONF as this rank
+    ran (config ``allocator``, bench/machine/allocator.py)."""
     if getattr(device, "type", "cpu") != "cuda":
         return {"reason": "not a CUDA device: no caching allocator"}
     import torch
@@ -21,7 +23,8 @@ def allocator_record(device, nvml_used_peak_mb: Optional[float] = None) -> dict:
     return {"reserved_peak_mb": reserved, "num_alloc_retries": s.get("num_alloc_retries", 0),
             "num_ooms": s.get("num_ooms", 0),
             "inactive_split_peak_mb": s.get("inactive_split_bytes.all.peak", 0) / MB,
-            "outside_allocator_mb": None if nvml_used_peak_mb is None else nvml_used_peak_mb - reserved}
+            "outside_allocator_mb": None if nvml_used_peak_mb is None else nvml_used_peak_mb - reserved,
+            "conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
 
 
 def summarize(ranks: list[dict], own: Optional[dict] = None) -> dict:
@@ -37,4 +40,5 @@ def summarize(ranks: list[dict], own: Optional[dict] = None) -> dict:
                                                      if isinstance(r.get("allocator"), dict)), "not recorded")
         return {**{k: None for k in keys}, "scope": None, "reason": reason}
     out = {k: max((x[k] for x in recs if x.get(k) is not None), default=None) for k in keys}
-    return {**out, "scope": scope, "reason": None}
+    confs = list(dict.fromkeys(x.get("conf") for x in recs))
+    return {**out, "conf": confs[0] if len(confs) == 1 else confs, "scope": scope, "reason": None}

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from bench.parallel.cp import NO_CPU
+from bench.machine.allocator import check as check_allocator
 from bench.machine.hardware import HardwareConfig, check as check_hardware, preset_nodes
 from bench.machine.hardware_rules import compute_capability, cuda_device_count, planned_device_name, planned_gpus
 from bench.models.hf_config import resolve_model
@@ -217,6 +218,7 @@ def _device(c: dict, gpus: int) -> str:
         raise ConfigError("world_size", c["world_size"],
                           f"only {gpus} CUDA device(s) visible on this node; use world_size<={gpus} "
                           "(or hydra/launcher=slurm for several nodes)")
+    check_allocator(c["allocator"], device)
     if c["precision"] == "auto":  # resolved here, so the run's record and key say what ran
         c["precision"] = "bf16" if device == "cuda" else "fp32"
     if device == "cpu" and c["precision"] == "fp16":

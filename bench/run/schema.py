@@ -223,6 +223,9 @@ class BenchConfig:
                             "choice) | p2p_off (through host memory) | sockets (through the network stack) | "
                             "few_channels (at most 2 channels); each run records the transports NCCL used",
                             choices=LINK_REGIMES, added=True)
+    allocator: str = knob("default", "the CUDA caching allocator (bench/machine/allocator.py): default | "
+                          "expandable_segments (one growing segment: no memory stranded between blocks near the "
+                          "device's limit)", choices=("default", "expandable_segments"), added=True)
     cpu_affinity: str = knob("none", "none (the OS places the ranks) | split (each local rank pinned to its own CPUs)",
                              choices=("none", "split"), added=True)
     dry_run: bool = knob(False, "validate and print the memory plan; start no process", volatile=True)
