@@ -28,7 +28,8 @@ def test_default_tuning_changes_nothing():
 def test_best_on_a_gpu_applies_the_zero_profile():
     p = plan("strategy=zero", "zero_stage=2", "precision=bf16", "device=cuda", "tuning=best", gpus=1)
     applied = p.tuning["applied"]
-    assert set(applied) == {"strategy.autocast", "compile", "compile_mode", "strategy.compute_grad_norm"}
+    assert set(applied) == {"strategy.autocast", "compile", "compile_mode", "strategy.compute_grad_norm", "allocator"}
+    assert p.cfg["allocator"] == "expandable_segments"  # every strategy's entry, after its own profile
     assert (p.strategy["autocast"], p.cfg["compile"], p.cfg["compile_mode"], p.strategy["compute_grad_norm"]) == \
         (True, True, "reduce-overhead", False)
     assert all("results/" in v["evidence"] for v in applied.values())
@@ -40,6 +41,7 @@ def test_best_skips_what_cannot_apply_on_cpu_and_says_why():
     sk = p.tuning["skipped"]
     assert "bf16 or fp16" in sk["strategy.autocast"]["reason"]  # fp32 run
     assert "need a GPU" in sk["compile_mode"]["reason"] and "compile" in sk  # CUDA graphs, kept together
+    assert "on CPU" in sk["allocator"]["reason"] and p.cfg["allocator"] == "default"  # a CUDA allocator setting
     assert p.tuning["applied"] == {"strategy.compute_grad_norm": p.tuning["applied"]["strategy.compute_grad_norm"]}
     assert p.strategy["compute_grad_norm"] is False and p.cfg["compile"] is False
     p = plan("strategy=zero", "zero_stage=1", "world_size=2", "device=cpu", "precision=fp32", "tuning=best",

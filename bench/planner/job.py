@@ -144,6 +144,9 @@ def job_overrides(q: Question, cfg: dict) -> tuple[list[str], dict]:
 
 
 def common_overrides(q: Question, sizing: list[str]) -> list[str]:
-    """The user's bench overrides (those the sizing replaces left out), then the sizing."""
+    """The user's bench overrides (those the sizing replaces left out), then the sizing; each row's command runs
+    with PyTorch's expandable segments unless the user chose the allocator (tuning_profiles.EVERY_STRATEGY)."""
     replaced = {override_key(o) for o in sizing}
-    return [o for o in q.overrides if override_key(o) not in replaced] + sizing
+    own = [o for o in q.overrides if override_key(o) not in replaced]
+    allocator = [] if any(override_key(o) == "allocator" for o in own) else ["allocator=expandable_segments"]
+    return own + sizing + allocator

@@ -35,6 +35,8 @@ def arm_yaml(own: list[str]) -> str:
 def sweep_command(names: list[str], conf: Path, common: list[str], measure_with: list[str], sweep: Path,
                   config_dirs: tuple[str, ...] | list[str] = ()) -> list[str]:
     """The sweep that measures the rows: their arms' folder and the user's config dirs (--config-dir) searched."""
+    if "device=cpu" in measure_with and not any(override_key(o) == "allocator" for o in measure_with):
+        measure_with = [*measure_with, "allocator=default"]  # measured on CPU: no CUDA allocator to set
     replaced = {override_key(o) for o in measure_with}
     job = [o for o in common if override_key(o) not in replaced] + list(measure_with)
     path = ",".join(f"file://{d}" for d in (str(conf.resolve()), *config_dirs))

@@ -2,7 +2,7 @@
 
 Each strategy declares its profile in its module (``StrategySpec.profiles["best"]``): dotted keys
 (or groups of keys that only work together, e.g. compile + compile_mode) with the value measured
-fastest and the evidence (a results/ folder).  Applied in order, each entry is:
+fastest and the evidence (a results/ folder); ``EVERY_STRATEGY``'s entries (the CUDA allocator) follow it.  Applied in order, each entry is:
 
 * ``kept`` when the user set that key (command line, sweep, preset: an explicit override, or a value
   that differs from the schema default): what was asked for wins;
@@ -34,6 +34,13 @@ from typing import Any, Callable, Iterable, Optional
 from bench.run.schema import BenchConfig, ConfigError, fields_of
 
 MICRO_BATCH = "strategy.micro_batch_size"
+# tuning=best's entries for every strategy, after its own profile (the measured bests store knobs per strategy)
+EVERY_STRATEGY = {
+    "allocator": ("expandable_segments", "4 x H100, Llama-3 8B FSDP2 cp=4 at 8k: out of memory with 14.8 GiB "
+                  "reserved but unallocated under the default allocator, completed with expandable segments; the "
+                  "same tokens/s where memory is not short (39,177 vs 39,214) "
+                  "(results/2026-11-28-h100x4-expandable-segments)"),
+}
 
 
 def _get(c: dict, key: str) -> Any:
@@ -75,7 +82,8 @@ def apply_profile(c: dict, spec, check: Callable[[dict], Any], explicit: Iterabl
         raise ConfigError("tuning", name, f"strategy={spec.name} has no {name!r} profile; valid: "
                           f"default, {', '.join(spec.profiles) or '(none)'}")
     record: dict = {"profile": name, "source": source, "applied": {}, "kept": {}, "skipped": {}}
-    entries = (_micro_batch_entry(out, base, explicit, record) if name == "best" else []) + list(profile.items())
+    entries = (_micro_batch_entry(out, base, explicit, record) if name == "best" else []) + list(profile.items()) \
+        + (list(EVERY_STRATEGY.items()) if name == "best" else [])
     mem = _memory(base)
     for keys, (values, evidence, *unless) in entries:
         out, mem = _apply_one(out, mem, keys, values, evidence, unless, spec, check, explicit, record)
