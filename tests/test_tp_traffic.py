@@ -121,5 +121,5 @@ def test_traffic_model_counts_what_commdebugmode_counts(tmp_path, overrides):
         count["amax" if scalar else op] += 1
     for kind in KIND.values():
         assert sent[kind] == pytest.approx(want[kind], rel=1e-6), (kind, dict(sent), want)
-    tp_calls = sum(1 for op, _, _ in calls if op == "all_reduce")  # every all-reduce here is over the tp group
-    assert tp_calls == torch_tp(plan)["collectives"], (tp_calls, count)
+    tp = torch_tp(plan)  # every all-reduce here is over the tp group
+    assert count["all_reduce"] == tp["collectives"] and count["amax"] == tp.get("scalar_collectives", 0), (count, tp)

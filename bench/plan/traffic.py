@@ -16,6 +16,8 @@ bytes one rank sends per step, by how they can hide behind compute
   ``offload``       bytes over the host link (PCIe) to and from host memory
 counts per step
   ``collectives``   collective / point-to-point calls (each pays a latency)
+  ``scalar_collectives`` collectives of a scalar or so (float8's amax all-reduces): a latency each, left out of a
+                    step's typical message size (bench/plan/predict.py ``measured_link``)
   ``hooks``         framework host operations: Python hooks, per-parameter bookkeeping, DTensor dispatch
   ``syncs``         host waits on the device (``.item()``, ``synchronize``): the host cannot run ahead
   ``host_adam``     parameters whose optimizer step runs on the CPU
@@ -40,7 +42,8 @@ from bench.models.model_spec import describe_model
 from bench.run.schema import Plan
 
 BYTE_KINDS = ("grad_reduce", "param_gather", "tail", "activation", "p2p", "context", "offload")
-COUNT_KINDS = ("collectives", "hooks", "syncs", "host_adam", "graphed", "eager", "layer_host", "extra_flops")
+COUNT_KINDS = ("collectives", "scalar_collectives", "hooks", "syncs", "host_adam", "graphed", "eager", "layer_host",
+               "extra_flops")
 FLAGS = ("graphed", "eager", "layer_host")  # merged by the largest, not summed
 # torch-native tensor parallelism: a layer's ops dispatched as DTensors cost this many times a plain layer's
 # on the host (300m, TP=2, 2 x H200, eager: 243 ms a step against Megatron's 73-78 ms with the same
@@ -114,7 +117,7 @@ def torch_tp(plan: Plan) -> dict[str, float]:
     if f8:
         layers = plan.model["n_layers"] / plan.pp * plan.grad_accum
         weights = 0 if precomputes_scales(plan) else 2 * (4 + mlp_in + 1)
-        out["collectives"] += layers * (2 + 3 + mlp_in + weights)
+        out["scalar_collectives"] = layers * (2 + 3 + mlp_in + weights)
     return out
 
 
