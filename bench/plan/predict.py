@@ -175,7 +175,7 @@ def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, fl
     return {**device, **_host_terms(plan, traffic),
             **{f"{k}_s": v for k, v in topo.seconds(traffic).items()},
             "offload_s": traffic.get("offload", 0.0) / (HOST_LINK_GBPS * 1e9), **measured_link(hw, traffic),
-            "collectives": traffic.get("collectives", 0.0)}
+            "collectives": traffic.get("collectives", 0.0) + traffic.get("scalar_collectives", 0.0)}
 
 
 def measured_link(hw: HardwareConfig, traffic: dict) -> dict[str, float]:

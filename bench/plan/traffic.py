@@ -16,6 +16,8 @@ bytes one rank sends per step, by how they can hide behind compute
   ``offload``       bytes over the host link (PCIe) to and from host memory
 counts per step
   ``collectives``   collective / point-to-point calls (each pays a latency)
+  ``scalar_collectives`` collectives of a scalar or so (float8's amax all-reduces): a latency each, left out of a
+                    step's typical message size (bench/plan/predict.py ``measured_link``)
   ``hooks``         framework host operations: Python hooks, per-parameter bookkeeping, DTensor dispatch
   ``syncs``         host waits on the device (``.item()``, ``synchronize``): the host cannot run ahead
   ``host_adam``     parameters whose optimizer step runs on the CPU
@@ -40,7 +42,8 @@ from bench.models.model_spec import describe_model
 from bench.run.schema import Plan
 
 BYTE_KINDS = ("grad_reduce", "param_gather", "tail", "activation", "p2p", "context", "offload")
-COUNT_KINDS = ("collectives", "hooks", "syncs", "host_adam", "graphed", "eager", "layer_host", "extra_flops")
+COUNT_KINDS = ("collectives", "scalar_collectives", "hooks", "syncs", "host_adam", "graphed", "eager", "layer_host",
+               "extra_flops")
 FLAGS = ("graphed", "eager", "layer_host")  # merged by the largest, not summed
 # torch-native tensor parallelism: a layer's ops dispatched as DTensors cost this many times a plain layer's
 # on the host (300m, TP=2, 2 x H200, eager: 243 ms a step against Megatron's 73-78 ms with the same
@@ -81,16 +84,54 @@ def buckets(nbytes: float, bucket_bytes: float) -> int:
     return max(1, ceil(nbytes / max(bucket_bytes, 1.0))) if nbytes > 0 else 0
 
 
-def tp_activation(plan: Plan) -> dict[str, float]:
+def tp_activation(plan: Plan, backward: float = 2) -> dict[str, float]:
     """Tensor parallelism: per layer and micro-batch, two all-reduces of the b x s x d activation (s: the rank's
-    tokens, seq_len / cp) in forward and two in backward (Megatron's f / g; sequence parallelism moves the same bytes
-    as gathers + scatters)."""
+    tokens, seq_len / cp) in forward (after the row-parallel o_proj and MLP output) and ``backward`` in backward, one
+    per distinct input the column-parallel projections read: two in Megatron's f / g (its fused qkv and fc1;
+    sequence parallelism moves the same bytes as gathers + scatters)."""
     if plan.tp == 1:
         return {}
     m = plan.model
     layers = m["n_layers"] / plan.pp * plan.grad_accum
     act = local_tokens(plan) * m["d_model"] * compute_bytes(plan)
-    return {"activation": 4 * layers * all_reduce(act, plan.tp), "collectives": 4 * layers}
+    return {"activation": (2 + backward) * layers * all_reduce(act, plan.tp), "collectives": (2 + backward) * layers}
+
+
+def torch_tp(plan: Plan) -> dict[str, float]:
+    """torch-native tensor parallelism (bench/parallel/tp.py), counted as torch runs it (tests/test_tp_traffic.py
+    counts a real gloo step with CommDebugMode).  Backward: the attention's input is one DTensor (PrepareModuleInput),
+    so q / k / v's input gradients are summed locally and all-reduced once; the MLP's input is prepared only under
+    torchao's float8 styles (PrepareFloat8ModuleInput), elsewhere each column-parallel MLP projection makes its own
+    DTensor of the input and all-reduces its input gradient on its own: llama's gate and up, two.  Tensorwise float8
+    under TP: each float8 cast of a sharded tensor all-reduces its amax (a scalar, latency only) over tp: forward the
+    row-parallel layers' inputs (2), backward the column-parallel layers' output gradients (3 + the MLP's input
+    projections), and each converted weight's cast forward and backward (7 + 7 for llama) unless FSDP2 precomputes
+    the weights' scales after the step (bench/parallel/float8.py)."""
+    if plan.tp == 1:
+        return {}
+    from bench.parallel.float8 import float8_tp, precomputes_scales
+
+    mlp_in = describe_model(plan.model).mlp_inputs
+    f8 = float8_tp(plan) and float8_blocks_converted(plan)
+    out = tp_activation(plan, backward=1 + (1 if f8 else mlp_in))
+    if f8:
+        layers = plan.model["n_layers"] / plan.pp * plan.grad_accum
+        weights = 0 if precomputes_scales(plan) else 2 * (4 + mlp_in + 1)
+        out["scalar_collectives"] = layers * (2 + 3 + mlp_in + weights)
+    return out
+
+
+def float8_blocks_converted(plan: Plan) -> bool:
+    """Every projection of a block is a Float8Linear under this tp: their in / out features per shard are multiples
+    of 16 (bench/parallel/float8.py ``bf16_reason``), so the float8 styles shard them all."""
+    from types import SimpleNamespace
+
+    from bench.parallel.float8 import bf16_reason
+
+    m = describe_model(plan.model)
+    shapes = [(m.d, m.d), (m.d, m.kv_dim), (m.d, m.ff), (m.ff, m.d)]
+    return all(bf16_reason(SimpleNamespace(in_features=i, out_features=o), "blocks.0.x", plan.tp) is None
+               for i, o in shapes)
 
 
 def local_tokens(plan: Plan) -> int:

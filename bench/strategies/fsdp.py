@@ -12,8 +12,10 @@ from bench.strategies.registry import FP32, ModelStates, Scheme, StrategySpec, r
 from bench.parallel.dp import FSDP2
 from bench.parallel.float8 import fsdp_float8_all_gather
 from bench.strategies.torch_native import torch_native
+from bench.metrics.flops import float8_matmul_params
+from bench.plan.activations import params_per_rank
 from bench.plan.traffic import (all_gather, compute_bytes, cp_kv_exchange, hsdp_grad_reduce, merge, param_tensors,
-                           pp_p2p, torch_native_hooks, tp_activation)
+                           pp_p2p, torch_native_hooks, torch_tp)
 
 
 @dataclass
@@ -163,20 +165,42 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     the states sharded over dp x cp (the gathers and reduce-scatters over that group), and the K / V exchange."""
     s, m, lay = plan.strategy, plan.grad_accum, plan.layout
     dp, replicate, v = lay.state_shards, lay.dp_replicate, lay.virtual_pipeline
-    units = v * -(-plan.model["n_layers"] // (plan.pp * v * s["blocks_per_unit"])) + 1  # + the root
+    per_chunk = -(-plan.model["n_layers"] // (plan.pp * v * s["blocks_per_unit"]))
+    units = v * per_chunk + 1  # + the root
     gathers = m * (2 if s["reshard_after_forward"] else 1)
     grad_bytes = 4 if s["reduce_dtype"] == "fp32" or plan.cfg["precision"] == "fp32" else 2
-    gather_bytes = 1 if fsdp_float8_all_gather(plan) else compute_bytes(plan)  # fp8: float8 (the root's too)
     syncs = m if s.get("sync_every_microbatch") and plan.pp == 1 else 1  # reduce-scatters per step
     scatter, across = (syncs * b for b in hsdp_grad_reduce(params * grad_bytes, dp, replicate))
-    own = {"param_gather": gathers * all_gather(params * gather_bytes, dp), "grad_reduce": scatter,
+    own = {"param_gather": _gathered(plan, params), "grad_reduce": scatter,
            "collectives": units * (gathers + syncs * (1 + (replicate > 1))),
            "hooks": 4 * units * m + param_tensors(plan) * (gathers + 2)}
     if replicate > 1:  # over the replicate group (bench/plan/topology.py KIND_GROUP), the rest over the shard group
         own["grad_replicate"] = across
     if s["cpu_offload"]:  # fp32 shards in (per gather) and gradients out, the AdamW step on the host
         own.update(offload=4 * params / dp * (gathers + 1), host_adam=params / dp)
-    return merge(own, tp_activation(plan), pp_p2p(plan), cp_kv_exchange(plan), torch_native_hooks(plan))
+    return merge(own, torch_tp(plan), pp_p2p(plan), cp_kv_exchange(plan), torch_native_hooks(plan))
+
+
+def _gathered(plan: Plan, params: float) -> float:
+    """Bytes one rank sends in a step's parameter all-gathers (tests/test_tp_traffic.py counts a real gloo step with
+    CommDebugMode).  Every micro-batch gathers each unit for its forward and, resharding, again for its backward,
+    except each chunk's last unit, which never reshards (bench/parallel/dp.py apply_fsdp); the root (embeddings,
+    final norm, head) never reshards after forward and is gathered once a micro-batch (resharded after backward).
+    Under the float8 all-gather only the converted blocks' weights travel as float8 (1 B): the root and the norms
+    stay 16-bit (torchao casts Float8Linear weights only; the head is left in bf16)."""
+    s, m, lay = plan.strategy, plan.grad_accum, plan.layout
+    blocks = params_per_rank(plan, False)["blocks"]
+    root = params - blocks
+    cb = compute_bytes(plan)
+    block_bytes = blocks * cb
+    if fsdp_float8_all_gather(plan):  # the converted weights at 1 B, the blocks' norms at 16 bit
+        converted = float8_matmul_params(plan.model) / plan.tp / plan.pp
+        block_bytes = converted + (blocks - converted) * cb
+    n = plan.model["n_layers"] / plan.pp
+    chunk = n / lay.virtual_pipeline
+    last_unit = min(s["blocks_per_unit"], chunk) * lay.virtual_pipeline  # blocks in each chunk's last unit
+    passes = 1 + ((n - last_unit) / n if s["reshard_after_forward"] else 0.0)
+    return m * all_gather(root * cb + passes * block_bytes, lay.state_shards)
 
 
 def label(name: str, v: dict) -> list[str]:

@@ -19,7 +19,7 @@ from bench.strategies.ddp import bucket_bytes
 from bench.strategies.registry import FP32, ModelStates, StrategySpec, register, specs
 from bench.parallel.dp import TorchDDP
 from bench.strategies.torch_native import torch_native
-from bench.plan.traffic import all_reduce, buckets, merge, param_tensors, pp_p2p, torch_native_hooks, tp_activation
+from bench.plan.traffic import all_reduce, buckets, merge, param_tensors, pp_p2p, torch_native_hooks, torch_tp
 
 
 @dataclass
@@ -189,7 +189,7 @@ def _torch_traffic(plan: Plan, params: float) -> dict[str, float]:
     dp, grads = plan.dp_size, 4 * params
     own = {"grad_reduce": all_reduce(grads, dp), "collectives": buckets(grads, 25 * 2**20) if dp > 1 else 0,
            "hooks": param_tensors(plan) if plan.tp > 1 else 0}
-    return merge(own, tp_activation(plan), pp_p2p(plan), torch_native_hooks(plan))
+    return merge(own, torch_tp(plan), pp_p2p(plan), torch_native_hooks(plan))
 
 
 TORCH_NATIVE = register_implementation(Implementation(
