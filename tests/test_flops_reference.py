@@ -81,3 +81,23 @@ def test_attention_flops_grow_with_the_sequence_as_pytorchs_flop_counter_counts(
     assert flops_per_token(m) - counted == 3 * 64 * 6  # the three norms' weights: no matmul
     attention = 12 * m["n_layers"] * m["d_model"] * seq
     assert attention / flops_per_token(m) == pytest.approx({2048: 0.77, 16384: 0.96}[seq], abs=0.01)
+
+
+def test_the_chunked_loss_runs_the_head_again_as_pytorchs_flop_counter_counts():
+    """loss_chunks=4 (bench/models/model.py Head): each chunk's checkpointed head matmul runs again in backward, 2 x d x
+    vocab FLOPs a token more than the whole-logits loss, as FlopCounterMode counts both steps; the model FLOPs (MFU's)
+    are the same."""
+    from bench.metrics.flops import hardware_flops_per_token
+    from bench.parallel.ac import apply_loss_chunks
+
+    m = model_cfg("model=llama_tiny")
+    x = torch.randint(0, m["vocab_size"], (2, m["seq_len"] + 1))
+    counted = {}
+    for k in (1, 4):
+        model = build_model(m, 0, "cpu")
+        apply_loss_chunks(model, k)
+        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+            model(x[:, :-1], targets=x[:, 1:]).backward()
+        counted[k] = counter.get_total_flops() / x[:, 1:].numel()
+    assert counted[4] - counted[1] == hardware_flops_per_token(m, "none", loss_chunks=4) - flops_per_token(m)
+    assert hardware_flops_per_token(m, "none", loss_chunks=4) - flops_per_token(m) == 2 * m["d_model"] * m["vocab_size"]

@@ -78,6 +78,13 @@ CASES = {
     # a Qwen2.5-sized vocabulary (152k): the loss' logits buffers dominate (issue 48: the logits of a 152k vocab)
     "single, 152k vocabulary": ["strategy=single", "model.vocab_size=151936", "model.seq_len=128",
                                 "model.global_batch=4", "strategy.micro_batch_size=2"],
+    # the loss over 4 checkpointed chunks of tokens (loss_chunks, bench/models/model.py Head): one chunk's logits
+    # buffers alive at a time, at 4 x the tokens (one chunk as many as above: the loss still the peak, not the CPU
+    # AdamW's temporaries); and under FSDP2 (its root unit gathers the head; the root's reduce-scatter the peak)
+    "single, 152k vocabulary, loss_chunks=4": ["strategy=single", "model.vocab_size=151936", "model.seq_len=512",
+                                               "model.global_batch=4", "strategy.micro_batch_size=2", "loss_chunks=4"],
+    "fsdp, 152k vocabulary, loss_chunks=4": ["strategy=fsdp", "world_size=2", "model.vocab_size=151936",
+                                             "model.seq_len=128", "model.global_batch=4", "loss_chunks=4"],
     # (DDP is not compared here: its reducer buckets, a copy of every gradient, 300 MiB at this vocabulary, are
     # allocated before the tracked step and the tracker does not see them)
 }

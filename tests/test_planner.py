@@ -212,3 +212,24 @@ def test_hsdp_replicas_across_the_nodes_are_searched_on_two_nodes(answer, tmp_pa
     assert round(predict(p)["tokens_per_s"]) == hsdp[0]["tokens_per_s"]
     _, free = answer  # two nodes too: HSDP searched; FSDP2 and ZeRO fit, so no offload is
     assert not any("offload" in r["knobs"] for r in free)
+
+
+def test_the_chunked_loss_is_searched_where_nothing_fits_without_it_and_only_there(tmp_path):
+    """Llama-3.2 1B (128k vocabulary) on one GPU at 8192 tokens with 28 GiB: the whole logits' loss buffers (12 GiB)
+    fit in no layout, the loss over 8 chunks does; with the whole 80 GiB every layout keeps loss_chunks=1 (a head
+    forward less).  The top row's command plans as ranked; micro_batch_size=auto searches the same fallback."""
+    q = ["strategy=single", "gpus_per_node=1", "model=llama3_1b", "model.seq_len=8192", "model.global_batch=1",
+         "hardware=h100_sxm_80gb"]
+    _, rows = plan(parse([*q, "memory_budget_gib=28", f"out={tmp_path / 'small'}"]))
+    assert rows[0]["verdict"] == "fits" and "loss_chunks=8" in rows[0]["overrides"], rows[0]["command"]
+    assert all("loss_chunks=8" in r["overrides"] for r in rows if r["verdict"] == "fits")
+    p = replan([*rows[0]["overrides"], "memory_gib=28"])
+    assert verdict_of(p.memory) == "fits" and p.layout.loss_chunks == 8
+    assert round(predict(p)["tokens_per_s"]) == rows[0]["tokens_per_s"]
+    from bench.planner.resolve import resolved
+
+    base = [o for o in rows[0]["overrides"] if not o.startswith(("loss_chunks", "strategy.micro"))]
+    auto = resolved(replan([*base, "memory_gib=28", "strategy.micro_batch_size=auto"]), ["strategy.micro_batch_size"])
+    assert auto.layout.loss_chunks == 8 and verdict_of(memory_plan(auto)) == "fits"
+    _, roomy = plan(parse([*q, f"out={tmp_path / 'roomy'}"]))
+    assert roomy[0]["verdict"] == "fits" and not any("loss_chunks" in r["command"] for r in roomy)

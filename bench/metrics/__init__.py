@@ -160,7 +160,8 @@ def _flops_fields(cfg: dict, tps: float, dev_name: Optional[str], matmul_peak: O
     peak, source = (cfg["metrics"]["peak_tflops"], "config metrics.peak_tflops") \
         if cfg["metrics"].get("peak_tflops") else _flops.mfu_peak_tflops(dev_name, cfg["precision"], cfg["tf32"])
     fp8_peak = _flops.peak_tflops(dev_name, "fp8", False)[0] if cfg["precision"] == "fp8" else None
-    hw_fpt = _flops.hardware_flops_per_token(model, cfg.get("recompute", "none"), cfg.get("recompute_every", 1))
+    hw_fpt = _flops.hardware_flops_per_token(model, cfg.get("recompute", "none"), cfg.get("recompute_every", 1),
+                                             cfg.get("loss_chunks", 1))
     hw = hw_fpt * tps / ws / 1e12
     return dict(
         N=_flops.matmul_params(model), L=model["n_layers"], d=model["d_model"], seq=model["seq_len"],

@@ -42,26 +42,29 @@ def flops_per_token(model: dict) -> int:
 
 
 HFU_FORMULA = ("hardware_flops_per_token = flops_per_token + recomputed forward: full: 2*L*N_block + 4*L*d*seq; "
-               "selective: 4*L*d*seq (the attention core); none: 0")
+               "selective: 4*L*d*seq (the attention core); none: 0; + 2*d*vocab with loss_chunks > 1 (the head's "
+               "matmul again in backward)")
 
 
-def hardware_flops_per_token(model: dict, recompute: str, every: int = 1) -> int:
+def hardware_flops_per_token(model: dict, recompute: str, every: int = 1, loss_chunks: int = 1) -> int:
     """FLOPs the device executes per token, recomputed forward included (HFU's numerator; MFU's excludes it);
-    ``every``: recompute_every (every k-th block checkpointed)."""
+    ``every``: recompute_every (every k-th block checkpointed); ``loss_chunks`` > 1: the head's checkpointed
+    matmul runs again in backward."""
     from bench.run.layout import checkpointed_blocks
 
     share = checkpointed_blocks(recompute, every, model["n_layers"]) / model["n_layers"] if recompute == "full" else 1.0
-    return describe_model(model).hardware_flops_per_token(recompute, share)
+    spec = describe_model(model)
+    return spec.hardware_flops_per_token(recompute, share) + (spec.head_forward_flops() if loss_chunks > 1 else 0)
 
 
-def executed_flops_per_token(model: dict, recompute: str, every: int = 1) -> int:
+def executed_flops_per_token(model: dict, recompute: str, every: int = 1, loss_chunks: int = 1) -> int:
     """FLOPs the device actually runs per token: the hardware FLOPs less what the causal attention kernel skips
     (bench/models/model_spec.py ``causal_skipped_flops_per_token``): what the prediction times, not what MFU counts."""
     from bench.run.layout import checkpointed_blocks
 
     share = checkpointed_blocks(recompute, every, model["n_layers"]) / model["n_layers"] if recompute == "full" else 1.0
-    spec = describe_model(model)
-    return spec.hardware_flops_per_token(recompute, share) - spec.causal_skipped_flops_per_token(recompute, share)
+    return hardware_flops_per_token(model, recompute, every, loss_chunks) \
+        - describe_model(model).causal_skipped_flops_per_token(recompute, share)
 
 
 def float8_matmul_params(model: dict) -> int:

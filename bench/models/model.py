@@ -21,6 +21,10 @@ Layout choices made for the parallel strategies:
   computed in ``GPT.forward`` (once per forward, from the stage's first block) and handed to each
   block; a block or attention called without them computes them itself.  They are not buffers
   (DDP would broadcast buffers every step).
+* The loss can be computed inside the model (``GPT.forward(x, targets=y)``), by the head: with
+  ``Head.loss_chunks`` = k > 1 (``loss_chunks=k``) in k chunks of tokens, each checkpointed, so that only one
+  chunk's logits and loss buffers are alive at a time.  The head's weight is then used inside the forward of
+  the module that owns it, which is where FSDP2 and DeepSpeed ZeRO-3 gather it.
 """
 from __future__ import annotations
 
@@ -177,6 +181,29 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_mlp(x))
 
 
+class Head(nn.Linear):
+    """The output projection: ``head(x)`` the logits; ``head(x, targets)`` the mean next-token loss.  With
+    ``loss_chunks`` = k > 1 (bench/parallel/ac.py apply_loss_chunks) the tokens go in k chunks, each chunk's
+    matmul and fp32 cross entropy under a non-reentrant checkpoint: only one chunk's logits and loss buffers are
+    alive at a time (forward and backward), at one more head matmul per token (its forward again in backward)."""
+
+    loss_chunks = 1
+
+    def forward(self, x: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if targets is None:
+            return super().forward(x)
+        if self.loss_chunks == 1:
+            return lm_loss(super().forward(x), targets)
+        xs = x.reshape(-1, x.shape[-1]).tensor_split(self.loss_chunks)
+        ys = targets.reshape(-1).tensor_split(self.loss_chunks)
+        total = sum(torch.utils.checkpoint.checkpoint(self._loss_sum, xc, yc, use_reentrant=False)
+                    for xc, yc in zip(xs, ys))
+        return total / targets.numel()
+
+    def _loss_sum(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(super().forward(x).float(), targets, reduction="sum")
+
+
 class GPT(nn.Module):
     """bench's one model class (both archs)."""
 
@@ -196,10 +223,10 @@ class GPT(nn.Module):
                                                    qkv_bias, mlp_act) for i in range(n_layers)})
         self.norm = nn.LayerNorm(d_model, eps=norm_eps) if arch == "gpt" else nn.RMSNorm(d_model, eps=norm_eps)
         if tie_embeddings:
-            self.head = nn.Linear(d_model, vocab_size, bias=False, device="meta")
+            self.head = Head(d_model, vocab_size, bias=False, device="meta")
             self.head.weight = self.tok_emb.weight
         else:
-            self.head = nn.Linear(d_model, vocab_size, bias=False)
+            self.head = Head(d_model, vocab_size, bias=False)
         self._init_weights(n_layers)
 
     def _init_weights(self, n_layers: int) -> None:
@@ -213,10 +240,12 @@ class GPT(nn.Module):
             else:
                 nn.init.normal_(p, std=0.02)
 
-    def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Token ids [b, s] -> logits [b, s, vocab] (or hidden states between pipeline stages).
-        ``positions`` [1, s]: each token's place in the whole sequence, where this rank holds only some of
-        them (context parallelism: a load-balanced shard of the sequence); None: 0 .. s-1."""
+    def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None,
+                targets: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Token ids [b, s] -> logits [b, s, vocab] (or hidden states between pipeline stages); with ``targets``
+        [b, s] the mean loss, computed by the head (``Head``).  ``positions`` [1, s]: each token's place in the
+        whole sequence, where this rank holds only some of them (context parallelism: a load-balanced shard of the
+        sequence); None: 0 .. s-1."""
         pos = torch.arange(x.shape[1], device=x.device) if positions is None else positions[0]
         if self.tok_emb is not None:
             if self.pos_emb is not None:
@@ -236,7 +265,7 @@ class GPT(nn.Module):
         if self.norm is not None:
             x = self.norm(x)
         if self.head is not None:
-            x = self.head(x)
+            x = self.head(x) if targets is None else self.head(x, targets)
         return x
 
 
@@ -250,3 +279,12 @@ def build_model(model_cfg: dict, seed: int, device: str | torch.device) -> GPT:
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross entropy, computed in fp32."""
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def model_loss(model: nn.Module, x: torch.Tensor, targets: torch.Tensor, positions: Optional[torch.Tensor] = None,
+               loss_chunks: int = 1) -> torch.Tensor:
+    """A strategy's micro-batch loss: ``loss_chunks`` > 1, the model's own chunked loss (``Head``); 1, the logits
+    then ``lm_loss`` outside the model, as before the knob (a compiled whole model's graph stays the logits')."""
+    if loss_chunks > 1:
+        return model(x, positions=positions, targets=targets)
+    return lm_loss(model(x, positions=positions), targets)

@@ -114,6 +114,10 @@ class ModelDescription:
         extra = {"none": 0, "selective": attn_fwd, "full": share * (2 * self.layers * self.block_params() + attn_fwd)}
         return round(self.flops_per_token() + extra[recompute])
 
+    def head_forward_flops(self) -> int:
+        """The output projection's forward per token (2 d vocab): what loss_chunks > 1 runs again in backward."""
+        return 2 * self.d * self.vocab
+
     def causal_skipped_flops_per_token(self, recompute: str, share: float = 1.0) -> int:
         """The attention FLOPs a causal kernel never runs: flash and memory-efficient attention skip the score blocks
         above the diagonal, half of QK^T and AV in every pass (forward, backward, a recomputed forward).  The model

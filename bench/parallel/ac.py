@@ -31,3 +31,14 @@ def apply_ac(model: nn.Module, mode: str, every: int = 1) -> dict:
             block.attn.recompute_core = True
         return {"recompute": "selective: the attention core re-run in backward"}
     raise ValueError(f"unknown recompute mode {mode!r}")
+
+
+def apply_loss_chunks(model: nn.Module, chunks: int) -> dict:
+    """``loss_chunks=k`` > 1: the head computes the loss in k checkpointed chunks of tokens (bench/models/model.py
+    ``Head``): one chunk's logits and fp32 loss buffers alive at a time, the head's matmul run again in backward."""
+    if chunks == 1:
+        return {}
+    model.head.loss_chunks = chunks
+    return {"loss_chunks": chunks, "loss": f"the head's matmul and fp32 cross entropy in {chunks} checkpointed chunks "
+                                           "of tokens (one chunk's logits alive at a time; its forward re-run in "
+                                           "backward), the chunks' sums averaged over every token"}

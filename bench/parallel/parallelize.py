@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from bench.parallel.ac import apply_ac
+from bench.parallel.ac import apply_ac, apply_loss_chunks
 from bench.parallel.compile import apply_compile, compile_kwargs
 from bench.parallel.dp import DataParallel
 from bench.parallel.float8 import apply_float8, converts, float8_tp
@@ -51,6 +51,8 @@ def parallelize(model: nn.Module, plan, mesh, policy: DataParallel, pp_rank: int
     stage_ids, chunks = split_stages(model, pp_rank, plan.pp, plan.layout.virtual_pipeline)
     for chunk in chunks:
         info.update(apply_ac(chunk, plan.layout.recompute, plan.layout.recompute_every))
+    if plan.layout.loss_chunks > 1:  # no pipeline (bench/run/layout_rules.py): the one chunk is the whole model
+        info.update(apply_loss_chunks(chunks[0], plan.layout.loss_chunks))
     whole = compiles_whole_model(plan, policy)
     if cfg["compile"] and not whole:  # per block, after TP (DTensor dispatch traced away)
         for chunk in chunks:

@@ -131,12 +131,32 @@ def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str,
         ck, per_mb, recomputed, at_loss = 0.0, layers * layer["bytes"], 0.0, copies
     saved = k * (layers - ck) * layer["float8_saved"]  # the float8-saved inputs' share (not of checkpointed blocks)
     vocab = m["vocab_size"] / (plan.tp if lay.tp_splits_vocab else 1)
-    logits = layer["tokens"] * vocab * lay.loss_bytes_per_logit if ranks["head"] else 0.0
+    chunked = loss_chunk_bytes(plan, lay, layer["tokens"], vocab * lay.loss_bytes_per_logit, ranks["head"]) \
+        if ranks["head"] else {}
+    logits = chunked.get("chunk_logits", layer["tokens"] * vocab * lay.loss_bytes_per_logit if ranks["head"] else 0.0)
     ring = {"cp_ring": cp_ring_bytes(plan)} if plan.cp > 1 else {}
-    fwd_end = forward_end_bytes(plan, copies, logits / lay.loss_bytes_per_logit)
+    fwd_end = forward_end_bytes(plan, copies, logits / lay.loss_bytes_per_logit) + chunked.get("input", 0.0)
     return {"layers_on_rank": layers, "microbatches_in_flight": k, "per_layer_per_microbatch": layer["bytes"],
-            "recompute": mode, "activations": k * per_mb, "logits": logits, "weight_copies": at_loss,
-            "recomputed_layer": recomputed, "float8_inputs_saving": saved, "forward_end": fwd_end, **ring}
+            "recompute": mode, "activations": k * per_mb,
+            "logits": logits + chunked.get("input", 0.0) + chunked.get("head_grad", 0.0),
+            "weight_copies": at_loss, "recomputed_layer": recomputed, "float8_inputs_saving": saved,
+            "forward_end": fwd_end, **ring, **({"loss_chunks": chunked} if chunked else {})}
+
+
+def loss_chunk_bytes(plan: Plan, lay, tokens: int, per_token: float, head: float) -> dict[str, float]:
+    """loss_chunks=k > 1 (bench/models/model.py Head): the loss' buffers of one chunk of ceil(tokens / k) tokens
+    (``per_token``: its logits' bytes), the others' not alive (forward and backward), beside what the checkpointed
+    chunks keep for backward, their input (the final norm's output, norm-input bytes: fp32 under autocast), and,
+    from the first chunk's backward on, the head weight's gradient the chunks accumulate (``head`` parameters, in
+    the compute dtype: the 16-bit weight's or autocast's copy's; unchunked it comes after the logits' buffers);
+    ``all_chunks``: every chunk's buffers, which the step still writes and reads (the prediction's memory-bound
+    time).  {} without chunks."""
+    k = plan.layout.loss_chunks
+    if k == 1:
+        return {}
+    act, norm_in, _ = _act_dtypes(plan, lay)
+    return {"chunks": k, "chunk_logits": -(-tokens // k) * per_token, "all_chunks": tokens * per_token,
+            "input": tokens * plan.model["d_model"] * norm_in, "head_grad": head * act}
 
 
 def cp_ring_bytes(plan: Plan) -> float:

@@ -6,7 +6,8 @@ peak allocated (what ``torch.cuda.max_memory_allocated`` measures: the largest r
                    buffers, beside the loss' logits buffers and autocast's weight copies, or, after the first
                    gradient, beside the backward's buffers [+ the gradients, when they outlive a micro-batch:
                    accumulation, pipelines, buffers allocated up front]) and
-                  (the gradients, beside the optimizer step's temporaries: end of backward / step)
+                  (the gradients, beside the optimizer step's temporaries or the backward's last buffers: end of
+                  backward / step)
   + the strategy's persistent buffers (DDP's buckets, ZeRO-3's reduce buckets, FSDP2's gathered units)
   + cuBLAS's workspace (32 MiB), and never less than rank 0's matmul-peak probe (two 8192^2 bf16 matrices
     and their product, measured before the run when metrics.measure_matmul_peak)
@@ -165,7 +166,7 @@ def transient_bytes(plan: Plan, lay, grads: float, act: dict, phase: dict, accum
         act["logits"] + act["weight_copies"], early + max(act["recomputed_layer"], act["weight_copies"], reduce))
     grads_live = plan.grad_accum > 1 or plan.pp > 1 or lay.grads_live
     kept = accum if accum else (grads if grads_live else 0.0)
-    return max(start + kept, grads + max(late, step)), start
+    return max(start + kept, grads + max(late, step, phase.get("end", 0.0))), start
 
 
 def _workspace(plan: Plan) -> float:
@@ -228,7 +229,8 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
         "peak_stage": ranks["stage"], "flops_per_token": describe_model(plan.model).flops_per_token(),
         "layout": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp_size, "micro_batch_size": plan.micro_batch_size,
                    "microbatches": plan.grad_accum, "recompute": plan.layout.recompute,
-                   **({"cp": plan.cp} if plan.cp > 1 else {})},
+                   **({"cp": plan.cp} if plan.cp > 1 else {}),
+                   **({"loss_chunks": plan.layout.loss_chunks} if plan.layout.loss_chunks > 1 else {})},
         "model_states": {"scheme": lay.scheme.name, "stage": lay.stage, "note": lay.note,
                          "bytes_per_param": lay.scheme.bytes,
                          "device_mb": {k: mib(v) for k, v in device.items()},

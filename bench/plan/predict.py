@@ -212,9 +212,11 @@ def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict) -> dict[str, float]
     bandwidth, the pipeline bubble."""
     m, act, ga = plan.model, mem["activations"], plan.grad_accum
     hbm = float(hw.hbm_gbps) * 1e9
-    activations = (act["per_layer_per_microbatch_mb"] * act["layers_on_rank"] + act["logits_mb"]) * MB * ga
+    lay = plan.layout  # the loss' buffers: every chunk's (loss_chunks: the plan's logits are one chunk's)
+    loss_mb = act["loss_chunks"]["all_chunks"] / MB if "loss_chunks" in act else act["logits_mb"]
+    activations = (act["per_layer_per_microbatch_mb"] * act["layers_on_rank"] + loss_mb) * MB * ga
     return {
-        "flops": executed_flops_per_token(m, plan.layout.recompute, plan.layout.recompute_every) * m["global_batch"]
+        "flops": executed_flops_per_token(m, lay.recompute, lay.recompute_every, lay.loss_chunks) * m["global_batch"]
         * m["seq_len"] / plan.world_size,
         "peak": _peak(plan, hw), "peak_ratio": peak_ratio(hw),
         "matmul_size": local_tokens(plan) * m["d_model"] / plan.tp * REFERENCE_MATMUL_FLOPS

@@ -8,8 +8,9 @@ the per-rank batch (the best one of each group is kept: a group is one row), and
 ``tune`` candidates in the schema) tried one at a time, only on the ``LEADERS`` best rows; on a job that spans
 nodes, a knob whose schema says ``tune_nodes`` (HSDP's replicas) is then tried at the number of nodes on each
 leader's best setting.  A
-strategy's ``fallback`` knobs (offload: host memory and PCIe time for device memory) are tried only where none of
-the strategy's rows fits without them, on its ``UNFIT_STRATEGY`` rows closest to fitting (``fallbacks``).  A knob
+strategy's ``fallback`` knobs (offload: host memory and PCIe time for device memory; loss_chunks: a head forward for
+the logits' memory) are tried only where none of the strategy's rows fits without them, on its ``UNFIT_STRATEGY``
+rows closest to fitting (``fallbacks``).  A knob
 is applied only when the memory plan counts it (its value changes the planned peak): one whose memory the plan
 does not see (CUDA graph pools, say) could turn a layout that "fits" into an out-of-memory.  Every key the user
 set is kept as set.
@@ -138,10 +139,12 @@ def node_knobs(spec: StrategySpec, fixed: set[str], nodes: int) -> list[tuple[st
 
 
 def fallback_knobs(spec: StrategySpec, fixed: set[str]) -> list[tuple[str, tuple, dict]]:
-    """(dotted key, candidate values, what a value needs) of the strategy's ``fallback`` knobs the user did not set."""
-    return [(f"strategy.{name}", tuple(f.metadata["fallback"]), dict(f.metadata.get("requires") or {}))
-            for name, f in fields_of(spec.schema).items()
-            if f.metadata.get("fallback") and f"strategy.{name}" not in fixed]
+    """(dotted key, candidate values, what a value needs) of the strategy's and the run's ``fallback`` knobs the user
+    did not set (offload; loss_chunks, where the strategy runs it: validation refuses it elsewhere)."""
+    return [(prefix + name, tuple(f.metadata["fallback"]), dict(f.metadata.get("requires") or {}))
+            for prefix, schema in (("strategy.", spec.schema), ("", BenchConfig))
+            for name, f in fields_of(schema).items()
+            if f.metadata.get("fallback") and prefix + name not in fixed]
 
 
 def counted_knobs(ev: Evaluator, base: dict, row: Row, knobs: Iterable[tuple[str, tuple, dict]]) -> list[tuple]:

@@ -159,6 +159,10 @@ def _validate(c: dict, spec: StrategySpec, gpus: int) -> Plan:
     device = _device(c, gpus)
     plan = _layout(c, spec, device)
     _float8_rules(plan, spec)
+    if plan.layout.loss_chunks > 1 and not spec.loss_chunks:
+        able = "|".join(n for n, sp in specs().items() if sp.loss_chunks)
+        raise ConfigError("loss_chunks", plan.layout.loss_chunks, f"strategy={spec.name} computes its own loss; the "
+                          f"chunked loss runs with strategy={able}; use loss_chunks=1")
     spec.rules(plan)
     return plan
 

@@ -60,10 +60,11 @@ class Layout:
     grad_accum: int = 1
     recompute: str = "none"
     recompute_every: int = 1
+    loss_chunks: int = 1  # the loss over this many checkpointed chunks of tokens (bench/models/model.py Head)
 
     def __post_init__(self):
         for k in ("tp", "pp", "dp", "cp", "dp_replicate", "virtual_pipeline", "micro_batch_size", "grad_accum",
-                  "recompute_every"):
+                  "recompute_every", "loss_chunks"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
         if self.dp % self.dp_replicate:

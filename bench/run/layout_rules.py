@@ -35,7 +35,7 @@ def build(c: dict) -> Layout:
             mbs, n_micro = _microbatch_count(m, s, pp, dp)
     return Layout(tp=tp, pp=pp, dp=dp, cp=cp, dp_replicate=_replicas(s, ws, tp, pp, dp), virtual_pipeline=v,
                   schedule=sched, micro_batch_size=mbs, grad_accum=n_micro, recompute=c["recompute"],
-                  recompute_every=_recompute_every(c))
+                  recompute_every=_recompute_every(c), loss_chunks=_loss_chunks(c, pp, cp))
 
 
 CP_CHUNK_ROWS = 32  # measured: a 16-row chunk fails in torch 2.11's ring merge (fp32, memory-efficient kernel)
@@ -62,6 +62,21 @@ def _recompute_every(c: dict) -> int:
         raise ConfigError("recompute_every", every, f"acts with recompute=full (which blocks to checkpoint); "
                           f"recompute={c['recompute']}: leave it 1 or set recompute=full")
     return every
+
+
+def _loss_chunks(c: dict, pp: int, cp: int) -> int:
+    """loss_chunks: a positive count; > 1 only without a pipeline, whose last stage's loss runs in the schedule's
+    loss_fn, outside the stage module that owns the head (where FSDP2 / ZeRO-3 gather its weight), and without
+    context parallelism (CUDA only: not yet run against cp=1's losses)."""
+    k = c.get("loss_chunks", 1)
+    check_positive("loss_chunks", k)
+    if k > 1 and pp > 1:
+        raise ConfigError("loss_chunks", k, f"the chunked loss is not implemented for pipelines (strategy.pp={pp}: "
+                          "the schedule computes the loss outside the last stage); use loss_chunks=1 or strategy.pp=1")
+    if k > 1 and cp > 1:
+        raise ConfigError("loss_chunks", k, f"with strategy.cp={cp} is not enabled: context parallelism runs on CUDA "
+                          "only and the chunked loss has not been checked loss-equal under it; use loss_chunks=1")
+    return k
 
 
 def _micro_batch(m: dict, s: dict, dp: int, ws: int) -> tuple[int, int]:

@@ -203,6 +203,11 @@ class BenchConfig:
     recompute_every: int = knob(1, "with recompute=full: checkpoint every k-th block of a stage (1: all; 2: every "
                                 "second, half of full's extra forward and about half of what it saves)",
                                 added=True)
+    loss_chunks: int = knob(1, "the loss over k chunks of tokens, each chunk's head matmul and fp32 cross entropy "
+                            "checkpointed: one chunk's logits and loss buffers alive at a time (12 B a logit: Llama-3's "
+                            "128k vocabulary at 8k tokens a rank, 11.7 GiB -> 1/k), one more head matmul a token "
+                            "(1: the whole logits at once); bench's model's loss (not megatron-core's), no pipeline; the "
+                            "planner tries 8 where nothing fits without it", fallback=(1, 8), added=True)
     tf32: bool = knob(False, "allow TF32 matmuls when precision=fp32 on GPU")
     tuning: str = knob("default", "default: every knob as set | best: the strategy's best measured settings "
                        "(its profile; explicit settings win, knobs that cannot apply are skipped and recorded)",

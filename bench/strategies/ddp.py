@@ -105,7 +105,7 @@ def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, f
 SPEC = register(StrategySpec(
     name="ddp", schema=DDPConfig, summary="torch DistributedDataParallel: replicas, bucketed all-reduce",
     implementation=lambda plan: torch_native(TorchDDP()), rules=rules, traffic=traffic,
-    model_states=model_states, buffers=buffers, phase_buffers=phase_buffers, float8=True,
+    model_states=model_states, buffers=buffers, phase_buffers=phase_buffers, float8=True, loss_chunks=True,
     profiles={"best": {
         # one rank is single's step: single's compiled CUDA-graph profile holds; on several ranks it does not
         "compile": (True, "1 x H100, 1 rank: gpt2 94.6k -> 156.4k tokens/s, 300m 153.1k -> 195.0k "

@@ -113,6 +113,8 @@ def _knob_rules(plan: Plan, impl: Implementation) -> None:
         _refuse(plan, impl, "compile", True)
     if plan.layout.cp > 1:
         _refuse(plan, impl, "strategy.cp", plan.layout.cp)
+    if plan.layout.loss_chunks > 1:
+        _refuse(plan, impl, "loss_chunks", plan.layout.loss_chunks)
     if s["bucket_size"] is not None and s["bucket_size"] <= 0:
         raise ConfigError("strategy.bucket_size", s["bucket_size"], "must be a positive number of parameters, or null")
     if s["overlap_param_gather"] and not s["use_distributed_optimizer"]:
@@ -152,7 +154,7 @@ def family_spec(name: str, schema: type, summary: str, profiles: dict, float8: b
     precision=fp8 runs with strategy.impl=torch (torchao's float8 before TP / the pipeline split); ``rules``: the
     strategy's own, checked first."""
     return register(StrategySpec(
-        name=name, schema=schema, summary=summary, float8=float8, profiles=profiles, label=label,
+        name=name, schema=schema, summary=summary, float8=float8, profiles=profiles, label=label, loss_chunks=True,
         implementation=lambda plan: implementation_of(plan.strategy).runner(plan),
         rules=lambda plan: family_rules(plan, rules),
         model_states=lambda cfg: implementation_of(cfg["strategy"]).model_states(cfg),

@@ -133,7 +133,8 @@ class StrategySpec:
     # backward (ZeRO-3's gathered parameters), "backward" from a backward's first gradient to its end (ZeRO's reduce
     # buckets: beside the activations, not beside the loss' logits buffers), "reduce" once the backward of the rank's
     # last "reduce_blocks" blocks has run (FSDP2's reduce-scatter input: beside the other blocks' activations, not
-    # those blocks' nor the logits' buffers), "step" the optimizer step's temporaries
+    # those blocks' nor the logits' buffers), "end" at the backward's end (beside the gradients, no activation: FSDP2's
+    # root reduce-scatter), "step" the optimizer step's temporaries
     phase_buffers: Callable[[Plan, float, float], tuple[dict[str, float], str]] = no_phase_buffers
     # the throughput prediction (bench/plan/predict.py): (plan, parameters on the rank) -> per step, bytes sent by
     # kind and host work (keys: bench/plan/traffic.py)
@@ -155,6 +156,9 @@ class StrategySpec:
     devices: tuple[str, ...] = ("cpu", "cuda")
     # precision=fp8 runs: torchao's float8 training composes with its implementation (bench/parallel/float8.py)
     float8: bool = False
+    # loss_chunks > 1 runs: its step takes the loss from bench's model (bench/models/model.py model_loss, the head's
+    # chunked loss), not from a loss of its own (an implementation of a family may still refuse the knob)
+    loss_chunks: bool = False
 
 
 REGISTRY: dict[str, StrategySpec] = {}  # filled by each strategy module's register(); read via bench.strategies.registry

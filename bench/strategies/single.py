@@ -28,7 +28,7 @@ REDUCE_OVERHEAD = ("1 x H100, compiled: gpt2 119.5k -> 242.3k tokens/s, 300m 193
 
 SPEC = register(StrategySpec(
     name="single", schema=SingleConfig, summary="one device, plain PyTorch, fused AdamW: the baseline",
-    implementation=lambda plan: torch_native(DataParallel()), rules=rules, baseline=True, float8=True,
+    implementation=lambda plan: torch_native(DataParallel()), rules=rules, baseline=True, float8=True, loss_chunks=True,
     profiles={"best": {
         "compile": (True, "300m bf16, one H200: 168k -> 204k tokens/s (results/2026-11-22-h200x2-foundation)"),
         "compile_mode": ("reduce-overhead", REDUCE_OVERHEAD),

@@ -13,7 +13,7 @@ import contextlib
 import torch
 
 from bench.run.layout import CP_TOKEN_RULE, DIMS, TOKEN_RULE, resolve_schedule
-from bench.models.model import build_model, lm_loss
+from bench.models.model import build_model, model_loss
 from bench.parallel import cp as context_parallel
 from bench.parallel.dp import DataParallel
 from bench.parallel.mesh import build_mesh
@@ -93,7 +93,7 @@ class TorchParallel(Strategy):
             for i, (x, y) in enumerate(micro):
                 with self.policy.no_sync(self.model, i == len(micro) - 1), self.sequence_shard(x, y) as (x, y, pos):
                     with self.precision.autocast():
-                        mb_loss = lm_loss(self.model(x, positions=pos), y) / len(micro)
+                        mb_loss = model_loss(self.model, x, y, pos, self.layout.loss_chunks) / len(micro)
                     self.precision.backward(mb_loss)
                 loss += mb_loss.detach()
         else:

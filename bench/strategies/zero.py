@@ -349,7 +349,7 @@ SPEC = register(StrategySpec(
     name="zero", schema=ZeroConfig, summary="DeepSpeed ZeRO stages 0-3 (+ CPU offload) on bench's model",
     implementation=lambda plan: Zero, rules=rules, model_states=model_states, buffers=buffers, label=label,
     phase_buffers=phase_buffers,
-    traffic=traffic, variants_figure=("zero_stage", "ZeRO stages"),
+    traffic=traffic, variants_figure=("zero_stage", "ZeRO stages"), loss_chunks=True,
     # each stage is a strategy of its own (the analysis, the store of measured bests): a knob search that leaves the
     # stage unset searches every stage, each with its own trials and winner
     search_bases={"strategy.zero_stage": (0, 1, 2, 3)},

@@ -9,8 +9,8 @@ from typing import Any, Optional
 import torch
 from omegaconf import OmegaConf
 
-from bench.models.model import Block, build_model, lm_loss
-from bench.parallel.ac import apply_ac
+from bench.models.model import Block, build_model, model_loss
+from bench.parallel.ac import apply_ac, apply_loss_chunks
 from bench.parallel.compile import compile_kwargs
 from bench.strategies.base import StepResult, Strategy
 from bench.strategies.deepspeed_env import ensure_torch_extensions_dir, fix_cuda_arch_list
@@ -96,6 +96,7 @@ class Zero(Strategy):
         with self.setup_phase("bench model"):
             model = build_model(p.model, cfg["seed"], dev)
         self.ac = apply_ac(model, p.layout.recompute, p.layout.recompute_every)
+        self.loss_info = apply_loss_chunks(model, p.layout.loss_chunks)
         self.ds_config = build_ds_config(p)
         o = cfg["optim"]
         kw = dict(lr=o["lr"], betas=(o["beta1"], o["beta2"]), weight_decay=o["weight_decay"])
@@ -128,7 +129,7 @@ class Zero(Strategy):
         scaler = self._autocast_grad_scaler()
         scale = None
         for i, (x, y) in enumerate(micro):
-            loss = lm_loss(engine(x), y)
+            loss = model_loss(engine, x, y, loss_chunks=self.plan.layout.loss_chunks)
             engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
             if scaler is not None and i == len(micro) - 1:
                 # read at the boundary, after backward, as single does: GradScaler's step syncs
@@ -189,4 +190,5 @@ class Zero(Strategy):
             "torch_extensions_dir": getattr(self, "extensions_dir", None),
             "recompute": getattr(self, "ac", {}).get("recompute", p.cfg["recompute"]),
             "token_rule": "sum over data-parallel ranks",
+            **getattr(self, "loss_info", {}),
         }

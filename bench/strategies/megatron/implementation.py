@@ -153,4 +153,7 @@ MEGATRON_CORE = register_implementation(Implementation(
                             "context parallelism only inside Transformer Engine's attention (its local "
                             "DotProductAttention asserts context_parallel_size == 1), and bench runs megatron-core "
                             "without Transformer Engine; use strategy=fsdp strategy.cp=... (PyTorch's "
-                            "context_parallel)"}))
+                            "context_parallel)",
+             "loss_chunks": "is not implemented for strategy.impl=megatron: megatron-core computes its own "
+                            "vocab-parallel cross entropy (in place, 6 B a logit); use loss_chunks=1, or strategy.impl="
+                            "torch (bench's model computes the chunked loss)"}))
