@@ -198,10 +198,13 @@ class BenchConfig:
                                                                     "max-autotune-no-cudagraphs"),
                              tune=("default", "reduce-overhead"), requires={"compile": True}, added=True)
     recompute: str = knob("none", "activation recomputation: none | full (each block's forward again in backward, "
-                          "only block inputs kept) | selective (the attention core again: Korthikanti et al. 2022)",
-                          choices=("none", "full", "selective"), added=True)
+                          "only block inputs kept) | selective (the attention core again: Korthikanti et al. 2022) | "
+                          "op (torchtitan's op-level selective checkpointing: every block keeps its matmul outputs but "
+                          "every second one, and attention's; the rest again in backward)",
+                          choices=("none", "full", "selective", "op"), added=True)
     recompute_every: int = knob(1, "with recompute=full: checkpoint every k-th block of a stage (1: all; 2: every "
-                                "second, half of full's extra forward and about half of what it saves)",
+                                "second, half of full's extra forward and about half of what it saves); recompute=op "
+                                "applies to every block (as torchtitan)",
                                 added=True)
     tf32: bool = knob(False, "allow TF32 matmuls when precision=fp32 on GPU")
     tuning: str = knob("default", "default: every knob as set | best: the strategy's best measured settings "
