@@ -64,6 +64,39 @@ def test_checkpointing_every_second_block_recomputes_half_as_much_as_pytorchs_fl
     assert share == pytest.approx(planned[1] / planned[0], rel=0.01) and share == pytest.approx(0.5, rel=0.01)
 
 
+@pytest.mark.parametrize("name", ["tiny", "llama_tiny"])
+def test_op_level_checkpointing_recomputes_the_matmuls_pytorchs_flop_counter_counts(name):
+    """recompute=op: the extra FLOPs FlopCounterMode counts in a step are the hardware FLOPs the plan adds (a block's
+    even matmuls but its last: k and o_proj, and llama's up projection; gpt's fc_out is never run again), and the
+    fused attention kernel runs once per block, as without recomputation (its output is saved).  SDPA's CPU flash
+    kernel here: the counter sees the matmuls only (gpt's addmm, llama's mm)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from bench.metrics.flops import hardware_flops_per_token
+    from bench.parallel.ac import apply_ac
+
+    class AttentionCalls(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls += func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+            return func(*args, **(kwargs or {}))
+
+    m = model_cfg(f"model={name}")
+    b, s = 2, m["seq_len"]
+    x = torch.randint(0, m["vocab_size"], (b, s + 1))
+    counted, attention = {}, {}
+    for mode in ("none", "op"):
+        model = build_model(m, 0, "cpu")
+        apply_ac(model, mode)
+        with FlopCounterMode(display=False) as counter, AttentionCalls() as calls:
+            lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
+        counted[mode], attention[mode] = counter.get_total_flops() / (b * s), calls.calls
+    assert counted["op"] - counted["none"] == pytest.approx(hardware_flops_per_token(m, "op") - flops_per_token(m),
+                                                            rel=0.01)
+    assert attention == {"none": m["n_layers"], "op": m["n_layers"]}
+
+
 @pytest.mark.parametrize("seq", [2048, 16384])
 def test_attention_flops_grow_with_the_sequence_as_pytorchs_flop_counter_counts(seq):
     """Long sequences (context parallelism's): a one-layer llama-shaped model of d_model 64, batch 1, on the meta

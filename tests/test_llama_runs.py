@@ -1,5 +1,5 @@
 """llama_tiny (RMSNorm, SwiGLU, RoPE, grouped-query attention) under every strategy that runs on CPU, with
-and without activation recomputation: real gloo runs whose fp32 losses equal strategy=single's.
+and without activation recomputation (full, selective, op-level): real gloo runs whose fp32 losses equal strategy=single's.
 
 Every run of this file is one case of one sweep (tests/conftest.py case_sweep: one Hydra process and one
 fork server for all of them, each run the one its own command line gives), checked by one test: a
@@ -17,6 +17,10 @@ RUNS = {  # run name -> its overrides (on top of LLAMA)
     # activation recomputation on one device
     "single_recompute_full": ("strategy=single", "recompute=full"),
     "single_recompute_selective": ("strategy=single", "recompute=selective"),
+    # op-level selective checkpointing (torchtitan's): one device, FSDP2 and ZeRO-2
+    "single_recompute_op": ("strategy=single", "recompute=op"),
+    "fsdp_recompute_op": ("strategy=fsdp", "world_size=2", "recompute=op"),
+    "zero2_recompute_op": ("strategy=zero", "strategy.zero_stage=2", "world_size=2", "recompute=op"),
     # data parallel with full recomputation
     "ddp_recompute_full": ("strategy=ddp", "world_size=2", "recompute=full"),
     "fsdp_recompute_full": ("strategy=fsdp", "world_size=2", "recompute=full"),
@@ -42,7 +46,7 @@ def _is_its_run(name: str, m: dict) -> None:
     assert c["strategy"]["name"] == want["strategy"], (name, c["strategy"]["name"])
     assert c["world_size"] == int(want.get("world_size", 1)), (name, c["world_size"])
     assert c["recompute"] == want.get("recompute", "none"), (name, c["recompute"])
-    for key in ("impl", "tp"):
+    for key in ("impl", "tp", "zero_stage"):
         if f"strategy.{key}" in want:
             assert str(c["strategy"][key]) == want[f"strategy.{key}"], (name, key, c["strategy"][key])
 
@@ -57,6 +61,7 @@ def test_llama_tiny_under_every_cpu_strategy_matches_single(tmp_path):
     assert ref["status"] == "completed", ref.get("error")
     llama_single = ref["loss"]["per_step"]
     _recompute_full_and_selective_train_the_same_model(runs, llama_single)
+    _op_level_checkpointing_trains_the_same_model(runs, llama_single)
     _data_parallel_strategies_with_full_recompute(runs, llama_single)
     _torch_tensor_and_pipeline_parallel(runs, llama_single)
     _fsdp_over_tensor_parallel_two_dimensions(runs, dirs, llama_single)
@@ -69,6 +74,13 @@ def _recompute_full_and_selective_train_the_same_model(runs: dict, llama_single:
         assert m["layout"]["recompute"].startswith(m["config"]["recompute"]), (name, m["layout"]["recompute"])
         # HFU counts the re-run
         assert m["flops"]["hardware_flops_per_token"] > m["flops"]["flops_per_token"], (name, m["flops"])
+
+
+def _op_level_checkpointing_trains_the_same_model(runs: dict, llama_single: list[float]) -> None:
+    for name in ("single_recompute_op", "fsdp_recompute_op", "zero2_recompute_op"):
+        m = runs[name]
+        _same(name, m, llama_single)
+        assert m["layout"]["recompute"].startswith("op: matmul outputs"), (name, m["layout"]["recompute"])
 
 
 def _data_parallel_strategies_with_full_recompute(runs: dict, llama_single: list[float]) -> None:

@@ -75,6 +75,9 @@ CASES = {
                                                     "strategy.sync_every_microbatch=true"],
     "single, every second block checkpointed": ["strategy=single", "model.n_layers=4", "recompute=full",
                                                 "recompute_every=2"],
+    # op-level selective checkpointing: each block keeps its input, its odd matmuls' outputs and attention's
+    "single, op SAC": ["strategy=single", "model.n_layers=4", "recompute=op"],
+    "fsdp, op SAC": ["strategy=fsdp", "world_size=4", "model.n_layers=4", "recompute=op"],
     # a Qwen2.5-sized vocabulary (152k): the loss' logits buffers dominate (issue 48: the logits of a 152k vocab)
     "single, 152k vocabulary": ["strategy=single", "model.vocab_size=151936", "model.seq_len=128",
                                 "model.global_batch=4", "strategy.micro_batch_size=2"],

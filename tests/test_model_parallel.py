@@ -353,6 +353,10 @@ def test_megatron_without_cuda_names_impl_torch():
     (["strategy=megatron", "world_size=2", "strategy.cuda_graph=true", "strategy.use_distributed_optimizer=true",
       "strategy.overlap_param_gather=true"], "strategy.cuda_graph", "overlap_param_gather=false"),
     (["strategy=tp", *TORCH, "world_size=2", "strategy.cuda_graph=true"], "strategy.cuda_graph", "compile=true"),
+    # torch's op-level selective checkpointing: not megatron-core's; every block, so no recompute_every
+    (["strategy=megatron", "world_size=2", "recompute=op"], "recompute", "recompute=selective"),
+    (["strategy=tp", "world_size=2", "recompute=op"], "recompute", "strategy.impl=torch"),
+    (["strategy=fsdp", "world_size=2", "recompute=op", "recompute_every=2"], "recompute_every", "recompute=op"),
 ])
 def test_layout_rules_on_a_gpu_machine(overrides, key, text):
     e = _error(8, *overrides)

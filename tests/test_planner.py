@@ -19,6 +19,7 @@ from bench.plan.memory_model import memory_plan
 from bench.planner.cli import main, plan
 from bench.planner.evaluate import verdict_of
 from bench.planner.job import parse
+from bench.planner.search import RECOMPUTE
 from bench.plan.predict import predict
 from tests.conftest import REPO
 
@@ -108,7 +109,7 @@ def test_micro_batch_auto_chooses_the_fastest_setting_that_fits_and_names_the_ru
     # no setting of the micro-batch and recompute on this layout that fits is predicted faster
     per_rank = 64 // 8
     for mbs in (b for b in range(1, per_rank + 1) if per_rank % b == 0):
-        for recompute in ("none", "selective", "full"):
+        for recompute in RECOMPUTE:
             p = replan(overrides[:-2] + [f"strategy.micro_batch_size={mbs}", f"recompute={recompute}",
                                          *[f"strategy.{k}={v}" for k, v in planned["config"]["strategy"].items()
                                            if k in ("reshard_after_forward", "blocks_per_unit")]])

@@ -42,8 +42,9 @@ def flops_per_token(model: dict) -> int:
 
 
 HFU_FORMULA = ("hardware_flops_per_token = flops_per_token + recomputed forward: full: 2*L*N_block + 4*L*d*seq; "
-               "selective: 4*L*d*seq (the attention core); none: 0; + 2*d*vocab with loss_chunks > 1 (the head's "
-               "matmul again in backward)")
+               "selective: 4*L*d*seq (the attention core); op: 2*L*(the block's even matmuls but its last: "
+               "k and o_proj, and the MLP's up projection where it has one); none: 0; + 2*d*vocab with loss_chunks > 1 "
+               "(the head's matmul again in backward)")
 
 
 def hardware_flops_per_token(model: dict, recompute: str, every: int = 1, loss_chunks: int = 1) -> int:

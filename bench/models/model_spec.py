@@ -33,6 +33,23 @@ class SavedPerToken(NamedTuple):
     mlp_down_input: int  # the MLP's last projection's input (a converted Linear's under fp8)
 
 
+class Matmul(NamedTuple):
+    """One Linear of a block, in the order its forward runs them."""
+
+    inputs: int
+    outputs: int
+    row_parallel: bool = False  # tensor parallelism splits its input: each rank's output is the whole width
+
+
+class OpSaved(NamedTuple):
+    """Elements one block saves per token under recompute=op (bench/parallel/ac.py ``op_policy``: the odd matmuls'
+    outputs and attention's), beside its input."""
+
+    split: int  # column-parallel matmul outputs and the attention output: split over tp
+    whole: int  # row-parallel matmul outputs (each rank's partial sums, the whole width)
+    lse: int  # the attention kernel's log-sum-exp, fp32, one per head
+
+
 @dataclass(frozen=True)
 class ModelDescription:
     """Sizes every family shares; a family's class says what its blocks hold."""
@@ -73,6 +90,14 @@ class ModelDescription:
         """A block's Linear weights and biases."""
         raise NotImplementedError
 
+    def block_matmuls(self) -> tuple[Matmul, ...]:
+        """The block's Linear layers in forward order (q, k, v, o, then the MLP's)."""
+        d, kv = self.d, self.kv_dim
+        return (Matmul(d, d), Matmul(d, kv), Matmul(d, kv), Matmul(d, d, True), *self.mlp_matmuls())
+
+    def mlp_matmuls(self) -> tuple[Matmul, ...]:
+        raise NotImplementedError
+
     def mlp_saved_intermediates(self, compiled: bool) -> int:
         """d_ff-wide tensors the MLP saves beside its last projection's input (plain MLP: fc_in's output, which
         GELU's backward reads; GELU's output is fc_out's input)."""
@@ -109,20 +134,42 @@ class ModelDescription:
 
     def hardware_flops_per_token(self, recompute: str, share: float = 1.0) -> int:
         """FLOPs the device executes per token, the recomputed forward included (HFU's numerator); ``share``: the
-        checkpointed share of the blocks under full recompute (recompute_every)."""
+        checkpointed share of the blocks under full recompute (recompute_every); op: the matmuls it recomputes."""
         attn_fwd = 4 * self.layers * self.d * self.seq
-        extra = {"none": 0, "selective": attn_fwd, "full": share * (2 * self.layers * self.block_params() + attn_fwd)}
+        extra = {"none": 0, "selective": attn_fwd, "full": share * (2 * self.layers * self.block_params() + attn_fwd),
+                 "op": 2 * self.layers * sum(mm.inputs * mm.outputs for mm in self.op_recomputed_matmuls())}
         return round(self.flops_per_token() + extra[recompute])
 
     def head_forward_flops(self) -> int:
         """The output projection's forward per token (2 d vocab): what loss_chunks > 1 runs again in backward."""
         return 2 * self.d * self.vocab
 
+    # -- recompute=op (bench/parallel/ac.py op_policy: the 1st, 3rd, ... matmul of a block saved)
+    def op_recomputed_matmuls(self) -> tuple[Matmul, ...]:
+        """The even matmuls, run again in backward; not the block's last, whose output only joins the residual stream:
+        backward never asks for it (torch's checkpoint stops before it, a compiled backward has no use for it)."""
+        mms = self.block_matmuls()
+        return tuple(mm for i, mm in enumerate(mms) if i % 2 == 1 and i < len(mms) - 1)
+
+    def op_recomputed_share(self) -> float:
+        """The share of a block's forward matmul FLOPs that recompute=op runs again."""
+        return (sum(mm.inputs * mm.outputs for mm in self.op_recomputed_matmuls())
+                / sum(mm.inputs * mm.outputs for mm in self.block_matmuls()))
+
+    def op_saved_per_token(self, compiled: bool) -> OpSaved:
+        """What one block keeps under recompute=op beside its input.  The block's last matmul, when saved, is kept by
+        the eager checkpoint's storage until the block's backward though nothing reads it; a compiled graph saves
+        only what its backward reads."""
+        mms = self.block_matmuls()
+        kept = [mm for i, mm in enumerate(mms) if i % 2 == 0 and not (compiled and i == len(mms) - 1)]
+        return OpSaved(split=sum(mm.outputs for mm in kept if not mm.row_parallel) + self.d,
+                       whole=sum(mm.outputs for mm in kept if mm.row_parallel), lse=self.heads)
+
     def causal_skipped_flops_per_token(self, recompute: str, share: float = 1.0) -> int:
         """The attention FLOPs a causal kernel never runs: flash and memory-efficient attention skip the score blocks
         above the diagonal, half of QK^T and AV in every pass (forward, backward, a recomputed forward).  The model
         and hardware FLOPs above keep the full s x s by convention; the time a step takes does not."""
-        passes = {"none": 0.0, "selective": 1.0, "full": share}[recompute]
+        passes = {"none": 0.0, "selective": 1.0, "full": share, "op": 0.0}[recompute]  # op: attention is saved
         return round(0.5 * (12 + 4 * passes) * self.layers * self.d * self.seq)
 
     # -- precision=fp8
@@ -170,6 +217,9 @@ class GPTDescription(ModelDescription):
     def linear_tensors(self) -> int:
         return 12  # q/k/v/o, fc_in, fc_out: weight and bias each
 
+    def mlp_matmuls(self) -> tuple[Matmul, ...]:
+        return Matmul(self.d, self.ff), Matmul(self.ff, self.d, True)  # fc_in, fc_out
+
 
 @dataclass(frozen=True)
 class LlamaDescription(ModelDescription):
@@ -194,6 +244,10 @@ class LlamaDescription(ModelDescription):
 
     def linear_tensors(self) -> int:
         return 7 + (3 if self.qkv_bias else 0)  # q/k/v/o, gate, up, down; q/k/v biases
+
+    def mlp_matmuls(self) -> tuple[Matmul, ...]:
+        d, ff = self.d, self.ff
+        return Matmul(d, ff), Matmul(d, ff), Matmul(ff, d, True)  # gate, up, down
 
     def mlp_saved_intermediates(self, compiled: bool) -> int:
         """gate, up and act(gate) (down's input is their product); compiled, act(gate) is recomputed in backward."""

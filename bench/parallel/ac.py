@@ -9,21 +9,73 @@
   al. 2022's selective recomputation, Megatron's ``recompute_granularity=selective``).  Under
   scaled_dot_product_attention's fused kernels the s x s scores are never stored anyway, so it
   saves little more than the attention output.
+* ``op``: torchtitan's op-level selective checkpointing (``selective_ac_option=op``): every block
+  checkpointed under a policy that saves the outputs of the expensive ops (``op_policy``) and
+  recomputes the rest (norms, RoPE, activations, casts) from them in backward.  Every second matmul
+  of a block is recomputed too (torchtitan's trade: half the matmul outputs kept, a third of the
+  block's matmul FLOPs again); attention is never run twice.
 """
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
+
+OP_DESCRIPTION = "op: matmul outputs (every second mm recomputed) and attention saved, the rest recomputed"
+
+
+def _op_sets() -> tuple[set, set]:
+    """(matmuls, other ops whose outputs are saved) as bench's model dispatches them, eager and compiled: nn.Linear
+    is aten.mm (no bias) or aten.addmm (bias), torchao's float8 Linear aten._scaled_mm; the fused attention kernels
+    (CUDA flash / memory-efficient / cuDNN, the CPU flash one); tensor parallelism's reduce-scatter (its output is
+    1/tp of the partial sums it reduces; all-gathers are re-issued instead, as torchtitan); max (float8's amax)."""
+    aten, c10d = torch.ops.aten, torch.ops._c10d_functional
+    matmuls = {aten.mm.default, aten.addmm.default, aten._scaled_mm.default}
+    saved = {aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default,
+             aten._scaled_dot_product_cudnn_attention.default,
+             aten._scaled_dot_product_flash_attention_for_cpu.default,
+             c10d.reduce_scatter_tensor.default, aten.max.default}
+    return matmuls, saved
+
+
+def op_policy():
+    """A fresh policy for one checkpointed forward of a block (its own matmul count): odd matmuls (1st, 3rd, ...)
+    and the ops of ``_op_sets`` saved, everything else recomputed.  torch calls the policy in the forward only and
+    replays its choices by position in the recomputation."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    matmuls, saved = _op_sets()
+    count = 0
+
+    def policy(ctx, func, *args, **kwargs):
+        nonlocal count
+        if func in matmuls:
+            count += 1
+            keep = count % 2 == 1
+        else:
+            keep = func in saved
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def _op_context():
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(op_policy())
 
 
 def apply_ac(model: nn.Module, mode: str, every: int = 1) -> dict:
     if mode == "none":
         return {}
-    if mode == "full":
+    if mode in ("full", "op"):
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+        extra = {"context_fn": _op_context} if mode == "op" else {}
         for i, (k, block) in enumerate(list(model.blocks.items())):
             if i % every == 0:
-                model.blocks[k] = checkpoint_wrapper(block, preserve_rng_state=False)
+                model.blocks[k] = checkpoint_wrapper(block, preserve_rng_state=False, **extra)
+        if mode == "op":
+            return {"recompute": OP_DESCRIPTION}
         which = "every transformer block" if every == 1 else f"every {every}th transformer block (0, {every}, ...)"
         return {"recompute": f"full: {which} checkpointed (its forward re-run in backward)"}
     if mode == "selective":

@@ -73,7 +73,15 @@ def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
     per_token = norms + inputs + attn + mlp
     saved = (0 if per_consumer else e.shared_inputs / sp + e.mlp_down_input / tp) * (act - lin)
     return {"per_token": per_token, "tokens": tokens, "bytes": tokens * per_token, "block_input": tokens * d * norm_in,
-            "float8_saved": tokens * saved}
+            "float8_saved": tokens * saved, "op_saved": tokens * op_saved_per_token(plan, act)}
+
+
+def op_saved_per_token(plan: Plan, act: int) -> float:
+    """Bytes a block keeps per token under recompute=op beside its input (bench/models/model_spec.py
+    ``op_saved_per_token``): matmul and attention outputs in the activation dtype, the column-parallel ones and
+    attention's split over tp, the row-parallel ones' partial sums whole; the log-sum-exp in fp32."""
+    e = describe_model(plan.model).op_saved_per_token(bool(plan.cfg.get("compile")))
+    return (e.split * act + e.lse * 4) / plan.tp + e.whole * act
 
 
 def in_flight_microbatches(plan: Plan, stage: str = "first") -> int:
@@ -122,9 +130,11 @@ def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str,
     mode = plan.layout.recompute
     copies = weight_copy_bytes(plan, lay, ranks)
     head_copy = autocast_copy_bytes(plan, lay, ranks["head"])
-    if mode == "full":  # checkpointed blocks keep their input; their copies are not saved (their forward runs again)
-        ck = plan.layout.checkpointed(layers)  # all of them, or every recompute_every-th
-        per_mb = ck * layer["block_input"] + (layers - ck) * layer["bytes"]
+    if mode in ("full", "op"):  # checkpointed blocks keep their input (op: and its saved ops' outputs); their copies
+        # are not saved (their forward runs again); backward rebuilds one block's others at a time (at most full's)
+        ck = layers if mode == "op" else plan.layout.checkpointed(layers)  # full: all, or every recompute_every-th
+        kept = layer["block_input"] + (layer["op_saved"] if mode == "op" else 0.0)
+        per_mb = ck * kept + (layers - ck) * layer["bytes"]
         recomputed = layer["bytes"] + (copies - head_copy) / layers  # the blocks' copies, one layer's at a time
         at_loss = head_copy + (copies - head_copy) * (layers - ck) / layers
     else:

@@ -29,7 +29,10 @@ peak allocated (what ``torch.cuda.max_memory_allocated`` measures: the largest r
   (compiled, tensorwise / rowwise): the Linear layers torchao converts save their inputs (q / k / v's and
   gate / up's shared ones, down's) as float8 casts, 1 B (``float8_input_bytes``; o_proj's is the attention
   output, which the fused kernel keeps in bf16); rowwise_with_gw_hp's stay bf16.
-  ``recompute=full`` keeps one block input per layer, and one layer is recomputed in backward;
+  ``recompute=full`` keeps one block input per layer, and one layer is recomputed in backward; ``op`` keeps
+  the block input and the saved ops' outputs (bench/models/model_spec.py ``op_saved_per_token``: q, v and the
+  MLP's first projection's outputs, the down projection's too in eager, the attention output and its log-sum-exp),
+  and one layer's others are recomputed in backward (counted as full's: an upper bound);
   ``selective`` recomputes only the attention core, whose s x s scores the fused kernel never stores: the
   same prediction as none.  Pipelines: 1F1B min(m, pp) micro-batches on the first stage, one on the last;
   GPipe all m.

@@ -67,6 +67,7 @@ import numpy as np
 from bench.machine.hardware import HardwareConfig, match, resolve
 from bench.plan.calibration_error import case_error, regime_error
 from bench.plan.memory_model import MB, memory_plan
+from bench.models.model_spec import describe_model
 from bench.metrics.flops import (executed_flops_per_token, float8_cast_elements_per_layer_token, float8_matmul_params,
                                 flops_per_token)
 from bench.run.schema import Plan
@@ -230,12 +231,15 @@ def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict) -> dict[str, float]
 
 def _float8_cast_bytes(plan: Plan, layers_on_rank: float) -> float:
     """precision=fp8: bytes of the rank's float8 casts in a step (3 an element; the forward's twice under full
-    recompute), split over tp like the matmuls; 0 for other precisions."""
+    recompute, its recomputed matmuls' share again under op), split over tp like the matmuls; 0 for other
+    precisions."""
     if plan.cfg["precision"] != "fp8":
         return 0.0
     m = plan.model
     tokens = local_tokens(plan) * plan.grad_accum
     passes = 1.0 + plan.layout.checkpointed(layers_on_rank) / layers_on_rank  # the checkpointed blocks' forward twice
+    if plan.layout.recompute == "op":
+        passes += describe_model(m).op_recomputed_share()
     return 3.0 * tokens * float8_cast_elements_per_layer_token(m) * layers_on_rank * passes / plan.tp
 
 

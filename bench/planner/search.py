@@ -29,7 +29,7 @@ from bench.strategies.registry import StrategySpec, get_spec
 
 TP = (1, 2, 4, 8)
 PP = (1, 2, 4)
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")
 LEADERS = 12  # rows whose strategy knobs are searched
 PER_STRATEGY = 2  # and each strategy's best rows
 UNFIT_STRATEGY = 48  # and, where none of a strategy's rows fits, that many of them
@@ -90,7 +90,8 @@ def precisions(spec: StrategySpec, cfg: dict, fixed: set[str]) -> list[dict]:
 
 
 def recomputes(fixed: set[str]) -> list[dict]:
-    """none, selective, full, and full on every second block (recompute_every=2: memory and extra forward between)."""
+    """none, selective, op, full, and full on every second block (recompute_every=2: memory and extra forward
+    between)."""
     if "recompute" in fixed:
         return [{}] if "recompute_every" in fixed else [{}, {"recompute_every": 2}]
     every = [] if "recompute_every" in fixed else [{"recompute": "full", "recompute_every": 2}]

@@ -59,8 +59,9 @@ def _recompute_every(c: dict) -> int:
     every = c.get("recompute_every", 1)
     check_positive("recompute_every", every)
     if every != 1 and c["recompute"] != "full":
-        raise ConfigError("recompute_every", every, f"acts with recompute=full (which blocks to checkpoint); "
-                          f"recompute={c['recompute']}: leave it 1 or set recompute=full")
+        raise ConfigError("recompute_every", every, f"acts with recompute=full (which blocks to checkpoint; "
+                          f"recompute=op checkpoints every block, as torchtitan's); recompute={c['recompute']}: leave "
+                          f"it 1 or set recompute=full")
     return every
 
 

@@ -198,10 +198,13 @@ class BenchConfig:
                                                                     "max-autotune-no-cudagraphs"),
                              tune=("default", "reduce-overhead"), requires={"compile": True}, added=True)
     recompute: str = knob("none", "activation recomputation: none | full (each block's forward again in backward, "
-                          "only block inputs kept) | selective (the attention core again: Korthikanti et al. 2022)",
-                          choices=("none", "full", "selective"), added=True)
+                          "only block inputs kept) | selective (the attention core again: Korthikanti et al. 2022) | "
+                          "op (torchtitan's op-level selective checkpointing: every block keeps its matmul outputs but "
+                          "every second one, and attention's; the rest again in backward)",
+                          choices=("none", "full", "selective", "op"), added=True)
     recompute_every: int = knob(1, "with recompute=full: checkpoint every k-th block of a stage (1: all; 2: every "
-                                "second, half of full's extra forward and about half of what it saves)",
+                                "second, half of full's extra forward and about half of what it saves); recompute=op "
+                                "applies to every block (as torchtitan)",
                                 added=True)
     loss_chunks: int = knob(1, "the loss over k chunks of tokens, each chunk's head matmul and fp32 cross entropy "
                             "checkpointed: one chunk's logits and loss buffers alive at a time (12 B a logit: Llama-3's "

@@ -58,6 +58,10 @@ def rules(plan: Plan) -> None:
         raise ConfigError("recompute_every", plan.layout.recompute_every, "megatron-core's partial recompute "
                           "checkpoints the first N layers of a stage (recompute_method=block), not every k-th: not "
                           f"wired here; use recompute_every=1, or {fix}")
+    if plan.layout.recompute == "op":
+        raise ConfigError("recompute", "op", "torch's op-level selective checkpointing is not megatron-core's: it "
+                          "offers recompute=full (whole layers) and recompute=selective (its core attention); use one "
+                          f"of those, or {fix}")
     if c["precision"] == "fp8":
         raise ConfigError("strategy.impl", impl, "megatron-core's float8 needs Transformer Engine, which bench "
                           "does not run; precision=fp8 (torchao) runs with strategy.impl=torch, or strategy=fsdp "
