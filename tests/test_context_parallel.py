@@ -110,7 +110,12 @@ def test_cp_exchanges_k_and_v_over_the_cp_group_and_fsdp_over_dp_x_cp():
     layers, kv = p.model["n_layers"], kv_bytes(p)
     # per layer and micro-batch: K / V gathered in forward and again in backward (3/4 received), dK / dV's fp32 ring
     assert t["context"] == pytest.approx(p.grad_accum * layers * (2 * 0.75 * kv + 2 * kv))
-    assert t["param_gather"] == pytest.approx(2 * p.grad_accum * 8e9 * 2 * 0.75)  # over dp x cp = 4 ranks
+    # FSDP2 gathers over dp x cp = 4 ranks: per micro-batch as over dp = 4 without cp (tests/test_tp_traffic.py counts
+    # the gathers themselves against a real step)
+    whole = plan_for(*LLAMA8B_32K)
+    assert (whole.cp, whole.dp_size, p.dp_size) == (1, 4, 1)
+    assert t["param_gather"] / p.grad_accum == pytest.approx(
+        get_spec("fsdp").traffic(whole, 8e9)["param_gather"] / whole.grad_accum)
     assert terms(p)["context_s"] > 0 and terms(plan_for(*LLAMA8B_32K))["context_s"] == 0
     where = plan_topology(p).describe()
     assert "cp=4 inside a node" in where and "dp x cp=4 inside a node" in where
@@ -143,7 +148,8 @@ def test_dry_run_plans_llama3_8b_at_32k_over_cp4_and_predicts():
     assert "dp=1 cp=4 micro-batch 8 x 1" in plan_line and "states 29.9" in plan_line  # 16 B x 8.03B / 4
     assert "prediction: none (the plan does not fit" in default.stdout
     way_out = next(line for line in default.stdout.splitlines() if "with strategy.micro_batch_size=auto:" in line)
-    assert "recompute=full" in way_out and "prediction: " in way_out and "tokens/s" in way_out, way_out
+    assert ("recompute=full" in way_out or "recompute=op" in way_out) and "prediction: " in way_out \
+        and "tokens/s" in way_out, way_out
     assert "cp=4 inside a node" in way_out, way_out
 
 

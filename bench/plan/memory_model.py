@@ -213,7 +213,8 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
     mem_gib, source = device_memory_gib(plan, gpu_memory_gib)
     outside = outside_allocator_bytes(plan, lay.extra_communicators)
     v = verdict(allocated, r["graph_pool"] + outside, mem_gib)  # bench/plan/memory_margins.py
-    needed, fits_, tight = v["needed"], v["fits"], v["tight"]
+    crowd = spec.crowded(plan, allocated, mem_gib) if v["fits"] else None  # the strategy's own measured limit
+    needed, fits_, tight = v["needed"], v["fits"], v["tight"] or bool(crowd)
     host_needed = sum(host.values()) * _ranks_on_node(plan) + (HOST_PER_RANK_BYTES * _ranks_on_node(plan)
                                                                  if any(host.values()) else 0)
     host_gib = host_memory_gib(plan)
@@ -224,7 +225,7 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
                f"{(act['activations'] + act['logits']) / GIB:.1f}, buffers {buf / GIB:.1f})"
                + (f" of {mem_gib:.0f} GiB" if mem_gib else "")
                + (f" - tight: within the plan's {round(100 * TIGHT)}% error of the limit, it may run out of memory"
-                  if tight else "")
+                  if v["tight"] else f" - tight: {crowd}" if crowd else "")
                + (f"; host {host_needed / GIB:.1f} GiB for offloaded states of {host_gib:.0f} GiB"
                   if host_fits is not None else ""))
     return {

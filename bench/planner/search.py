@@ -91,11 +91,14 @@ def precisions(spec: StrategySpec, cfg: dict, fixed: set[str]) -> list[dict]:
 
 def recomputes(fixed: set[str]) -> list[dict]:
     """none, selective, op, full, and full on every second block (recompute_every=2: memory and extra forward
-    between)."""
+    between); and none with the loss in 8 chunks (loss_chunks=8: the logits' memory for one more head matmul, which
+    on 4 x H100 let Llama-3 8B run without recomputation, faster than any recompute:
+    results/2026-11-28-h100x4-llama8b-memory-knobs); where a strategy cannot chunk its loss, validation drops it."""
     if "recompute" in fixed:
         return [{}] if "recompute_every" in fixed else [{}, {"recompute_every": 2}]
     every = [] if "recompute_every" in fixed else [{"recompute": "full", "recompute_every": 2}]
-    return [{"recompute": r} for r in RECOMPUTE] + every
+    chunked = [] if "loss_chunks" in fixed else [{"recompute": "none", "loss_chunks": 8}]
+    return [{"recompute": r} for r in RECOMPUTE] + every + chunked
 
 
 def best_micro_batch(ev: Evaluator, base: dict, changes: dict, fixed: set[str]) -> Optional[Row]:

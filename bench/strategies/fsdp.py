@@ -5,6 +5,7 @@ answer to a thin network).  The steps are in bench/parallel (dp.apply_fsdp holds
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from bench.run.layout_rules import check_torch_native
 from bench.run.schema import AddedLayoutKnobs, ConfigError, Plan, knob
@@ -167,6 +168,25 @@ def _root_reduce(plan: Plan, psi: float, per_block: float, net_bytes: float) -> 
     return {"end": (psi - per_block * plan.model["n_layers"] / plan.pp) * net_bytes}
 
 
+# without resharding, FSDP2 is "tight" above this share of the device's memory allocated (planned): 4 x H100 80GB,
+# Llama-3 8B, units of 8 blocks without resharding planned at 68-85% of the card: the caching allocator reserved
+# 75-77 GiB, retried cudaMalloc 9-21 times in 10 steps and the steps ran 1.2-2.8x slower than with resharding at the
+# same allocated peak; planned at 64-65% they ran at full speed (results/2026-11-28-h100x4-llama8b-memory-knobs,
+# results/2026-11-27-h100x4-edge)
+ALLOCATOR_HEADROOM = 0.65
+
+
+def crowded(plan: Plan, allocated: float, mem_gib: Optional[float]) -> Optional[str]:
+    if not mem_gib or plan.strategy["reshard_after_forward"]:
+        return None
+    share = allocated / 2**30 / mem_gib
+    if share <= ALLOCATOR_HEADROOM:
+        return None
+    return (f"FSDP2 without resharding at {share:.0%} of the device allocated (above {ALLOCATOR_HEADROOM:.0%}): "
+            "measured there, the caching allocator retried at the device's limit and the steps ran 1.2-2.8x slower "
+            "(results/2026-11-28-h100x4-llama8b-memory-knobs)")
+
+
 def traffic(plan: Plan, params: float) -> dict[str, float]:
     """Per micro-batch each unit's 16-bit parameters are gathered for forward (and again for backward when
     resharding), prefetched ahead of use; the gradients are reduce-scattered once per step (no gradient sync on
@@ -224,7 +244,7 @@ def label(name: str, v: dict) -> list[str]:
 SPEC = register(StrategySpec(
     name="fsdp", schema=FSDPConfig, summary="PyTorch FSDP2 (fully_shard), alone or over torch TP / PP",
     implementation=lambda plan: torch_native(FSDP2()), rules=rules, model_states=model_states, buffers=buffers,
-    phase_buffers=phase_buffers, label=label, traffic=traffic, float8=True, loss_chunks=True, profiles={"best": {
+    phase_buffers=phase_buffers, crowded=crowded, label=label, traffic=traffic, float8=True, loss_chunks=True, profiles={"best": {
         "strategy.blocks_per_unit": (8, "2 x H200, 300m, global batch 16, compiled: units of 8 beat 4 and 24 twice "
                                         "within one call, 76.2% / 67.1% of 2 x single without / with resharding "
                                         "(results/2026-11-23-h200x2-zero-grad-norm-fsdp)"),

@@ -136,6 +136,9 @@ class StrategySpec:
     # those blocks' nor the logits' buffers), "end" at the backward's end (beside the gradients, no activation: FSDP2's
     # root reduce-scatter), "step" the optimizer step's temporaries
     phase_buffers: Callable[[Plan, float, float], tuple[dict[str, float], str]] = no_phase_buffers
+    # memory plan: why a plan that fits is still "tight" for this strategy (measured: where its allocator slows down
+    # before it runs out), given the planned allocated bytes and the device's GiB; None: no such limit
+    crowded: Callable[[Plan, float, Optional[float]], Optional[str]] = lambda plan, allocated, mem_gib: None
     # the throughput prediction (bench/plan/predict.py): (plan, parameters on the rank) -> per step, bytes sent by
     # kind and host work (keys: bench/plan/traffic.py)
     traffic: Callable[[Plan, float], dict[str, float]] = no_traffic
