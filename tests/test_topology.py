@@ -141,9 +141,15 @@ def test_hsdp_keeps_parameter_gathers_in_the_node_and_sends_only_the_gradient_sh
     and sends across only the all-reduce of each rank's 1/8 gradient shard, between the two GPUs holding it."""
     plan = plan_for(*HSDP_BASE, f"strategy.dp_replicate={replicate}")
     t = terms(plan)
-    params = sum(p.numel() for p in build_model(plan.model, seed=0, device="meta").parameters())
-    grads, weights = 4.0 * params, 2.0 * params  # fp32 reduce_dtype (the default), bf16 gathers
-    gathers = 2 * plan.grad_accum  # reshard_after_forward: forward and backward, every micro-batch
+    model = build_model(plan.model, seed=0, device="meta")
+    params = sum(p.numel() for p in model.parameters())
+    blocks = sum(p.numel() for p in model.blocks.parameters())
+    grads = 4.0 * params  # fp32 reduce_dtype (the default)
+    # bf16 gathers, every micro-batch: each unit for forward and (resharding) again for backward but the last unit,
+    # the root (embeddings, final norm, head) once (tests/test_tp_traffic.py counts them on a real step)
+    n, unit = plan.model["n_layers"], plan.strategy["blocks_per_unit"]
+    weights = 2.0 * ((params - blocks) + blocks * (1 + (n - unit) / n))
+    gathers = plan.grad_accum
     assert plan.grad_accum == 4
     if replicate == 1:
         across = lambda b: gather_s(b, 8, 300.0) + gather_s(b / 8, 2, THIN)  # noqa: E731 (in the node, then 1/8 across)

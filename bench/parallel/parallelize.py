@@ -49,16 +49,17 @@ def parallelize(model: nn.Module, plan, mesh, policy: DataParallel, pp_rank: int
         with phase("parallelize_module (TP)"):
             info.update(apply_tp(model, mesh["tp"], float8=float8_tp(plan)))
     stage_ids, chunks = split_stages(model, pp_rank, plan.pp, plan.layout.virtual_pipeline)
-    for chunk in chunks:
-        info.update(apply_ac(chunk, plan.layout.recompute, plan.layout.recompute_every))
-    if plan.layout.loss_chunks > 1:  # no pipeline (bench/run/layout_rules.py): the one chunk is the whole model
-        info.update(apply_loss_chunks(chunks[0], plan.layout.loss_chunks))
     whole = compiles_whole_model(plan, policy)
-    if cfg["compile"] and not whole:  # per block, after TP (DTensor dispatch traced away)
+    with phase("recompute, loss chunks and compile wrappers"):
         for chunk in chunks:
-            info.update(apply_compile(chunk, cfg))
-        if plan.tp > 1:
-            info["compile"] += ", after TP"
+            info.update(apply_ac(chunk, plan.layout.recompute, plan.layout.recompute_every))
+        if plan.layout.loss_chunks > 1:  # no pipeline (bench/run/layout_rules.py): the one chunk is the whole model
+            info.update(apply_loss_chunks(chunks[0], plan.layout.loss_chunks))
+        if cfg["compile"] and not whole:  # per block, after TP (DTensor dispatch traced away)
+            for chunk in chunks:
+                info.update(apply_compile(chunk, cfg))
+            if plan.tp > 1:
+                info["compile"] += ", after TP"
     with phase("wrap"):
         wrapped, wrap_info = policy.wrap(chunks, plan, mesh, device)
     info.update(wrap_info)

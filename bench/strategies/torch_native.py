@@ -74,7 +74,8 @@ class TorchParallel(Strategy):
         if not self.policy.late_optimizer:
             with self.setup_phase("optimizer"):
                 self._build_optimizer()
-        self.stream = self.data_stream(self.coord.dp)
+        with self.setup_phase("data stream"):
+            self.stream = self.data_stream(self.coord.dp)
 
     def _build_optimizer(self) -> None:
         o = self.plan.cfg["optim"]
