@@ -32,8 +32,18 @@ def task_rank_environment(world_size: Optional[int] = None) -> dict:
     env = submitit.JobEnvironment()
     if env.num_tasks > 1 or world_size is None or env.num_tasks == world_size:
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+        if env.num_tasks == 1:  # a port of its own: submitit's is derived from the job id, and another process on the
+            os.environ["MASTER_PORT"] = str(_free_port())  # node may hold it (seen: EADDRINUSE under a loaded CI)
     return {"rank": env.global_rank, "tasks": env.num_tasks, "nodes": env.num_nodes, "job_id": env.job_id,
             "describe": str(env)}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def since_process_start(t: float) -> Optional[float]:
