@@ -144,9 +144,11 @@ def job_overrides(q: Question, cfg: dict) -> tuple[list[str], dict]:
 
 
 def common_overrides(q: Question, sizing: list[str]) -> list[str]:
-    """The user's bench overrides (those the sizing replaces left out), then the sizing; each row's command runs
-    with PyTorch's expandable segments unless the user chose the allocator (tuning_profiles.EVERY_STRATEGY)."""
+    """The user's bench overrides (those the sizing replaces left out), then the sizing, then the settings
+    tuning=best gives every strategy (the CUDA allocator: tuning_profiles.EVERY_STRATEGY) the user did not set."""
+    from bench.run.tuning_profiles import EVERY_STRATEGY
+
     replaced = {override_key(o) for o in sizing}
     own = [o for o in q.overrides if override_key(o) not in replaced]
-    allocator = [] if any(override_key(o) == "allocator" for o in own) else ["allocator=expandable_segments"]
-    return own + sizing + allocator
+    mine = {override_key(o) for o in own}
+    return own + sizing + [f"{k}={v}" for k, (v, _) in EVERY_STRATEGY.items() if k not in mine]
