@@ -102,7 +102,7 @@ def test_pipeline_stages_interleaved_placement():
 def _plan(*overrides: str):
     from hydra import compose, initialize_config_dir
 
-    from bench.run.config import register_configs, validate
+    from bench.run.config import plan_from_dict, register_configs, validate
     from tests.conftest import REPO
 
     register_configs()
@@ -135,7 +135,7 @@ def test_a_composed_plan_carries_its_whole_layout(overrides, expected):
     assert plan.layout.dp_shard == expected["dp"] // expected["dp_replicate"]
     assert (plan.tp, plan.pp, plan.dp_size, plan.micro_batch_size, plan.grad_accum) == \
         tuple(expected[k] for k in ("tp", "pp", "dp", "micro_batch_size", "grad_accum"))
-    assert Plan.from_dict(plan.to_dict()).layout == plan.layout  # as the ranks receive it
+    assert plan_from_dict(plan.to_dict()).layout == plan.layout  # as the ranks receive it
 
 
 def test_micro_batch_auto_keeps_the_per_rank_batch():

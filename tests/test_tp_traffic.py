@@ -76,12 +76,12 @@ def _count_step(rank: int, world: int, plan_dict: dict, out: str) -> None:
     import torch
 
     from bench.parallel.dp import FSDP2
-    from bench.run.schema import Plan
+    from bench.run.config import plan_from_dict
     from bench.strategies.base import DistContext
     from bench.strategies.torch_native import TorchParallel
 
     torch.manual_seed(0)
-    s = TorchParallel(Plan.from_dict(plan_dict), DistContext(rank, rank, world, torch.device("cpu"), "gloo"), FSDP2())
+    s = TorchParallel(plan_from_dict(plan_dict), DistContext(rank, rank, world, torch.device("cpu"), "gloo"), FSDP2())
     s.setup()
     s.step(0)  # FSDP2's lazy init, the optimizer
     s.after_step = None  # float8's scales for the next step's gathers: one all-reduce after the step, not counted
@@ -109,7 +109,7 @@ def test_traffic_model_counts_what_commdebugmode_counts(tmp_path, overrides):
     plan = plan_of("dry_run=true", "hardware=h100_sxm_80gb", *TINY, *overrides)
     want = get_spec("fsdp").traffic(plan, float(memory_plan(plan)["parameters_on_rank"]))
     d = plan.to_dict()
-    d.update(device="cpu", backend="gloo", cfg={**d["cfg"], "device": "cpu", "compile": False})
+    d.update(device="cpu", backend="gloo", run={**d["run"], "device": "cpu", "compile": False})
     out = str(tmp_path / "calls.json")
     spawn_ranks(_count_step, plan.world_size, d, out)
     with open(out) as f:

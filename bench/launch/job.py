@@ -155,7 +155,7 @@ def run(cfg: DictConfig, run_dir: Path, command: list[str], t0: Optional[float] 
             return finish(run_dir, raw, "skipped", {"rank": None, "type": "PredictedOOM", "message":
                                                     f"{verdict}; {way_out(plan)}", "traceback": None}, [], base, t0,
                           plan)
-        plan.cfg["_command"] = command
+        plan.command = command
         outcome = launch_local(plan, run_dir)
         return finish(run_dir, raw, outcome.status, outcome.error, outcome.failures, base, t0, plan)
     except KeyboardInterrupt:
@@ -222,7 +222,7 @@ def run_task(cfg: DictConfig, run_dir: Path, command: list[str], t0: float, expl
                           "use hydra/launcher=slurm, which sizes each job by its world_size")
     if err is not None:
         return record_invalid(run_dir, raw, base, err, t0) if rank == 0 else "invalid"
-    plan.cfg["_command"] = command
+    plan.command = command
     if rank == 0:
         log.info("run %s: %s, rank %d of %d (%d node(s)), master %s:%s", run_dir, env["describe"], rank, ntasks,
                  env["nodes"], os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])

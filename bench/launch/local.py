@@ -103,7 +103,7 @@ def regime_worker(plan: dict, run_dir: str, *args):
     from bench.machine.link_regime import apply
     from bench.launch.worker import worker_main
 
-    apply(plan["cfg"].get("link_regime", "default"), run_dir, os.environ.get("RANK", "0"), plan["backend"] == "nccl")
+    apply(plan["run"]["link_regime"], run_dir, os.environ.get("RANK", "0"), plan["backend"] == "nccl")
     return worker_main(plan, run_dir, *args)
 
 

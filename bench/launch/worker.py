@@ -32,6 +32,7 @@ from bench.metrics.nvml import NvmlSampler
 from bench.metrics.profile import profile_steps
 from bench.metrics.timing import phase
 from bench.strategies.registry import get_spec, sweep_preloads
+from bench.run.config import plan_from_dict
 from bench.run.schema import Plan
 from bench.strategies.base import DistContext
 from bench.launch.teardown import arm_teardown_deadline, exit_without_finalizing, failed_teardown_s, release_process_groups
@@ -327,7 +328,7 @@ def worker_main(plan_dict: dict, run_dir: str, teardown_deadline: bool = False) 
     """Entry point of one rank (started by torch elastic, or directly under SLURM).
     ``teardown_deadline``: see arm_teardown_deadline (the elastic launcher's ranks only: a SLURM
     task records the run's status itself after this returns)."""
-    plan = Plan.from_dict(plan_dict)
+    plan = plan_from_dict(plan_dict)
     rank = int(os.environ["RANK"])
     run_path = Path(run_dir)
     _setup_logging(run_path, rank)

@@ -20,11 +20,11 @@ import platform
 from dataclasses import dataclass, fields, replace
 from typing import Any, Dict, Optional
 
-from bench.run.schema import ConfigError, knob
+from bench.run.schema import ConfigError, Section, knob
 
 
 @dataclass
-class HardwareConfig:
+class HardwareConfig(Section):
     """One GPU and its node (module docstring).  ``auto``: every field from the visible device."""
 
     name: str = knob("auto", "auto (the visible device) | a preset: h100_sxm_80gb, h200_141gb, a100_80gb, "

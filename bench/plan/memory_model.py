@@ -205,7 +205,7 @@ def rank_peak(plan: Plan, spec, lay: ModelStates, stage: Optional[str] = None) -
 def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
     """The predicted memory of the largest rank of a plan (module docstring), in MiB, with its parts."""
     spec = get_spec(plan.strategy["name"])
-    lay = spec.model_states(plan.cfg)
+    lay = spec.model_states(plan.run)
     peaks = [rank_peak(plan, spec, lay, stage) for stage in (("first", "last") if plan.pp > 1 else (None,))]
     r = max(peaks, key=lambda x: x["allocated"])
     ranks, psi, device, host, act, buf, phase = (r[k] for k in ("ranks", "psi", "device", "host", "act", "buf", "phase"))

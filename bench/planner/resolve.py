@@ -97,7 +97,7 @@ def apply(plan: Plan, choice: dict, gpus: Optional[int] = None) -> Plan:
     for k, v in choice["changes"].items():
         set_key(c, k, v)
     new = validate(c, gpus=gpus, explicit=list(choice["changes"]))
-    new.cfg["tuning"] = tuning
+    new.run.tuning = tuning
     record = {k: choice[k] for k in ("chosen", "runner_up", "changes")}
     new.tuning = {**with_search(plan.tuning, get_spec(plan.strategy["name"]), choice["changes"]), "planner": record} \
         if plan.tuning else None

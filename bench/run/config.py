@@ -25,7 +25,7 @@ from bench.run.layout_rules import build as build_layout
 from bench.metrics.loggers import check as check_logger
 from bench.models.model_spec import describe_model
 from bench.run.schema import (BenchConfig, ConfigError, LoggerConfig, ModelConfig, Plan, check_choice, check_positive,
-                          fields_of)
+                              fields_of, typed)
 from bench.strategies.registry import StrategySpec, get_spec, specs
 
 
@@ -236,10 +236,26 @@ def _device(c: dict, gpus: int) -> str:
     return device
 
 
+def describe_run(c: dict, spec: Optional[StrategySpec] = None) -> BenchConfig:
+    """The typed run description of a resolved config (plain containers): every section its schema's dataclass
+    (the strategy's own schema, the hardware's), a key the config lacks at its schema default.  Built here once;
+    everything downstream reads its attributes."""
+    spec = spec or strategy_spec(c)
+    return typed(BenchConfig, c, {"model": ModelConfig, "strategy": spec.schema, "hardware": HardwareConfig})
+
+
+def plan_from_dict(d: dict) -> Plan:
+    """A Plan from its plain containers (Plan.to_dict, as the ranks receive it), its run description typed again."""
+    from bench.run.layout import Layout
+
+    run = {k: v for k, v in d["run"].items() if k != "_command"}
+    return Plan(**{**d, "run": describe_run(run), "layout": Layout(**d["layout"])})
+
+
 def _layout(c: dict, spec: StrategySpec, device: str) -> Plan:
     """The plan around its layout (bench/run/layout_rules.py builds and checks it), micro_batch_size=auto chosen."""
-    plan = Plan(cfg=c, device=device, backend="nccl" if device == "cuda" else "gloo", world_size=c["world_size"],
-                layout=build_layout(c))
+    plan = Plan(run=describe_run(c, spec), device=device, backend="nccl" if device == "cuda" else "gloo",
+                world_size=c["world_size"], layout=build_layout(c), command=c.get("_command"))
     if c["strategy"].get("micro_batch_size") == "auto":
         _auto_micro_batch(plan, plan.layout.per_rank_batch)
     return plan
@@ -318,7 +334,7 @@ def _float8_alternative(c: dict, able: list[str]) -> str:
     for name in able:
         spec = get_spec(name)
         try:
-            if spec.model_states({**c, "strategy": dataclasses.asdict(spec.schema())}).stage >= 1:
+            if spec.model_states(describe_run({**c, "strategy": dataclasses.asdict(spec.schema())}, spec)).stage >= 1:
                 return name
         except (KeyError, TypeError, ValueError):  # a strategy whose states need more than its defaults say
             continue

@@ -14,6 +14,7 @@ run identity build on it.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -80,9 +81,61 @@ def check_whole(key: str, value: Any, allow_zero: bool = False) -> None:
         raise ConfigError(key, value, f"must be a whole number {'>= 0' if allow_zero else '> 0'} (elements)")
 
 
+# --------------------------------------------------------------------------- typed sections
+class Section:
+    """A section of the run description (model, strategy, hardware, ...): a dataclass read by attribute.
+
+    Transitional: the dict-style reads below let code not yet moved to attributes run unchanged; they go once
+    no generic module uses them (tests/test_run_description.py counts what is left)."""
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self.__dataclass_fields__
+
+    def keys(self) -> list[str]:
+        return list(self.__dataclass_fields__)
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, getattr(self, k)) for k in self.keys()]
+
+    def values(self) -> list[Any]:
+        return [getattr(self, k) for k in self.keys()]
+
+
+def typed(cls: type, values: dict, sections: Optional[dict] = None) -> Any:
+    """``cls`` (a schema dataclass) from plain containers: nested sections typed by their field's default (or by
+    ``sections``, {field: class}, for the fields typed Any: the strategy's schema, the hardware's); a key the values
+    lack at its default; a key the schema lacks is not carried (validation refuses those before this)."""
+    kw = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in values:
+            continue
+        v, sub = values[f.name], (sections or {}).get(f.name)
+        if sub is None and f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory):
+            sub = f.default_factory
+        if sub is None and dataclasses.is_dataclass(f.default) and not isinstance(f.default, type):
+            sub = type(f.default)
+        kw[f.name] = typed(sub, v) if sub is not None and isinstance(v, dict) else copy.deepcopy(v)
+    return cls(**kw)
+
+
 # --------------------------------------------------------------------------- shared schema
 @dataclass
-class ModelConfig:
+class ModelConfig(Section):
     """The model every strategy trains; batch and sequence belong to the model preset."""
 
     name: str = MISSING
@@ -114,7 +167,7 @@ class ModelConfig:
 
 
 @dataclass
-class StrategyConfig:
+class StrategyConfig(Section):
     """Fields every strategy has. ``micro_batch_size`` is per data-parallel rank; null means one
     micro-batch per step (no gradient accumulation); auto, the largest the memory plan fits (bench/run/config.py)."""
 
@@ -128,7 +181,7 @@ class StrategyConfig:
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(Section):
     lr: float = 3.0e-4
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -137,7 +190,7 @@ class OptimConfig:
 
 
 @dataclass
-class MetricsConfig:
+class MetricsConfig(Section):
     nvml_interval_ms: int = knob(100, "NVML sampling period of the background thread")
     peak_tflops: Optional[float] = knob(None, "overrides the device table for MFU")
     measure_matmul_peak: bool = knob(True, "time a bf16 8192^3 matmul on GPU for a measured MFU denominator")
@@ -148,7 +201,7 @@ class MetricsConfig:
 
 
 @dataclass
-class FaultConfig:
+class FaultConfig(Section):
     """Fault injection, for testing failure handling: ``kind`` happens on ``rank`` at ``step``."""
 
     kind: str = knob("none", "none | raise | oom | hang on one rank at one step; crash_at_exit / hang_at_exit "
@@ -159,7 +212,7 @@ class FaultConfig:
 
 
 @dataclass
-class LoggerConfig:
+class LoggerConfig(Section):
     """Where a run's config, per-step series and summary go at its end (bench/metrics/loggers.py)."""
 
     name: str = knob("none", "none | tensorboard | mlflow | wandb", choices=("none", "tensorboard", "mlflow", "wandb"))
@@ -170,7 +223,7 @@ class LoggerConfig:
 
 
 @dataclass
-class BenchConfig:
+class BenchConfig(Section):
     model: ModelConfig = MISSING
     strategy: Any = MISSING
     world_size: int = knob(1, "ranks, one per GPU; the global batch is split over the data-parallel ones")
@@ -259,9 +312,9 @@ class BenchConfig:
 # --------------------------------------------------------------------------- plan
 @dataclass
 class Plan:
-    """A validated run: the resolved config plus everything derived from it."""
+    """A validated run: the typed run description plus everything derived from it."""
 
-    cfg: dict  # resolved config (plain containers)
+    run: BenchConfig  # the run description, typed: built once by bench/run/config.py (model resolved, hardware named)
     device: str  # "cuda" | "cpu"
     backend: str  # "nccl" | "gloo"
     world_size: int
@@ -269,13 +322,19 @@ class Plan:
     tuning: Optional[dict] = None  # tuning=best: what the profile applied and skipped (bench/run/tuning_profiles.py)
     micro_batch_auto: Optional[dict] = None  # strategy.micro_batch_size=auto: what it chose and why (bench/run/config.py)
     memory: Optional[dict] = None  # the memory plan (bench/plan/memory_model.py), made before launch, recorded by rank 0
+    command: Optional[list] = None  # the command line that composed it (recorded as the config's _command)
+
+    @property
+    def cfg(self) -> dict:
+        """The run description as plain containers: what a record and a run key hold (a copy: write to ``run``)."""
+        d = dataclasses.asdict(self.run)
+        if self.command is not None:
+            d["_command"] = self.command
+        return d
 
     def to_dict(self) -> dict:
+        """Plain containers (the ranks receive it so); bench/run/config.py ``plan_from_dict`` reads it back typed."""
         return dataclasses.asdict(self)
-
-    @staticmethod
-    def from_dict(d: dict) -> "Plan":
-        return Plan(**{**d, "layout": Layout(**d["layout"])})
 
     # the layout's sizes by the names the rest of bench reads them (plan.tp, plan.dp_size, ...)
     @property
@@ -303,12 +362,12 @@ class Plan:
         return self.layout.grad_accum
 
     @property
-    def model(self) -> dict:
-        return self.cfg["model"]
+    def model(self) -> ModelConfig:
+        return self.run.model
 
     @property
-    def strategy(self) -> dict:
-        return self.cfg["strategy"]
+    def strategy(self) -> StrategyConfig:
+        return self.run.strategy
 
 
 # --------------------------------------------------------------------------- layout knobs

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from bench.metrics.flops import param_groups
-from bench.run.schema import ConfigError, Plan, StrategyConfig, alias_default, check_positive, check_whole, knob
+from bench.run.schema import ConfigError, Plan, StrategyConfig, alias_default, check_positive, check_whole, knob, Section
 from bench.strategies.registry import (AUTOCAST_COPY, FP32, MIXED, ModelStates, StrategySpec, knob_text,
                                       register)
 from bench.strategies.zero_engine import Zero
@@ -32,7 +32,7 @@ from bench.plan.traffic import all_gather, all_reduce, buckets, param_tensors
 
 # --------------------------------------------------------------------------- schema
 @dataclass
-class ZeroFP16Config:
+class ZeroFP16Config(Section):
     """DeepSpeed fp16 dynamic loss scaling (DeepSpeed's defaults; used only when precision=fp16)."""
 
     loss_scale: float = knob(0.0, "0 = dynamic loss scaling; > 0 = that static scale")
