@@ -12,7 +12,7 @@ from bench.planner.job import Question, common_overrides, compose, job_overrides
 from bench.planner.search import search
 from bench.planner.table import lines, record, same_setting, write
 from bench.run.runs import override_key
-from bench.run.schema import ConfigError
+from bench.run.schema import ConfigError, ModelConfig, typed
 from bench.units import count_text
 from bench.strategies.registry import specs
 
@@ -71,7 +71,7 @@ def plan(q: Question) -> tuple[dict, list[dict]]:
     sizing, facts = job_overrides(q, probe)
     common = common_overrides(q, sizing)
     by_strategy, named = bases(q, common)
-    facts.update(model=probe["model"]["name"], parameters=_parameters(probe["model"]))
+    facts.update(model=probe["model"]["name"], parameters=_parameters(typed(ModelConfig, probe["model"])))
     fixed = {override_key(o) for o in q.overrides}
     ev = Evaluator()
     rows = search(by_strategy, facts["gpus_per_node"], fixed, ev, progress=lambda s: log.debug("%s", s))
@@ -85,7 +85,7 @@ def plan(q: Question) -> tuple[dict, list[dict]]:
             "job": facts, "common_overrides": common, "counts": counts}, records
 
 
-def _parameters(model: dict) -> int:
+def _parameters(model: ModelConfig) -> int:
     from bench.metrics.flops import total_params
 
     return total_params(model)

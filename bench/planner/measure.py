@@ -14,7 +14,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
@@ -76,19 +76,21 @@ def beside(picks: list[dict], runs: dict[int, dict]) -> list[dict]:
 def record_winners(runs: dict[int, dict], commands: dict[int, str], source: str) -> Optional[Path]:
     """The fastest completed run of each strategy identity into the user's store (bench/plan/bests.py ``record``)."""
     from bench.plan import bests
+    from bench.run.config import describe_run
     from bench.strategies.registry import get_spec
 
-    best: dict[str, tuple[dict, int]] = {}
+    best: dict[str, tuple[dict, int, Any]] = {}
     for num, m in runs.items():
         if m.get("status") != "completed" or not (m.get("throughput") or {}).get("tokens_per_s"):
             continue
-        spec = get_spec(m["config"]["strategy"]["name"])
+        spec = get_spec(describe_run(m["config"]).strategy.name)
+        # the recorded strategy section as the store keys it (bench/plan/bests.py: a record's keys, its defaults)
         ident = json.dumps(bests.stored_identity(spec, m["config"]["strategy"]), sort_keys=True, default=str)
         if ident not in best or m["throughput"]["tokens_per_s"] > best[ident][0]["throughput"]["tokens_per_s"]:
-            best[ident] = (m, num)
-    entries = [bests.entry(get_spec(m["config"]["strategy"]["name"]), m, m, m["throughput"]["tokens_per_s"], True,
+            best[ident] = (m, num, spec)
+    entries = [bests.entry(spec, m, m, m["throughput"]["tokens_per_s"], True,
                            source=source, command=commands[num], measured={"dir": m["run_dir"]})
-               for m, num in best.values()]
+               for m, num, spec in best.values()]
     return bests.record(entries) if entries else None
 
 

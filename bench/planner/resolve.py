@@ -16,11 +16,11 @@ import logging
 from typing import Iterable, Optional
 
 from bench.run.config import validate
-from bench.planner.evaluate import NO_FIT, Evaluator, Row
+from bench.planner.evaluate import NO_FIT, Evaluator, Row, setting
 from bench.planner.search import (MICRO_BATCH, best_micro_batch, fallbacks, improve_knobs, recomputes,
                                   tunable_knobs)
 from bench.plan.predict import device_hardware
-from bench.run.schema import Plan
+from bench.run.schema import BenchConfig, Plan
 from bench.strategies.registry import get_spec
 from bench.run.tuning_profiles import with_search
 
@@ -38,21 +38,15 @@ def _fixed(plan: Plan, explicit: Iterable[str]) -> set[str]:
     return fixed
 
 
-def _describe(row: Row, base: dict) -> str:
+def _describe(row: Row, base: BenchConfig) -> str:
     lay = row.memory["layout"]
     knobs = ", ".join(f"{k}={v}" for k, v in sorted(row.changes.items())
-                      if k not in (MICRO_BATCH, "recompute") and v != _get(base, k))
+                      if k not in (MICRO_BATCH, "recompute") and v != setting(base, k))
     speed = f"{row.tokens_per_s:,.0f} tokens/s predicted" if row.tokens_per_s else "no prediction"
     return (f"micro-batch {lay['micro_batch_size']} x {lay['microbatches']}, recompute={lay['recompute']}, "
-            f"precision={row.plan.cfg['precision']} (as set)"
+            f"precision={row.plan.run.precision} (as set)"
             f"{', ' + knobs if knobs else ''}: {speed}, {row.verdict} ({row.memory['needed_mb'] / 1024:.1f} GiB "
             f"needed of {row.memory['device_memory_gib']:.1f})")
-
-
-def _get(c: dict, dotted: str):
-    for p in dotted.split("."):
-        c = c.get(p) if isinstance(c, dict) else None
-    return c
 
 
 def choose(plan: Plan, explicit: Iterable[str] = (), gpus: Optional[int] = None) -> Optional[dict]:
@@ -68,7 +62,7 @@ def choose(plan: Plan, explicit: Iterable[str] = (), gpus: Optional[int] = None)
     base["tuning"] = "default"  # the profile's settings are in the config already
     fixed = _fixed(plan, explicit)
     ev = Evaluator(gpus)
-    spec = get_spec(plan.strategy["name"])
+    spec = get_spec(plan.strategy.name)
     rows: list[Row] = []
     for group in recomputes(fixed):
         row = best_micro_batch(ev, base, group, fixed)
@@ -81,9 +75,9 @@ def choose(plan: Plan, explicit: Iterable[str] = (), gpus: Optional[int] = None)
     if not rows:
         return None
     best = rows[0]
-    runner = next((r for r in rows[1:] if r.plan.cfg != best.plan.cfg), None)
-    return {"changes": best.changes, "verdict": best.verdict, "chosen": _describe(best, base),
-            "runner_up": _describe(runner, base) if runner else "none (no other setting fits)",
+    runner = next((r for r in rows[1:] if r.plan.run != best.plan.run), None)
+    return {"changes": best.changes, "verdict": best.verdict, "chosen": _describe(best, plan.run),
+            "runner_up": _describe(runner, plan.run) if runner else "none (no other setting fits)",
             "searched": ev.planned}
 
 
@@ -92,14 +86,14 @@ def apply(plan: Plan, choice: dict, gpus: Optional[int] = None) -> Plan:
     from bench.planner.evaluate import set_key
 
     c = copy.deepcopy(plan.cfg)
-    tuning = c.get("tuning", "default")
+    tuning = plan.run.tuning
     c["tuning"] = "default"
     for k, v in choice["changes"].items():
         set_key(c, k, v)
     new = validate(c, gpus=gpus, explicit=list(choice["changes"]))
     new.run.tuning = tuning
     record = {k: choice[k] for k in ("chosen", "runner_up", "changes")}
-    new.tuning = {**with_search(plan.tuning, get_spec(plan.strategy["name"]), choice["changes"]), "planner": record} \
+    new.tuning = {**with_search(plan.tuning, get_spec(plan.strategy.name), choice["changes"]), "planner": record} \
         if plan.tuning else None
     if plan.micro_batch_auto is not None:
         new.micro_batch_auto = {**plan.micro_batch_auto, "chosen": new.micro_batch_size, "grad_accum": new.grad_accum,

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Optional
 from bench.run.config import FLOAT8_MIN_CC
 from bench.machine.hardware import resolve as resolve_hardware
 from bench.run.layout_rules import CP_CHUNK_ROWS
-from bench.planner.evaluate import FITS, NO_FIT, ORDER, Evaluator, Row, get_key
+from bench.planner.evaluate import FITS, NO_FIT, ORDER, Evaluator, Row, setting
 from bench.run.schema import BenchConfig, fields_of
 from bench.strategies.registry import StrategySpec, get_spec
 
@@ -156,9 +156,9 @@ def counted_knobs(ev: Evaluator, base: dict, row: Row, knobs: Iterable[tuple[str
     the row's changes its planned peak (at the row's micro-batch).  Others are never applied."""
     out = []
     for key, values, needs in knobs:
-        if any(get_key(row.plan.cfg, k) != v for k, v in needs.items()):
+        if any(setting(row.plan.run, k) != v for k, v in needs.items()):
             continue
-        others = [ev(base, {**row.changes, key: v}) for v in values if v != get_key(row.plan.cfg, key)]
+        others = [ev(base, {**row.changes, key: v}) for v in values if v != setting(row.plan.run, key)]
         if any(o is not None and o.memory[PEAK] != row.memory[PEAK] for o in others):
             out.append((key, values))
     return out
@@ -170,7 +170,7 @@ def improve_knobs(ev: Evaluator, base: dict, row: Row, fixed: set[str], knobs: I
     again for each; the best ranked.  Returns (best, the rows it was chosen among)."""
     counted = counted_knobs(ev, base, row, knobs)
     best, seen = row, [row]
-    for combo in nearest_combinations(counted, [get_key(row.plan.cfg, k) for k, _ in counted]):
+    for combo in nearest_combinations(counted, [setting(row.plan.run, k) for k, _ in counted]):
         cand = best_micro_batch(ev, base, {**row.changes, **dict(zip((k for k, _ in counted), combo))}, fixed)
         if cand is None:
             continue

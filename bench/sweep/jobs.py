@@ -17,7 +17,7 @@ from bench.planner.resolve import resolved
 from bench.plan.memory_model import fits, memory_plan
 from bench.metrics import identity
 from bench.run.runs import override_key, run_key
-from bench.run.schema import ConfigError, Plan
+from bench.run.schema import BenchConfig, ConfigError, Plan
 from bench.sweep.cost import CostModel, fmt_s, history_records
 from bench.sweep.status_report import NOT_RUN, reason_lines
 
@@ -70,7 +70,7 @@ def expand(parser: OverridesParser, arguments: Sequence[str]) -> list[list[str]]
 
 
 def compose(job: Job, load: Callable[[list[str]], DictConfig], gpus: Callable[[dict], int],
-            gpu_memory_gib: Callable[[dict], Optional[float]]) -> None:
+            gpu_memory_gib: Callable[[BenchConfig], Optional[float]]) -> None:
     """Plan one job: its resolved config (``tuning`` applied), run key and memory plan; ``invalid``
     (cannot be composed or validated) or ``skipped`` (predicted not to fit) with the reason."""
     try:
@@ -98,13 +98,13 @@ def compose(job: Job, load: Callable[[list[str]], DictConfig], gpus: Callable[[d
         return
     job.cfg, job.plan = plan.cfg, plan  # the settings that will run (tuning=best applied)
     job.key, job.ident = run_key(job.cfg), identity(job.cfg)
-    job.memory = memory_plan(plan, gpu_memory_gib=gpu_memory_gib(job.cfg))
-    if job.cfg.get("dry_run"):  # the answer before any GPU is spent: <sweep>/plans.json
+    job.memory = memory_plan(plan, gpu_memory_gib=gpu_memory_gib(plan.run))
+    if plan.run.dry_run:  # the answer before any GPU is spent: <sweep>/plans.json
         from bench.plan.predict import predicted
 
         job.prediction = predicted(plan)
     verdict = fits(job.memory, plan)
-    if verdict is not None and not job.cfg["force_run"]:
+    if verdict is not None and not plan.run.force_run:
         job.action, job.reason = "skipped", verdict
         job.error = {"rank": None, "type": "PredictedOOM", "message": verdict, "traceback": None}
 
@@ -144,11 +144,11 @@ def declare_preloads(to_run: list[Job]) -> None:
     from bench.launch.local import preload
     from bench.strategies.registry import sweep_preloads
 
-    forked = [j for j in to_run if j.cfg and j.cfg.get("start_method") == "forkserver"]
+    forked = [j for j in to_run if j.plan is not None and j.plan.run.start_method == "forkserver"]
     if len(forked) < 2:
         return
     for j in forked:
-        preload(sweep_preloads(j.cfg["strategy"]))
+        preload(sweep_preloads(j.plan.strategy))
 
 
 def write_plans(sweep_dir: Path, jobs: Sequence[Job]) -> Path:

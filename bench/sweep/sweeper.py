@@ -16,6 +16,7 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
 from bench.run.runs import FAILED, scan
+from bench.run.schema import BenchConfig
 from bench.sweep.claims import SweepFolder
 from bench.sweep.jobs import Job, compose, declare_preloads, expand, log_plan, subdir_override, write_plans
 from bench.sweep.runner import Runner
@@ -65,9 +66,9 @@ class BenchSweeper(Sweeper):
             self._gpus = cuda_device_count()
         return self._gpus
 
-    def _gpu_memory_gib(self, cfg: dict) -> Optional[float]:
+    def _gpu_memory_gib(self, run: BenchConfig) -> Optional[float]:
         fn = getattr(self.launcher, "gpu_memory_gib", None)
-        return fn(cfg) if fn is not None else None
+        return fn(run) if fn is not None else None
 
     def _decide(self, job: Job, results: list, taken: set[str], resume: bool, rerun: bool) -> None:
         same = [r for r in results if r.key == job.key]
