@@ -85,7 +85,7 @@ class Strategy(ABC):
     def data_stream(self, dp_rank: int) -> SyntheticStream:
         """This rank's slices of the run's global batches (the one data stream of every strategy)."""
         p = self.plan
-        return SyntheticStream(p.model, seed=p.cfg["seed"], steps=p.cfg["steps"], dp_rank=dp_rank,
+        return SyntheticStream(p.model, seed=p.run.seed, steps=p.run.steps, dp_rank=dp_rank,
                                dp_size=p.dp_size, device=self.dist.device)
 
     @abstractmethod
@@ -103,7 +103,7 @@ class Strategy(ABC):
         """Tokens this rank counts per optimizer step; the run's tokens are the sum over ranks.
         Default, the data-parallel rule: this rank's share of the global batch (model-parallel
         strategies override it: one replica for TP, the last stage for PP)."""
-        return self.plan.micro_batch_size * self.plan.grad_accum * self.plan.model["seq_len"]
+        return self.plan.micro_batch_size * self.plan.grad_accum * self.plan.model.seq_len
 
     def describe(self) -> dict:
         """The layout and library settings that actually ran (goes into metrics.json)."""

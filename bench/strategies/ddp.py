@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from bench.run.schema import ConfigError, Plan, StrategyConfig, fields_of, knob
+from bench.run.schema import BenchConfig, ConfigError, Plan, StrategyConfig, fields_of, knob
 from bench.strategies.registry import ModelStates, StrategySpec, register, replicated_states
 from bench.strategies.single import REDUCE_OVERHEAD
 from bench.parallel.dp import TorchDDP
@@ -36,16 +36,17 @@ def _several_ranks(plan: Plan) -> Optional[str]:
 
 def rules(plan: Plan) -> None:
     s = plan.strategy
-    if s["bucket_cap_mb"] <= 0:
-        raise ConfigError("strategy.bucket_cap_mb", s["bucket_cap_mb"], "must be > 0")
+    if s.bucket_cap_mb <= 0:
+        raise ConfigError("strategy.bucket_cap_mb", s.bucket_cap_mb, "must be > 0")
     if plan.dp_size == 1:  # one replica: DDP wraps nothing and the step is single's, so its own knobs would not run
         common = fields_of(StrategyConfig)  # (micro_batch_size still accumulates)
         for name, f in fields_of(DDPConfig).items():
-            if name not in common and s[name] != f.default:
-                raise ConfigError(f"strategy.{name}", s[name], f"does nothing at world_size=1 (one replica: DDP "
+            value = getattr(s, name)
+            if name not in common and value != f.default:
+                raise ConfigError(f"strategy.{name}", value, f"does nothing at world_size=1 (one replica: DDP "
                                   f"wraps nothing, the step is single's); use world_size > 1 or {f.default}")
-    if s["comm_hook"] == "bf16_compress" and plan.device != "cuda":
-        raise ConfigError("strategy.comm_hook", s["comm_hook"], "needs NCCL (a GPU); on CPU use none or fp16_compress")
+    if s.comm_hook == "bf16_compress" and plan.device != "cuda":
+        raise ConfigError("strategy.comm_hook", s.comm_hook, "needs NCCL (a GPU); on CPU use none or fp16_compress")
 
 
 def traffic(plan: Plan, params: float) -> dict[str, float]:
@@ -55,16 +56,16 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     if plan.dp_size == 1:
         return {}
     s = plan.strategy
-    grads = params * (2 if s["comm_hook"] != "none" else 4)
+    grads = params * (2 if s.comm_hook != "none" else 4)
     return {"grad_reduce": all_reduce(grads, plan.dp_size),
-            "collectives": buckets(grads, s["bucket_cap_mb"] * 2**20)}
+            "collectives": buckets(grads, s.bucket_cap_mb * 2**20)}
 
 
-def model_states(cfg: dict) -> ModelStates:
+def model_states(run: BenchConfig) -> ModelStates:
     """single's states; on several ranks with gradient_as_bucket_view the gradients are views into the
     reducer's buckets, allocated when DDP wraps the model: alive through the forward too."""
-    lay = replicated_states(cfg)
-    views = cfg["world_size"] > 1 and cfg["strategy"]["gradient_as_bucket_view"]
+    lay = replicated_states(run)
+    views = run.world_size > 1 and run.strategy.gradient_as_bucket_view
     return dataclasses.replace(lay, grads_live=views, note=lay.note + ("; DDP: gradients are bucket views" if views else ""))
 
 
@@ -85,7 +86,7 @@ def bucket_bytes(plan: Plan, psi: float, views: bool, rebuilds: bool) -> tuple[f
 
 
 def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
-    return bucket_bytes(plan, psi, views=plan.strategy["gradient_as_bucket_view"], rebuilds=True)
+    return bucket_bytes(plan, psi, views=plan.strategy.gradient_as_bucket_view, rebuilds=True)
 
 
 def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, float], str]:
@@ -97,7 +98,7 @@ def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, f
     gradients are the only copy (accumulated in place, copied into the buckets): nothing more.  Gemma-2B, 4 x H100,
     micro-batch 1 x 2 (results/2026-11-28-h100x4-slow-links-planner): planned 9.3 GiB short without them; torch's
     MemTracker sees them (tests/test_memory_tracker.py)."""
-    if plan.dp_size == 1 or plan.grad_accum == 1 or not plan.strategy["gradient_as_bucket_view"]:
+    if plan.dp_size == 1 or plan.grad_accum == 1 or not plan.strategy.gradient_as_bucket_view:
         return {}, ""
     return {"pass": 4 * psi}, "the first micro-batch's gradients (no_sync), beside the bucket views"
 

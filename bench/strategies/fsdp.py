@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from bench.run.layout_rules import check_torch_native
-from bench.run.schema import AddedLayoutKnobs, ConfigError, Plan, knob
+from bench.run.schema import AddedLayoutKnobs, BenchConfig, ConfigError, Plan, knob
 from bench.strategies.registry import FP32, ModelStates, Scheme, StrategySpec, register
 from bench.parallel.dp import FSDP2
 from bench.parallel.float8 import fsdp_float8_all_gather
@@ -58,74 +58,74 @@ def _float8_rules(plan: Plan) -> None:
     """The float8 knobs act only under precision=fp8 with tensorwise scaling (torchao's float8 all-gather takes
     one scale per tensor), the scales only with the float8 all-gather: turned off elsewhere they would change
     nothing, so that is refused."""
-    s, cfg = plan.strategy, plan.cfg
-    tensorwise = cfg["precision"] == "fp8" and cfg.get("fp8_recipe", "tensorwise") == "tensorwise"
+    s, run = plan.strategy, plan.run
+    tensorwise = run.precision == "fp8" and run.fp8_recipe == "tensorwise"
     for key in ("fp8_all_gather", "fp8_precompute_scale"):
-        if not tensorwise and not s[key]:
+        if not tensorwise and not getattr(s, key):
             raise ConfigError(f"strategy.{key}", False, f"takes effect only with precision=fp8 fp8_recipe=tensorwise "
-                              f"(precision={cfg['precision']}, fp8_recipe={cfg.get('fp8_recipe')}); leave "
+                              f"(precision={run.precision}, fp8_recipe={run.fp8_recipe}); leave "
                               f"strategy.{key}=true (the default) or use precision=fp8 fp8_recipe=tensorwise")
-    if tensorwise and not s["fp8_all_gather"] and not s["fp8_precompute_scale"]:
+    if tensorwise and not s.fp8_all_gather and not s.fp8_precompute_scale:
         raise ConfigError("strategy.fp8_precompute_scale", False, "takes effect only with strategy.fp8_all_gather="
                           "true (the scales are those of the float8 all-gather); leave it true or gather in float8")
 
 
 def rules(plan: Plan) -> None:
-    s, cfg = plan.strategy, plan.cfg
-    if cfg["compile"] and cfg["compile_mode"] == "reduce-overhead":
+    s, run = plan.strategy, plan.run
+    if run.compile and run.compile_mode == "reduce-overhead":
         raise ConfigError("compile_mode", "reduce-overhead", "CUDA graphs of FSDP2's blocks ran 15-20x slower than "
                           "compile_mode=default; use compile_mode=default with strategy=fsdp "
                           "(strategy.blocks_per_unit > 1 cuts its host time instead)")
     check_torch_native(plan, shards_dtensors=True)
-    n = plan.model["n_layers"] // (plan.pp * plan.layout.virtual_pipeline)
-    if not 1 <= s["blocks_per_unit"] <= n:
-        raise ConfigError("strategy.blocks_per_unit", s["blocks_per_unit"],
+    n = plan.model.n_layers // (plan.pp * plan.layout.virtual_pipeline)
+    if not 1 <= s.blocks_per_unit <= n:
+        raise ConfigError("strategy.blocks_per_unit", s.blocks_per_unit,
                           f"must be 1..{n} (consecutive blocks per FSDP unit, within one pipeline stage of {n} blocks)")
-    units = -(-n // s["blocks_per_unit"])
-    if not 0 <= s["prefetch"] <= units - 1:  # a unit prefetches only the units after it: more is a silent no-op
-        raise ConfigError("strategy.prefetch", s["prefetch"],
+    units = -(-n // s.blocks_per_unit)
+    if not 0 <= s.prefetch <= units - 1:  # a unit prefetches only the units after it: more is a silent no-op
+        raise ConfigError("strategy.prefetch", s.prefetch,
                           f"must be 0..{units - 1} (0: FSDP2's implicit prefetching, k: the next k units explicitly): "
-                          f"strategy.blocks_per_unit={s['blocks_per_unit']} makes {units} FSDP unit(s) of "
+                          f"strategy.blocks_per_unit={s.blocks_per_unit} makes {units} FSDP unit(s) of "
                           f"{n} blocks" + (", nothing to prefetch" if units == 1 else ""))
-    if s.get("sync_every_microbatch") and plan.pp > 1:
+    if s.sync_every_microbatch and plan.pp > 1:
         raise ConfigError("strategy.sync_every_microbatch", True, "applies to FSDP2 without a pipeline (strategy.pp=1): "
                           "with pp > 1 torch's PipelineStage decides when gradients are reduced")
-    if s["cpu_offload"] and (plan.tp > 1 or plan.pp > 1):
+    if s.cpu_offload and (plan.tp > 1 or plan.pp > 1):
         raise ConfigError("strategy.cpu_offload", True, "is implemented for FSDP2 alone (strategy.tp=1, pp=1)")
     _float8_rules(plan)
 
 
-def model_states(cfg: dict) -> ModelStates:
-    s = cfg["strategy"]
-    reshard, off = s["reshard_after_forward"], s["cpu_offload"]
+def model_states(run: BenchConfig) -> ModelStates:
+    s = run.strategy
+    reshard, off = s.reshard_after_forward, s.cpu_offload
     # under bf16 / fp16 the fp32 shards are the master (4 + 4 + 8); + the gathered 16-bit parameters while gathered
     mixed = Scheme("fsdp_mixed", 4, 4, 8)
-    return ModelStates(FP32 if cfg["precision"] == "fp32" else mixed, stage=3, offload_optimizer=off,
+    return ModelStates(FP32 if run.precision == "fp32" else mixed, stage=3, offload_optimizer=off,
                        offload_grads=off, offload_param=off, unsharded_params_live=not reshard,
                        sixteen_bit_weights=True,  # MixedPrecisionPolicy gathers the parameters in 16 bit
                        # set_requires_gradient_sync(False) on all but the last micro-batch (bench/parallel/dp.py, and
                        # torch's PipelineStage): FSDP2 keeps every unsharded gradient, upcast to reduce_dtype
                        # (FSDPParam.to_accumulated_grad_if_needed); measured by tests/test_memory_tracker.py
-                       accum_grad_bytes=0 if s.get("sync_every_microbatch") else
-                       4 if cfg["precision"] == "fp32" or s["reduce_dtype"] == "fp32" else 2,
+                       accum_grad_bytes=0 if s.sync_every_microbatch else
+                       4 if run.precision == "fp32" or s.reduce_dtype == "fp32" else 2,
                        note="FSDP2 reshard_after_forward=%s (%s analogue)" % (reshard, "ZeRO-3" if reshard else "ZeRO-2")
-                       + (f"; HSDP: sharded over dp / {s['dp_replicate']}, replicated {s['dp_replicate']} times"
-                          if s.get("dp_replicate", 1) > 1 else ""))
+                       + (f"; HSDP: sharded over dp / {s.dp_replicate}, replicated {s.dp_replicate} times"
+                          if s.dp_replicate > 1 else ""))
 
 
 def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
     """With resharding: the gathered units in flight, one unit's unsharded gradients, and the root's gathered
     parameters (embedding, final norm, head: the root never reshards, bench/parallel/dp.py)."""
     s = plan.strategy
-    if not s["reshard_after_forward"]:
+    if not s.reshard_after_forward:
         return 0.0, ""  # the gathered parameters are model states (ModelStates.unsharded_params_live)
-    unit = per_block * s["blocks_per_unit"]
+    unit = per_block * s.blocks_per_unit
     # precision=fp8 with the float8 all-gather: the gathered weights are float8, 1 B each (norms counted too)
-    cb = 4 if plan.cfg["precision"] == "fp32" else (1 if fsdp_float8_all_gather(plan) else 2)
-    root = (psi - per_block * plan.model["n_layers"] / plan.pp) * (4 if cb == 4 else 2)  # the root gathers 16-bit
+    cb = 4 if plan.run.precision == "fp32" else (1 if fsdp_float8_all_gather(plan) else 2)
+    root = (psi - per_block * plan.model.n_layers / plan.pp) * (4 if cb == 4 else 2)  # the root gathers 16-bit
     # as many units as the stage has (one unit of every block has no next unit to gather)
-    units = -(-plan.model["n_layers"] // (plan.pp * plan.layout.virtual_pipeline * s["blocks_per_unit"]))
-    return min(2 + s["prefetch"], units) * unit * cb + unit * 4 + root, \
+    units = -(-plan.model.n_layers // (plan.pp * plan.layout.virtual_pipeline * s.blocks_per_unit))
+    return min(2 + s.prefetch, units) * unit * cb + unit * 4 + root, \
         "FSDP2: gathered units (current + next + prefetch), one unit's unsharded gradients, the root's parameters"
 
 
@@ -143,15 +143,15 @@ def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, f
     unless set_reduce_scatter_max_input_buffers raises it, which bench does not).  With resharding buffers() holds
     the same moment: two gathered units and one unit's gradients at 4 B, where the unit's gathered parameters are
     freed and its input (4 B) and gradients (2 B) are alive beside the next unit's gathered ones."""
-    s, fp32 = plan.strategy, plan.cfg["precision"] == "fp32"
-    reduce_bytes = 4 if fp32 or s["reduce_dtype"] == "fp32" else 2
-    accumulated = plan.grad_accum > 1 and not s.get("sync_every_microbatch") and not s["cpu_offload"]
+    s, fp32 = plan.strategy, plan.run.precision == "fp32"
+    reduce_bytes = 4 if fp32 or s.reduce_dtype == "fp32" else 2
+    accumulated = plan.grad_accum > 1 and not s.sync_every_microbatch and not s.cpu_offload
     grad_bytes = 0 if accumulated else 4 if fp32 else 2
     end = _root_reduce(plan, psi, per_block, reduce_bytes + grad_bytes - (4 if fp32 else 2))
-    if s["reshard_after_forward"]:
+    if s.reshard_after_forward:
         return end, ""
     gathered = 4 if fp32 else (1 if fsdp_float8_all_gather(plan) else 2)  # as buffers() counts a gathered unit
-    blocks = min(s["blocks_per_unit"], plan.model["n_layers"] / (plan.pp * plan.layout.virtual_pipeline))
+    blocks = min(s.blocks_per_unit, plan.model.n_layers / (plan.pp * plan.layout.virtual_pipeline))
     return {"reduce": blocks * per_block * (reduce_bytes + grad_bytes - gathered), "reduce_blocks": blocks, **end}, \
         f"FSDP2: one unit's reduce-scatter input ({reduce_bytes} B a parameter) and the gradients copied into it " \
         f"({grad_bytes} B), less its gathered parameters ({gathered} B), after the backward of its {blocks:g} blocks"
@@ -163,9 +163,9 @@ def _root_reduce(plan: Plan, psi: float, per_block: float, net_bytes: float) -> 
     and no activation.  Counted with loss_chunks > 1 only: unchunked, the loss' logits buffers (12 B a logit)
     outweigh it in the runs recorded so far (their plans stay as they were); chunked they may not (torch's
     FSDPMemTracker, tests/test_memory_tracker.py: a 152k vocabulary at 256 tokens a rank)."""
-    if plan.layout.loss_chunks == 1 or plan.strategy["cpu_offload"]:
+    if plan.layout.loss_chunks == 1 or plan.strategy.cpu_offload:
         return {}
-    return {"end": (psi - per_block * plan.model["n_layers"] / plan.pp) * net_bytes}
+    return {"end": (psi - per_block * plan.model.n_layers / plan.pp) * net_bytes}
 
 
 # without resharding, FSDP2 is "tight" above this share of the device's memory allocated (planned): 4 x H100 80GB,
@@ -177,7 +177,7 @@ ALLOCATOR_HEADROOM = 0.65
 
 
 def crowded(plan: Plan, allocated: float, mem_gib: Optional[float]) -> Optional[str]:
-    if not mem_gib or plan.strategy["reshard_after_forward"]:
+    if not mem_gib or plan.strategy.reshard_after_forward:
         return None
     share = allocated / 2**30 / mem_gib
     if share <= ALLOCATOR_HEADROOM:
@@ -197,18 +197,18 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     the states sharded over dp x cp (the gathers and reduce-scatters over that group), and the K / V exchange."""
     s, m, lay = plan.strategy, plan.grad_accum, plan.layout
     dp, replicate, v = lay.state_shards, lay.dp_replicate, lay.virtual_pipeline
-    per_chunk = -(-plan.model["n_layers"] // (plan.pp * v * s["blocks_per_unit"]))
+    per_chunk = -(-plan.model.n_layers // (plan.pp * v * s.blocks_per_unit))
     units = v * per_chunk + 1  # + the root
-    gathers = m * (2 if s["reshard_after_forward"] else 1)
-    grad_bytes = 4 if s["reduce_dtype"] == "fp32" or plan.cfg["precision"] == "fp32" else 2
-    syncs = m if s.get("sync_every_microbatch") and plan.pp == 1 else 1  # reduce-scatters per step
+    gathers = m * (2 if s.reshard_after_forward else 1)
+    grad_bytes = 4 if s.reduce_dtype == "fp32" or plan.run.precision == "fp32" else 2
+    syncs = m if s.sync_every_microbatch and plan.pp == 1 else 1  # reduce-scatters per step
     scatter, across = (syncs * b for b in hsdp_grad_reduce(params * grad_bytes, dp, replicate))
     own = {"param_gather": _gathered(plan, params), "grad_reduce": scatter,
            "collectives": units * (gathers + syncs * (1 + (replicate > 1))),
            "hooks": 4 * units * m + param_tensors(plan) * (gathers + 2)}
     if replicate > 1:  # over the replicate group (bench/plan/topology.py KIND_GROUP), the rest over the shard group
         own["grad_replicate"] = across
-    if s["cpu_offload"]:  # fp32 shards in (per gather) and gradients out, the AdamW step on the host
+    if s.cpu_offload:  # fp32 shards in (per gather) and gradients out, the AdamW step on the host
         own.update(offload=4 * params / dp * (gathers + 1), host_adam=params / dp)
     return merge(own, torch_tp(plan), pp_p2p(plan), cp_kv_exchange(plan), torch_native_hooks(plan))
 
@@ -228,10 +228,10 @@ def _gathered(plan: Plan, params: float) -> float:
     if fsdp_float8_all_gather(plan):  # the converted weights at 1 B, the blocks' norms at 16 bit
         converted = float8_matmul_params(plan.model) / plan.tp / plan.pp
         block_bytes = converted + (blocks - converted) * cb
-    n = plan.model["n_layers"] / plan.pp
+    n = plan.model.n_layers / plan.pp
     chunk = n / lay.virtual_pipeline
-    last_unit = min(s["blocks_per_unit"], chunk) * lay.virtual_pipeline  # blocks in each chunk's last unit
-    passes = 1 + ((n - last_unit) / n if s["reshard_after_forward"] else 0.0)
+    last_unit = min(s.blocks_per_unit, chunk) * lay.virtual_pipeline  # blocks in each chunk's last unit
+    passes = 1 + ((n - last_unit) / n if s.reshard_after_forward else 0.0)
     return m * all_gather(root * cb + passes * block_bytes, lay.state_shards)
 
 

@@ -17,7 +17,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from bench.run.schema import Plan
+from bench.run.schema import BenchConfig, Plan
 
 @dataclass(frozen=True)
 class Scheme:
@@ -86,10 +86,10 @@ class ModelStates:
     note: str = ""
 
 
-def replicated_states(cfg: dict) -> ModelStates:
+def replicated_states(run: BenchConfig) -> ModelStates:
     """A torch optimizer over fp32 weights (autocast or not), replicated over data-parallel ranks."""
     return ModelStates(FP32, note="model states replicated over data-parallel ranks, torch AdamW over fp32 weights"
-                       + (" (autocast)" if cfg["precision"] != "fp32" else ""))
+                       + (" (autocast)" if run.precision != "fp32" else ""))
 
 
 def no_buffers(plan: Plan, params: float, per_block: float) -> tuple[float, str]:
@@ -127,7 +127,8 @@ class StrategySpec:
     # what runs a plan: (plan, DistContext) -> a Strategy (bench/strategies/base.py), a class or a factory
     implementation: Callable[[Plan], Callable]
     rules: Callable[[Plan], None] = lambda plan: None  # its own cross-field rules; raise ConfigError
-    model_states: Callable[[dict], ModelStates] = replicated_states  # memory plan: how it holds model states
+    # memory plan: how it holds model states, given the typed run description (plan.run)
+    model_states: Callable[[BenchConfig], ModelStates] = replicated_states
     buffers: Callable[[Plan, float, float], tuple[float, str]] = no_buffers  # memory plan: (bytes, what they are)
     # memory plan: buffers alive in part of a step only, by phase: "pass" from the forward to the end of the
     # backward (ZeRO-3's gathered parameters), "backward" from a backward's first gradient to its end (ZeRO's reduce
@@ -154,7 +155,9 @@ class StrategySpec:
     # not knobs (each value a strategy of its own in the analysis and the store of measured bests: ZeRO's stages); a
     # search base that does not set the key is searched once per value, each its own base with its own winner
     search_bases: dict[str, tuple] = field(default_factory=dict)
-    preload: Callable[[dict], tuple[str, ...]] = lambda strategy_cfg: ()  # fork-server imports (no CUDA calls)
+    # fork-server imports (no CUDA calls), given the strategy section: a Plan's typed one (bench/launch/worker.py) or a
+    # sweep's plain dict (bench/sweep/jobs.py): read it through strategy_knob
+    preload: Callable[[Any], tuple[str, ...]] = lambda strategy: ()
     process_env: Callable[[Plan], dict[str, str]] = lambda plan: {}  # environment needed before CUDA starts
     devices: tuple[str, ...] = ("cpu", "cuda")
     # precision=fp8 runs: torchao's float8 training composes with its implementation (bench/parallel/float8.py)
@@ -205,7 +208,15 @@ def baseline_name() -> str:
     return name
 
 
-def sweep_preloads(strategy_cfg: dict) -> tuple[str, ...]:
+def strategy_knob(strategy: Any, key: str, default: Any = None) -> Any:
+    """One knob of a strategy section given typed (a Plan's: an attribute) or as the plain dict a sweep holds
+    before validation (bench/sweep/jobs.py declare_preloads); ``default`` where it is not set."""
+    if isinstance(strategy, dict):
+        return strategy.get(key, default)
+    return getattr(strategy, key, default)
+
+
+def sweep_preloads(strategy: Any) -> tuple[str, ...]:
     """What a sweep's fork server imports for a run of this strategy (the worker records which of
-    them it found imported)."""
-    return (*SWEEP_PRELOAD, *get_spec(strategy_cfg["name"]).preload(strategy_cfg))
+    them it found imported); ``strategy``: its section, typed or a plain dict (:func:`strategy_knob`)."""
+    return (*SWEEP_PRELOAD, *get_spec(strategy_knob(strategy, "name")).preload(strategy))

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from bench.metrics.flops import param_groups
-from bench.run.schema import ConfigError, Plan, StrategyConfig, alias_default, check_positive, check_whole, knob, Section
+from bench.run.schema import (BenchConfig, ConfigError, Plan, StrategyConfig, Section, alias_default, check_positive,
+                              check_whole, knob)
 from bench.strategies.registry import (AUTOCAST_COPY, FP32, MIXED, ModelStates, StrategySpec, knob_text,
                                       register)
 from bench.strategies.zero_engine import Zero
@@ -89,71 +90,71 @@ DERIVED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_
 
 
 def rules(plan: Plan) -> None:
-    s, c = plan.strategy, plan.cfg
-    stage = s["zero_stage"]
-    if s["offload_optimizer"] != "none" and stage == 0:
-        raise ConfigError("strategy.offload_optimizer", s["offload_optimizer"],
+    s, c = plan.strategy, plan.run
+    stage = s.zero_stage
+    if s.offload_optimizer != "none" and stage == 0:
+        raise ConfigError("strategy.offload_optimizer", s.offload_optimizer,
                           "optimizer offload needs ZeRO stage 1, 2 or 3 (strategy.zero_stage=0 here); "
                           "use offload_optimizer=none or zero_stage>=1")
-    if s["offload_param"] != "none" and stage != 3:
-        raise ConfigError("strategy.offload_param", s["offload_param"],
+    if s.offload_param != "none" and stage != 3:
+        raise ConfigError("strategy.offload_param", s.offload_param,
                           f"parameter offload needs ZeRO stage 3 (strategy.zero_stage={stage} here); "
                           "use offload_param=none or zero_stage=3")
     for key in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters"):
-        check_whole(f"strategy.{key}", s[key])
-    check_whole("strategy.param_persistence_threshold", s["param_persistence_threshold"], allow_zero=True)
-    if not s["compute_grad_norm"]:
+        check_whole(f"strategy.{key}", getattr(s, key))
+    check_whole("strategy.param_persistence_threshold", s.param_persistence_threshold, allow_zero=True)
+    if not s.compute_grad_norm:
         _rules_no_grad_norm(plan)
-    if s["leaf_blocks"] and stage != 3:
+    if s.leaf_blocks and stage != 3:
         raise ConfigError("strategy.leaf_blocks", True, f"leaf modules are a ZeRO-3 notion (strategy.zero_stage={stage} "
                           "here); use zero_stage=3 or leaf_blocks=false")
-    if s["deepcompile"]:
+    if s.deepcompile:
         _rules_deepcompile(plan)
-    if stage == 3 and c["compile"] and plan.device == "cuda" and not s["deepcompile"]:
+    if stage == 3 and c.compile and plan.device == "cuda" and not s.deepcompile:
         raise ConfigError("compile", True, "with strategy.zero_stage=3 on CUDA, DeepSpeed 0.19.8's engine.compile "
                           "trains a different model (its losses leave single's from the second step); use "
                           "compile=false, zero_stage 0-2, or strategy.deepcompile=true (DeepSpeed's own compiler "
                           "for ZeRO-3, which keeps the losses)")
-    f = s["fp16"]
-    if s["autocast"] and c["precision"] == "fp32":
+    f = s.fp16
+    if s.autocast and c.precision == "fp32":
         raise ConfigError("strategy.autocast", True, "autocast runs the forward in bf16 or fp16; set precision=bf16 "
                           "or precision=fp16, or strategy.autocast=false for fp32")
-    if s["autocast"] and c["precision"] == "fp16":
-        changed = [k for k, v in dataclasses.asdict(ZeroFP16Config()).items() if f[k] != v]
+    if s.autocast and c.precision == "fp16":
+        changed = [k for k, v in dataclasses.asdict(ZeroFP16Config()).items() if getattr(f, k) != v]
         if changed:
-            raise ConfigError(f"strategy.fp16.{changed[0]}", f[changed[0]],
+            raise ConfigError(f"strategy.fp16.{changed[0]}", getattr(f, changed[0]),
                               "applies to DeepSpeed's own fp16 only; with strategy.autocast=true the loss scaling "
                               "is torch's GradScaler at its defaults (leave strategy.fp16 unset or set autocast=false)")
-    if f["loss_scale"] < 0:
-        raise ConfigError("strategy.fp16.loss_scale", f["loss_scale"], "must be >= 0 (0 = dynamic loss scaling)")
-    if not 0 <= f["initial_scale_power"] <= 64:
-        raise ConfigError("strategy.fp16.initial_scale_power", f["initial_scale_power"], "must be in 0..64")
-    check_positive("strategy.fp16.loss_scale_window", f["loss_scale_window"])
-    check_positive("strategy.fp16.hysteresis", f["hysteresis"])
-    if f["min_loss_scale"] <= 0:
-        raise ConfigError("strategy.fp16.min_loss_scale", f["min_loss_scale"], "must be > 0")
+    if f.loss_scale < 0:
+        raise ConfigError("strategy.fp16.loss_scale", f.loss_scale, "must be >= 0 (0 = dynamic loss scaling)")
+    if not 0 <= f.initial_scale_power <= 64:
+        raise ConfigError("strategy.fp16.initial_scale_power", f.initial_scale_power, "must be in 0..64")
+    check_positive("strategy.fp16.loss_scale_window", f.loss_scale_window)
+    check_positive("strategy.fp16.hysteresis", f.hysteresis)
+    if f.min_loss_scale <= 0:
+        raise ConfigError("strategy.fp16.min_loss_scale", f.min_loss_scale, "must be > 0")
     for key in DERIVED_KEYS:
-        if key in (s["ds_config"] or {}):
-            raise ConfigError(f"strategy.ds_config.{key}", s["ds_config"][key],
+        if key in (s.ds_config or {}):
+            raise ConfigError(f"strategy.ds_config.{key}", s.ds_config[key],
                               "is derived from model.global_batch and strategy.micro_batch_size; set those instead")
 
 
 def _rules_no_grad_norm(plan: Plan) -> None:
     """DeepSpeed 0.19.8 accepts zero_optimization.compute_grad_norm=false only where nothing needs the norm;
     it would raise these inside deepspeed.initialize on every rank."""
-    s, c = plan.strategy, plan.cfg
-    stage = s["zero_stage"]
+    s, c = plan.strategy, plan.run
+    stage = s.zero_stage
     if stage not in (1, 2):
         raise ConfigError("strategy.compute_grad_norm", False, f"only ZeRO stages 1-2 can skip the gradient norm "
                           f"(strategy.zero_stage={stage} here); use zero_stage=1 or 2, or compute_grad_norm=true")
-    if c["optim"]["grad_clip"] > 0:
+    if c.optim.grad_clip > 0:
         raise ConfigError("strategy.compute_grad_norm", False, f"clipping needs the gradient norm "
-                          f"(optim.grad_clip={c['optim']['grad_clip']}); set optim.grad_clip=0 or compute_grad_norm=true")
-    if s["offload_optimizer"] != "none":
+                          f"(optim.grad_clip={c.optim.grad_clip}); set optim.grad_clip=0 or compute_grad_norm=true")
+    if s.offload_optimizer != "none":
         raise ConfigError("strategy.compute_grad_norm", False, "DeepSpeed's optimizer offload always computes the "
                           "norm; use offload_optimizer=none or compute_grad_norm=true")
-    accum = ((s["ds_config"] or {}).get("data_types") or {}).get("grad_accum_dtype")
-    if stage == 1 and c["precision"] == "bf16" and not s["autocast"] and accum == "fp32":
+    accum = ((s.ds_config or {}).get("data_types") or {}).get("grad_accum_dtype")
+    if stage == 1 and c.precision == "bf16" and not s.autocast and accum == "fp32":
         raise ConfigError("strategy.compute_grad_norm", False, "ZeRO-1 in DeepSpeed's own bf16 with "
                           "strategy.ds_config.data_types.grad_accum_dtype=fp32 runs its BF16_Optimizer, which always "
                           "computes the norm; drop that grad_accum_dtype, use zero_stage=2, or compute_grad_norm=true")
@@ -162,53 +163,53 @@ def _rules_no_grad_norm(plan: Plan) -> None:
 def _rules_deepcompile(plan: Plan) -> None:
     """DeepCompile is a torch.compile backend that DeepSpeed installs in engine.compile (ZeRO-1/2/3
     passes, a CUDA op); DeepSpeed would silently fall back to plain torch.compile otherwise."""
-    s, c = plan.strategy, plan.cfg
-    if not c["compile"]:
+    s, c = plan.strategy, plan.run
+    if not c.compile:
         raise ConfigError("strategy.deepcompile", True, "DeepCompile runs through engine.compile; set compile=true "
                           "(or strategy.deepcompile=false)")
-    if s["zero_stage"] == 0:
+    if s.zero_stage == 0:
         raise ConfigError("strategy.deepcompile", True, "DeepCompile has passes for ZeRO stages 1-3 only "
                           "(DeepSpeed falls back to plain torch.compile at stage 0); use strategy.zero_stage=1, 2 or 3")
     if plan.device != "cuda":
         raise ConfigError("strategy.deepcompile", True, f"DeepCompile runs on CUDA only (this run's device is "
                           f"{plan.device}); set strategy.deepcompile=false")
-    if s["leaf_blocks"]:
+    if s.leaf_blocks:
         raise ConfigError("strategy.leaf_blocks", True, "DeepCompile gathers ZeRO-3 parameters in its graph and fails "
                           "on leaf modules (DeepSpeed 0.19.8); use leaf_blocks=false with deepcompile, or deepcompile=false")
-    if c["compile_mode"] != "default":
-        raise ConfigError("compile_mode", c["compile_mode"], "DeepCompile compiles with its own Inductor backend, "
+    if c.compile_mode != "default":
+        raise ConfigError("compile_mode", c.compile_mode, "DeepCompile compiles with its own Inductor backend, "
                           "which takes no mode; use compile_mode=default with strategy.deepcompile=true")
 
 
-def runs_torch_autocast(cfg: dict) -> bool:
+def runs_torch_autocast(run: BenchConfig) -> bool:
     """DeepSpeed's torch_autocast: strategy.autocast, or a raw ds_config that enables it."""
-    raw = ((cfg["strategy"].get("ds_config") or {}).get("torch_autocast") or {}).get("enabled")
-    return cfg["precision"] != "fp32" and bool(cfg["strategy"]["autocast"] or raw)
+    raw = ((run.strategy.ds_config or {}).get("torch_autocast") or {}).get("enabled")
+    return run.precision != "fp32" and bool(run.strategy.autocast or raw)
 
 
-def model_states(cfg: dict) -> ModelStates:
+def model_states(run: BenchConfig) -> ModelStates:
     """DeepSpeed's 16-bit wrapper: 2 + 2 + 12 B/param; fp32 / torch_autocast: 4 + 4 + 8, with one more fp32 copy
     of the partition at stages 1-2 (and with optimizer offload); offload moves parts to the host."""
-    s, prec = cfg["strategy"], cfg["precision"]
-    autocast = runs_torch_autocast(cfg)
+    s, prec = run.strategy, run.precision
+    autocast = runs_torch_autocast(run)
     scheme = FP32 if prec == "fp32" else MIXED
     if autocast:
-        scheme = AUTOCAST_COPY if s["zero_stage"] in (1, 2) or s["offload_optimizer"] != "none" else FP32
-    off = s["offload_optimizer"] != "none"
-    return ModelStates(scheme, stage=s["zero_stage"], offload_optimizer=off, host_fp32_grad_partition=off,
+        scheme = AUTOCAST_COPY if s.zero_stage in (1, 2) or s.offload_optimizer != "none" else FP32
+    off = s.offload_optimizer != "none"
+    return ModelStates(scheme, stage=s.zero_stage, offload_optimizer=off, host_fp32_grad_partition=off,
                        # ZeRO-3 keeps its gradient partition on the optimizer's device (stage3.py grad_partitions_flat_buffer)
-                       offload_grads=off and s["zero_stage"] == 3,
-                       offload_param=s["offload_param"] != "none", sixteen_bit_weights=not autocast,
+                       offload_grads=off and s.zero_stage == 3,
+                       offload_param=s.offload_param != "none", sixteen_bit_weights=not autocast,
                        # ZeRO-3 allocates its flat gradient partition at initialize; stages 0-2 fill gradients
                        # (stage 2 its partition) from the backward on
-                       grads_live=s["zero_stage"] == 3,
+                       grads_live=s.zero_stage == 3,
                        # NVML used - reserved of one-GPU ZeRO runs in results/ is 0.39 GiB above torch's: DeepSpeed's
                        # own communicator, made at world_size 1 too (bench/plan/memory_margins.py NCCL_COMM_BYTES)
                        extra_communicators=1,
                        # engine.compile: one graph for the model, whose gradients (and so the hooks that fill the
                        # reduce buckets) come out when its whole backward has run
-                       late_grad_hooks=bool(cfg["compile"]) and not s["deepcompile"],
-                       note=f"DeepSpeed ZeRO-{s['zero_stage']}" + (" torch_autocast" if autocast else ""))
+                       late_grad_hooks=bool(run.compile) and not s.deepcompile,
+                       note=f"DeepSpeed ZeRO-{s.zero_stage}" + (" torch_autocast" if autocast else ""))
 
 
 def _reduce_buckets(plan: Plan) -> tuple[float, float]:
@@ -219,13 +220,13 @@ def _reduce_buckets(plan: Plan) -> tuple[float, float]:
     communication dtype, in that dtype.  DeepCompile drops those (init_z3) for its own, per gradient dtype and
     double-buffered, allocated at the first gradient and released at the end of backward (deepcompile.h
     DoubleBufferedReduceBucket).  Without contiguous_gradients: none (gradients stay in param.grad)."""
-    s, autocast = plan.strategy, runs_torch_autocast(plan.cfg)
-    n = float(s["reduce_bucket_size"]) if s["contiguous_gradients"] else 0.0
-    if s["deepcompile"]:
+    s, autocast = plan.strategy, runs_torch_autocast(plan.run)
+    n = float(s.reduce_bucket_size) if s.contiguous_gradients else 0.0
+    if s.deepcompile:
         return 0.0, 2 * n * _param_bytes(plan)
-    if s["zero_stage"] == 3:
+    if s.zero_stage == 3:
         return n * ((2 + 4) if autocast else _param_bytes(plan)), 0.0
-    return 0.0, (2 if autocast else 1) * (2 if s["overlap_comm"] else 1) * n * _param_bytes(plan)
+    return 0.0, (2 if autocast else 1) * (2 if s.overlap_comm else 1) * n * _param_bytes(plan)
 
 
 def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, float], str]:
@@ -235,13 +236,13 @@ def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, f
     torch_autocast) and cast to fp32 for the optimizer (stage_1_and_2.py step; stage3.py
     _prepare_fp32_grad_for_sub_group, one sub-group of at most sub_group_size parameters at a time); with
     optimizer offload the host holds those.  Under DeepCompile its own buckets, in backward (_reduce_buckets)."""
-    s, stage = plan.strategy, plan.strategy["zero_stage"]
+    s, stage = plan.strategy, plan.strategy.zero_stage
     out = {}
     if stage:
         out["backward"] = _reduce_buckets(plan)[1]
     if stage == 3:
         out["pass"] = _gathered_params(plan, psi, per_block) * _param_bytes(plan)
-    if stage and s["offload_optimizer"] == "none":
+    if stage and s.offload_optimizer == "none":
         n = psi if stage < 3 else min(psi, float(_zero_option(plan, "sub_group_size", 1e9)))
         out["step"] = n / plan.dp_size * (4 if _param_bytes(plan) == 4 else 2 + 4)
     return out, ("ZeRO reduce buckets in backward (reduce_bucket_size elements per communication dtype, x2 with "
@@ -251,12 +252,12 @@ def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, f
 
 def _param_bytes(plan: Plan) -> int:
     """Bytes of a parameter as DeepSpeed holds it in the model: fp32 under torch_autocast or in fp32 runs."""
-    return 4 if plan.cfg["precision"] == "fp32" or runs_torch_autocast(plan.cfg) else 2
+    return 4 if plan.run.precision == "fp32" or runs_torch_autocast(plan.run) else 2
 
 
 def _zero_option(plan: Plan, key: str, default: float) -> float:
     """A zero_optimization setting bench leaves at DeepSpeed's default unless ds_config sets it."""
-    return ((plan.strategy.get("ds_config") or {}).get("zero_optimization") or {}).get(key, default)
+    return ((plan.strategy.ds_config or {}).get("zero_optimization") or {}).get(key, default)
 
 
 def _kept_params(plan: Plan, per_block: float) -> float:
@@ -266,7 +267,7 @@ def _kept_params(plan: Plan, per_block: float) -> float:
     blocks after it and the head): the runs held every block of 300m, 500m and 1b (36 blocks of 28M) at dp 2-4
     (results/2026-11-23-h200x2-ddp-ceiling-graph-exit), where the trace's forward and backward together would have
     released 1b's first half."""
-    g, L = param_groups(plan.model), plan.model["n_layers"]
+    g, L = param_groups(plan.model), plan.model.n_layers
     reuse = float(_zero_option(plan, "stage3_max_reuse_distance", 1e9))
     head = g["head"] + g["norm"]
     blocks = min(L, max(0, math.ceil((reuse - head) / per_block)))
@@ -278,14 +279,14 @@ def _gathered_params(plan: Plan, psi: float, per_block: float) -> float:
     (a gathered parameter is its own partition, no copy).  Otherwise the prefetch bucket and the block in use, or
     more: those kept from forward to backward (:func:`_kept_params`)."""
     s = plan.strategy
-    if plan.dp_size == 1 and s["offload_param"] == "none" and not s["deepcompile"]:  # DeepCompile copies
+    if plan.dp_size == 1 and s.offload_param == "none" and not s.deepcompile:  # DeepCompile copies
         return 0.0
-    return min(psi, max(_kept_params(plan, per_block), float(s["prefetch_bucket_size"]) + per_block))
+    return min(psi, max(_kept_params(plan, per_block), float(s.prefetch_bucket_size) + per_block))
 
 
 def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
     """ZeRO-3's reduce buckets, allocated at initialize."""
-    if plan.strategy["zero_stage"] != 3:
+    if plan.strategy.zero_stage != 3:
         return 0.0, ""
     return _reduce_buckets(plan)[0], "ZeRO-3 reduce buckets (reduce_bucket_size elements per communication dtype)"
 
@@ -307,15 +308,15 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     (twice with DeepSpeed's 16-bit wrapper, whose module hooks also leave a compiled step eager), a host read
     of the gradient norm; offload crosses PCIe and runs Adam on the host."""
     s, dp, m, n = plan.strategy, plan.dp_size, plan.grad_accum, param_tensors(plan)
-    autocast = runs_torch_autocast(plan.cfg)
-    stage, elem = s["zero_stage"], 4 if plan.cfg["precision"] == "fp32" or autocast else 2
-    overlap = stage == 3 if s["overlap_comm"] is None else s["overlap_comm"]
+    autocast = runs_torch_autocast(plan.run)
+    stage, elem = s.zero_stage, 4 if plan.run.precision == "fp32" or autocast else 2
+    overlap = stage == 3 if s.overlap_comm is None else s.overlap_comm
     grads = params * elem
-    wrapper = not autocast and plan.cfg["precision"] != "fp32"  # DeepSpeed's own 16-bit optimizer wrapper
-    norm = s["compute_grad_norm"] and (stage > 0 or wrapper)  # stage 0 under autocast: torch's AdamW, no norm
+    wrapper = not autocast and plan.run.precision != "fp32"  # DeepSpeed's own 16-bit optimizer wrapper
+    norm = s.compute_grad_norm and (stage > 0 or wrapper)  # stage 0 under autocast: torch's AdamW, no norm
     out = {"hooks": n * (3 if wrapper else 1), "syncs": 1 if norm else 0, "eager": 1 if wrapper else 0}
     if stage == 0:
-        out.update(tail=all_reduce(grads, dp), collectives=buckets(grads, s["reduce_bucket_size"] * elem))
+        out.update(tail=all_reduce(grads, dp), collectives=buckets(grads, s.reduce_bucket_size * elem))
     elif stage in (1, 2):
         # each reduce bucket all-reduced whole, every rank keeping its partition (use_multi_rank_bucket_allreduce,
         # DeepSpeed's default); without it one reduce per partition to its owner: the bucket's bytes, in n calls
@@ -323,18 +324,18 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
         reduce = all_reduce(grads, dp) if multi else grads * (dp > 1)
         out["grad_reduce" if overlap else "tail"] = reduce
         out.update(tail=out.get("tail", 0.0) + all_gather(grads, dp), hooks=out["hooks"] + stage * n * m,
-                   collectives=(2 if multi else dp + 1) * buckets(grads, s["reduce_bucket_size"] * elem))
+                   collectives=(2 if multi else dp + 1) * buckets(grads, s.reduce_bucket_size * elem))
     else:
-        per_block = s["leaf_blocks"] or s["deepcompile"]
-        modules = plan.model["n_layers"] * (1 if per_block else 12) + 5
+        per_block = s.leaf_blocks or s.deepcompile
+        modules = plan.model.n_layers * (1 if per_block else 12) + 5
         # forward gathers every parameter; backward only those released since (_kept_params stay gathered)
         regather = 1.0 - min(1.0, _kept_params(plan, param_groups(plan.model)["block"]) / params)
         out.update(param_gather=(1 + regather) * m * all_gather(grads, dp), grad_reduce=m * all_gather(grads, dp),
-                   collectives=2 * m * modules + m * buckets(grads, s["reduce_bucket_size"] * elem),
-                   hooks=out["hooks"] + m * (FETCH_OPS * modules + (0 if s["deepcompile"] else PARAM_OPS * n)))
-    if s["offload_optimizer"] != "none":  # gradients out, updated parameters in, the Adam step on the host
+                   collectives=2 * m * modules + m * buckets(grads, s.reduce_bucket_size * elem),
+                   hooks=out["hooks"] + m * (FETCH_OPS * modules + (0 if s.deepcompile else PARAM_OPS * n)))
+    if s.offload_optimizer != "none":  # gradients out, updated parameters in, the Adam step on the host
         out.update(offload=(elem + 2) * params / dp, host_adam=params / dp)
-    if s["offload_param"] != "none":  # the shard copied in before each gather
+    if s.offload_param != "none":  # the shard copied in before each gather
         out["offload"] = out.get("offload", 0.0) + 2 * m * grads / dp
     return out
 
@@ -355,7 +356,7 @@ SPEC = register(StrategySpec(
     search_bases={"strategy.zero_stage": (0, 1, 2, 3)},
     # deepspeed.initialize imports TorchInductor (its Muon optimizer module compiles at import; 0.7 s of its
     # ~1.5 s on the CPU machine). deepspeed itself is not preloaded: importing it queries the CUDA device count.
-    preload=lambda s: ("torch._inductor.compile_fx",),
+    preload=lambda strategy: ("torch._inductor.compile_fx",),  # the same for every knob: reads none
     profiles={"best": {
         "strategy.autocast": (True, "one H200, 300m bf16: ZeRO-0 77% -> 96% of single, same losses "
                                     "(results/2026-11-23-h200x2-ddp-ceiling-graph-exit)"),

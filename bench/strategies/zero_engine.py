@@ -20,52 +20,52 @@ AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # DeepSpeed's torch_a
 
 def build_ds_config(plan) -> dict:
     """The DeepSpeed config of a Plan: batch layout, precision, ZeRO knobs, then ds_config."""
-    c, s = plan.cfg, plan.strategy
-    stage = s["zero_stage"]
+    c, s = plan.run, plan.strategy
+    stage = s.zero_stage
     pin = plan.device == "cuda"  # pinned host buffers need CUDA
     zo: dict[str, Any] = {
         "stage": stage,
-        "contiguous_gradients": s["contiguous_gradients"],
+        "contiguous_gradients": s.contiguous_gradients,
         # null -> DeepSpeed's own default, written out so the record says what ran
-        "overlap_comm": stage == 3 if s["overlap_comm"] is None else s["overlap_comm"],
-        "reduce_bucket_size": int(s["reduce_bucket_size"]),
-        "allgather_bucket_size": int(s["allgather_bucket_size"]),
-        "compute_grad_norm": s["compute_grad_norm"],
+        "overlap_comm": stage == 3 if s.overlap_comm is None else s.overlap_comm,
+        "reduce_bucket_size": int(s.reduce_bucket_size),
+        "allgather_bucket_size": int(s.allgather_bucket_size),
+        "compute_grad_norm": s.compute_grad_norm,
     }
     if stage == 3:
-        zo.update(stage3_prefetch_bucket_size=int(s["prefetch_bucket_size"]),
-                  stage3_param_persistence_threshold=int(s["param_persistence_threshold"]),
-                  stage3_max_live_parameters=int(s["max_live_parameters"]))
-        if s["leaf_blocks"]:  # DeepSpeed matches the class by its qualified name
+        zo.update(stage3_prefetch_bucket_size=int(s.prefetch_bucket_size),
+                  stage3_param_persistence_threshold=int(s.param_persistence_threshold),
+                  stage3_max_live_parameters=int(s.max_live_parameters))
+        if s.leaf_blocks:  # DeepSpeed matches the class by its qualified name
             zo["leaf_module"] = {"classes": [f"{Block.__module__}.{Block.__qualname__}"]}
-    if s["offload_optimizer"] != "none":
-        zo["offload_optimizer"] = {"device": s["offload_optimizer"], "pin_memory": pin}
-    if s["offload_param"] != "none":
-        zo["offload_param"] = {"device": s["offload_param"], "pin_memory": pin}
+    if s.offload_optimizer != "none":
+        zo["offload_optimizer"] = {"device": s.offload_optimizer, "pin_memory": pin}
+    if s.offload_param != "none":
+        zo["offload_param"] = {"device": s.offload_param, "pin_memory": pin}
     cfg: dict[str, Any] = {
-        "train_batch_size": plan.model["global_batch"],
+        "train_batch_size": plan.model.global_batch,
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.grad_accum,
-        "gradient_clipping": float(c["optim"]["grad_clip"]),
+        "gradient_clipping": float(c.optim.grad_clip),
         "steps_per_print": 2**31 - 1,  # bench logs progress itself
         "wall_clock_breakdown": False,
         "zero_optimization": zo,
     }
-    if s["deepcompile"]:
+    if s.deepcompile:
         cfg["compile"] = {"deepcompile": True}
-    if s["autocast"] and c["precision"] in AUTOCAST_DTYPES:
-        cfg["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_DTYPES[c["precision"]]}
-    elif c["precision"] == "bf16":
+    if s.autocast and c.precision in AUTOCAST_DTYPES:
+        cfg["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_DTYPES[c.precision]}
+    elif c.precision == "bf16":
         cfg["bf16"] = {"enabled": True}
-    elif c["precision"] == "fp16":
-        f = s["fp16"]
-        cfg["fp16"] = {"enabled": True, "loss_scale": f["loss_scale"],
-                       "initial_scale_power": f["initial_scale_power"],
-                       "loss_scale_window": f["loss_scale_window"], "hysteresis": f["hysteresis"],
-                       "consecutive_hysteresis": f["consecutive_hysteresis"],
-                       "min_loss_scale": f["min_loss_scale"]}
+    elif c.precision == "fp16":
+        f = s.fp16
+        cfg["fp16"] = {"enabled": True, "loss_scale": f.loss_scale,
+                       "initial_scale_power": f.initial_scale_power,
+                       "loss_scale_window": f.loss_scale_window, "hysteresis": f.hysteresis,
+                       "consecutive_hysteresis": f.consecutive_hysteresis,
+                       "min_loss_scale": f.min_loss_scale}
     # strategy.ds_config (a raw dict) merged last: dicts merge, anything else replaces
-    return OmegaConf.to_container(OmegaConf.merge(cfg, s["ds_config"] or {}))
+    return OmegaConf.to_container(OmegaConf.merge(cfg, s.ds_config or {}))
 
 
 PRECISION_NOTES = {  # (precision, autocast) -> what ran
@@ -86,7 +86,7 @@ class Zero(Strategy):
 
     def setup(self) -> None:
         p, dev = self.plan, self.dist.device
-        cfg = p.cfg
+        run = p.run
         self.arch_fix = fix_cuda_arch_list()  # before any op build
         self.extensions_dir = ensure_torch_extensions_dir()
         with self.setup_phase("import deepspeed"):
@@ -94,13 +94,13 @@ class Zero(Strategy):
 
         self.ds_version = deepspeed.__version__
         with self.setup_phase("bench model"):
-            model = build_model(p.model, cfg["seed"], dev)
+            model = build_model(p.model, run.seed, dev)
         self.ac = apply_ac(model, p.layout.recompute, p.layout.recompute_every)
         self.loss_info = apply_loss_chunks(model, p.layout.loss_chunks)
         self.ds_config = build_ds_config(p)
-        o = cfg["optim"]
-        kw = dict(lr=o["lr"], betas=(o["beta1"], o["beta2"]), weight_decay=o["weight_decay"])
-        if p.strategy["offload_optimizer"] != "none":
+        o = run.optim
+        kw = dict(lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+        if p.strategy.offload_optimizer != "none":
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
             self.optimizer_name = "deepspeed.ops.adam.DeepSpeedCPUAdam(adamw_mode=True)"
@@ -117,8 +117,8 @@ class Zero(Strategy):
             self.engine, _, _, _ = deepspeed.initialize(
                 model=model, optimizer=make_opt, model_parameters=list(model.parameters()),
                 config=copy.deepcopy(self.ds_config))
-        if cfg["compile"]:
-            self.engine.compile(compile_kwargs=compile_kwargs(cfg))
+        if run.compile:
+            self.engine.compile(compile_kwargs=compile_kwargs(run))
         self.stream = self.data_stream(self.dist.rank)
         self.steps_done = 0
 
@@ -162,21 +162,21 @@ class Zero(Strategy):
 
     def describe(self) -> dict:
         p = self.plan
-        prec = p.cfg["precision"]
-        autocast = bool(p.strategy["autocast"]) and prec != "fp32"
+        prec = p.run.precision
+        autocast = bool(p.strategy.autocast) and prec != "fp32"
         engine = getattr(self, "engine", None)
         return {
             "impl": "deepspeed",
             "deepspeed_version": getattr(self, "ds_version", None),
-            "zero_stage": p.strategy["zero_stage"],
+            "zero_stage": p.strategy.zero_stage,
             "dp": p.dp_size,
-            "offload_optimizer": p.strategy["offload_optimizer"],
-            "offload_param": p.strategy["offload_param"],
+            "offload_optimizer": p.strategy.offload_optimizer,
+            "offload_param": p.strategy.offload_param,
             "optimizer": getattr(self, "optimizer_name", None),
             "optimizer_wrapper": type(engine.optimizer).__name__ if engine is not None else None,
             "autocast": autocast,
             "precision": PRECISION_NOTES[(prec, autocast)],
-            "compile": bool(p.cfg["compile"]),
+            "compile": bool(p.run.compile),
             "compiled": bool(engine.is_compiled) if engine is not None else False,
             "deepcompile": bool(engine.is_deepcompile_active()) if engine is not None else False,
             "micro_batch_size": p.micro_batch_size,
@@ -188,7 +188,7 @@ class Zero(Strategy):
             "ds_config": getattr(self, "ds_config", None) or build_ds_config(p),
             "torch_cuda_arch_list_rewritten": getattr(self, "arch_fix", None),
             "torch_extensions_dir": getattr(self, "extensions_dir", None),
-            "recompute": getattr(self, "ac", {}).get("recompute", p.cfg["recompute"]),
+            "recompute": getattr(self, "ac", {}).get("recompute", p.layout.recompute),
             "token_rule": "sum over data-parallel ranks",
             **getattr(self, "loss_info", {}),
         }
