@@ -40,7 +40,7 @@ def store(tmp_path, monkeypatch):
     path = tmp_path / "bests.json"
     monkeypatch.setenv("BENCH_BESTS", str(path))
     p = plan(*FSDP_300M, *ON_GPU)
-    e = {"strategy": bests.stored_identity(get_spec("fsdp"), p.strategy),
+    e = {"strategy": bests.stored_identity(get_spec("fsdp"), p.cfg["strategy"]),
          "settings": {"strategy.blocks_per_unit": 4, "compile": True}, "tokens_per_s": 199_500.0,
          "peak_memory_mb": 18_000.0, "workload": bests.plan_workload(p, GPU), "source": "results/test#tune"}
     bests.record([e])
@@ -77,7 +77,7 @@ def test_tuning_best_on_an_h100_takes_the_h200_measurement_of_its_workload(tmp_p
     monkeypatch.setenv("BENCH_BESTS", str(tmp_path / "bests.json"))
     on_h100 = (*FSDP_300M, "world_size=2", "dry_run=true", "hardware=h100_sxm_80gb")
     p = plan(*on_h100)
-    bests.record([{"strategy": bests.stored_identity(get_spec("fsdp"), p.strategy),
+    bests.record([{"strategy": bests.stored_identity(get_spec("fsdp"), p.cfg["strategy"]),
                    "settings": {"strategy.blocks_per_unit": 4}, "tokens_per_s": 300_000.0,
                    "peak_memory_mb": 18_000.0, "workload": bests.plan_workload(p, "NVIDIA H200"),
                    "source": "results/test#tune"}])

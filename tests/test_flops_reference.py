@@ -14,6 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench.run.config import register_configs
+from bench.run.schema import ModelConfig, typed
 from bench.metrics.flops import flops_per_token, total_params
 from bench.models.model import build_model, lm_loss
 from tests.conftest import REPO
@@ -30,14 +31,15 @@ def model_cfg(*overrides: str) -> dict:
                                        ("model=gpt2", "model.n_layers=2", "model.seq_len=128")])
 def test_flops_per_token_match_pytorchs_flop_counter(overrides):
     m = model_cfg(*overrides)
+    spec = typed(ModelConfig, m)  # bench/metrics/flops.py reads a ModelConfig
     model = build_model(m, 0, "cpu")
     b, s = 2, m["seq_len"]
     x = torch.randint(0, m["vocab_size"], (b, s + 1))
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
     counted = counter.get_total_flops() / (b * s)
-    assert counted == pytest.approx(flops_per_token(m), rel=0.01)
-    assert total_params(m) == sum(p.numel() for p in model.parameters())  # the built model's own count
+    assert counted == pytest.approx(flops_per_token(spec), rel=0.01)
+    assert total_params(spec) == sum(p.numel() for p in model.parameters())  # the built model's own count
 
 
 def test_checkpointing_every_second_block_recomputes_half_as_much_as_pytorchs_flop_counter_counts():
@@ -50,6 +52,7 @@ def test_checkpointing_every_second_block_recomputes_half_as_much_as_pytorchs_fl
     from bench.parallel.ac import apply_ac
 
     m = model_cfg("model=llama_tiny")
+    spec = typed(ModelConfig, m)  # bench/metrics/flops.py reads a ModelConfig
     counted = {}
     for every in (0, 1, 2):
         model = build_model(m, 0, "cpu")
@@ -60,7 +63,7 @@ def test_checkpointing_every_second_block_recomputes_half_as_much_as_pytorchs_fl
             lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
         counted[every] = counter.get_total_flops()
     share = (counted[2] - counted[0]) / (counted[1] - counted[0])
-    planned = [hardware_flops_per_token(m, "full", e) - flops_per_token(m) for e in (1, 2)]
+    planned = [hardware_flops_per_token(spec, "full", e) - flops_per_token(spec) for e in (1, 2)]
     assert share == pytest.approx(planned[1] / planned[0], rel=0.01) and share == pytest.approx(0.5, rel=0.01)
 
 
@@ -83,6 +86,7 @@ def test_op_level_checkpointing_recomputes_the_matmuls_pytorchs_flop_counter_cou
             return func(*args, **(kwargs or {}))
 
     m = model_cfg(f"model={name}")
+    spec = typed(ModelConfig, m)  # bench/metrics/flops.py reads a ModelConfig
     b, s = 2, m["seq_len"]
     x = torch.randint(0, m["vocab_size"], (b, s + 1))
     counted, attention = {}, {}
@@ -92,7 +96,7 @@ def test_op_level_checkpointing_recomputes_the_matmuls_pytorchs_flop_counter_cou
         with FlopCounterMode(display=False) as counter, AttentionCalls() as calls:
             lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
         counted[mode], attention[mode] = counter.get_total_flops() / (b * s), calls.calls
-    assert counted["op"] - counted["none"] == pytest.approx(hardware_flops_per_token(m, "op") - flops_per_token(m),
+    assert counted["op"] - counted["none"] == pytest.approx(hardware_flops_per_token(spec, "op") - flops_per_token(spec),
                                                             rel=0.01)
     assert attention == {"none": m["n_layers"], "op": m["n_layers"]}
 
@@ -105,15 +109,16 @@ def test_attention_flops_grow_with_the_sequence_as_pytorchs_flop_counter_counts(
     per token the counter and the formula agree within the norms' 6 FLOPs a parameter (2 x 64 x 6 + 64 x 6)."""
     m = model_cfg("model=llama_tiny", "model.d_model=64", "model.n_heads=2", "model.n_kv_heads=1",
                   "model.n_layers=1", "model.d_ff=176", "model.vocab_size=512", f"model.seq_len={seq}")
+    spec = typed(ModelConfig, m)  # bench/metrics/flops.py reads a ModelConfig
     model = build_model(m, 0, "meta")
     x = torch.randint(0, m["vocab_size"], (1, seq + 1), device="meta")
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
     counted = counter.get_total_flops() / seq
-    assert counted == pytest.approx(flops_per_token(m), rel=1e-3)
-    assert flops_per_token(m) - counted == 3 * 64 * 6  # the three norms' weights: no matmul
+    assert counted == pytest.approx(flops_per_token(spec), rel=1e-3)
+    assert flops_per_token(spec) - counted == 3 * 64 * 6  # the three norms' weights: no matmul
     attention = 12 * m["n_layers"] * m["d_model"] * seq
-    assert attention / flops_per_token(m) == pytest.approx({2048: 0.77, 16384: 0.96}[seq], abs=0.01)
+    assert attention / flops_per_token(spec) == pytest.approx({2048: 0.77, 16384: 0.96}[seq], abs=0.01)
 
 
 def test_the_chunked_loss_runs_the_head_again_as_pytorchs_flop_counter_counts():
@@ -124,6 +129,7 @@ def test_the_chunked_loss_runs_the_head_again_as_pytorchs_flop_counter_counts():
     from bench.parallel.ac import apply_loss_chunks
 
     m = model_cfg("model=llama_tiny")
+    spec = typed(ModelConfig, m)  # bench/metrics/flops.py reads a ModelConfig
     x = torch.randint(0, m["vocab_size"], (2, m["seq_len"] + 1))
     counted = {}
     for k in (1, 4):
@@ -132,5 +138,5 @@ def test_the_chunked_loss_runs_the_head_again_as_pytorchs_flop_counter_counts():
         with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
             model(x[:, :-1], targets=x[:, 1:]).backward()
         counted[k] = counter.get_total_flops() / x[:, 1:].numel()
-    assert counted[4] - counted[1] == hardware_flops_per_token(m, "none", loss_chunks=4) - flops_per_token(m)
-    assert hardware_flops_per_token(m, "none", loss_chunks=4) - flops_per_token(m) == 2 * m["d_model"] * m["vocab_size"]
+    assert counted[4] - counted[1] == hardware_flops_per_token(spec, "none", loss_chunks=4) - flops_per_token(spec)
+    assert hardware_flops_per_token(spec, "none", loss_chunks=4) - flops_per_token(spec) == 2 * m["d_model"] * m["vocab_size"]

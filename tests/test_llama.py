@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from bench.run.config import register_configs, validate
-from bench.run.schema import ConfigError
+from bench.run.schema import ConfigError, ModelConfig, typed
 from bench.metrics import flops
 from bench.models.model import GPT, apply_rope, build_model, lm_loss, rope_cos_sin, sdpa_kv
 from tests.conftest import REPO
@@ -64,13 +64,14 @@ def test_flops_parameter_counts_match_the_module(arch, tie):
     m = {**SMALL, "arch": arch, "tie_embeddings": tie, **({"n_kv_heads": 2} if arch == "llama" else {})}
     model = build_model(m, 0, "cpu")
     total = sum(p.numel() for p in model.parameters())  # unique: a tied head counted once
-    assert flops.total_params(m) == total
+    spec = typed(ModelConfig, m)  # bench/metrics/flops.py reads a ModelConfig
+    assert flops.total_params(spec) == total
     emb = sum(p.numel() for p in model.tok_emb.parameters())
     pos = sum(p.numel() for p in model.pos_emb.parameters()) if model.pos_emb is not None else 0
     head = model.head.weight.numel()
     # N counts the output projection also when tied (a matmul), never the embedding lookups
-    assert flops.matmul_params(m) == total - emb - pos + (head if tie else 0)
-    assert flops.flops_per_token(m) == 6 * flops.matmul_params(m) + 12 * 2 * 64 * 16
+    assert flops.matmul_params(spec) == total - emb - pos + (head if tie else 0)
+    assert flops.flops_per_token(spec) == 6 * flops.matmul_params(spec) + 12 * 2 * 64 * 16
     if arch == "llama":
         assert not any(n.endswith("bias") for n, _ in model.named_parameters())
 

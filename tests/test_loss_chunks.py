@@ -5,6 +5,7 @@ with the embedding).  One sweep (tests/conftest.py case_sweep)."""
 from __future__ import annotations
 
 from bench.metrics.flops import hardware_flops_per_token
+from bench.run.schema import ModelConfig, typed
 from tests.conftest import CPU_FAST, case_sweep, metrics_of
 
 LLAMA = [*CPU_FAST, "model=llama_tiny", "steps=2", "model.seq_len=64"]
@@ -36,5 +37,5 @@ def test_chunked_loss_equals_the_whole_logits_loss_under_every_strategy_that_tak
         # the record's hardware FLOPs count the head's forward again (tests/test_flops_reference.py checks the count)
         f, c = runs[name]["flops"], runs[name]["config"]
         assert f["flops_per_token"] == runs[ref]["flops"]["flops_per_token"]
-        assert f["hardware_flops_per_token"] == hardware_flops_per_token(c["model"], c["recompute"], 1, k)
+        assert f["hardware_flops_per_token"] == hardware_flops_per_token(typed(ModelConfig, c["model"]), c["recompute"], 1, k)
     assert runs["single"]["loss"]["per_step"] != runs["single_tied"]["loss"]["per_step"]  # two different models

@@ -6,6 +6,7 @@ import torch
 from bench.models.data import SyntheticStream, global_batch
 from bench.metrics import flops
 from bench.models.model import GPT, build_model
+from bench.run.schema import ModelConfig, typed
 
 TINY = dict(name="tiny", d_model=64, n_heads=4, n_layers=2, d_ff=256, vocab_size=500, seq_len=16, global_batch=8)
 
@@ -43,9 +44,10 @@ def test_flops_parameter_count_matches_the_module():
     m = GPT(**TINY)
     emb = m.tok_emb.weight.numel() + m.pos_emb.weight.numel()
     total = sum(p.numel() for p in m.parameters())
-    assert flops.total_params(TINY) == total
-    assert flops.matmul_params(TINY) == total - emb
-    assert flops.flops_per_token(TINY) == 6 * (total - emb) + 12 * 2 * 64 * 16
+    spec = typed(ModelConfig, TINY)  # bench/metrics/flops.py reads a ModelConfig
+    assert flops.total_params(spec) == total
+    assert flops.matmul_params(spec) == total - emb
+    assert flops.flops_per_token(spec) == 6 * (total - emb) + 12 * 2 * 64 * 16
 
 
 def test_forward_shapes_and_initial_loss_near_ln_vocab():

@@ -8,7 +8,7 @@ import torch
 
 from bench.models.model import build_model
 from bench.models.model_spec import describe_model
-from bench.run.schema import ConfigError
+from bench.run.schema import ConfigError, ModelConfig, typed
 
 SMALL = dict(d_model=64, n_heads=4, n_layers=3, d_ff=192, vocab_size=500, seq_len=16)
 FAMILIES = [dict(SMALL), dict(SMALL, tie_embeddings=True),
@@ -18,7 +18,7 @@ FAMILIES = [dict(SMALL), dict(SMALL, tie_embeddings=True),
 
 @pytest.mark.parametrize("m", FAMILIES, ids=("gpt", "gpt-tied", "llama-gqa", "qwen2-qkv_bias", "gemma-geglu-tied"))
 def test_parameter_tensors_and_norms_are_the_built_models(m):
-    model, desc = build_model(m, 0, "meta"), describe_model(m)
+    model, desc = build_model(m, 0, "meta"), describe_model(typed(ModelConfig, m))
     block = model.blocks["0"]
     assert desc.block_param_tensors() == len(list(block.parameters()))
     assert desc.end_param_tensors() == len(list(model.parameters())) - m["n_layers"] * len(list(block.parameters()))
@@ -50,7 +50,7 @@ def _mlp_saved_per_token(m: dict) -> int:
 def test_the_mlps_saved_activations_are_what_autograd_saves(m):
     """Eager: gpt saves fc_in's output and GELU's (fc_out's input); the gated MLP gate, up, act(gate) and the
     product (down's input)."""
-    e = describe_model(m).saved_per_token(compiled=False)
+    e = describe_model(typed(ModelConfig, m)).saved_per_token(compiled=False)
     assert e.mlp + e.mlp_down_input == _mlp_saved_per_token(m)
 
 
@@ -72,5 +72,5 @@ def test_validation_asks_the_description():
     odd = refused("model.arch=llama", "model.d_model=252", "model.n_heads=4", "model.d_ff=688")  # head dim 63
     assert odd.key == "model.n_heads" and "even head dimension" in str(odd)
     with pytest.raises(ConfigError) as e:
-        describe_model(dict(SMALL, arch="mamba"))
+        describe_model(typed(ModelConfig, dict(SMALL, arch="mamba")))
     assert e.value.key == "model.arch" and "gpt, llama" in str(e.value)

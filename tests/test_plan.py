@@ -10,6 +10,7 @@ from hydra import compose, initialize_config_dir
 from bench.run.config import register_configs, validate
 from bench.plan.memory_model import memory_plan
 from bench.metrics.flops import total_params
+from bench.run.schema import ModelConfig, typed
 from tests.conftest import CPU_FAST, REPO, run_bench
 
 register_configs()
@@ -38,7 +39,7 @@ def test_dry_run_prints_and_writes_the_plan_and_spawns_nothing(name, tmp_path):
     assert "plan: model=llama_tiny" in out and "predicted peak" in out
     plan_json = json.loads((d / "plan.json").read_text())
     mem = plan_json["memory"]
-    assert mem["parameters"] == total_params(plan_json["config"]["model"])
+    assert mem["parameters"] == total_params(typed(ModelConfig, plan_json["config"]["model"]))
     assert mem["predicted_peak_allocated_mb"] > 0 and mem["flops_per_token"] > 0
     assert not (d / "metrics.json").exists() and not list(d.glob("rank*"))  # no run, no rank
 

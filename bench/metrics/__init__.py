@@ -154,18 +154,21 @@ def _throughput(ranks: list[dict], model: dict, ws: int, applied_timed: int, des
 
 def _flops_fields(cfg: dict, tps: float, dev_name: Optional[str], matmul_peak: Optional[float]) -> dict:
     """The measured part of metrics.json's "flops" section: model and hardware FLOPs, MFU, HFU."""
+    from bench.run.schema import ModelConfig, typed
+
     model, ws = cfg["model"], cfg["world_size"]
-    fpt = _flops.flops_per_token(model)
+    spec = typed(ModelConfig, model)  # bench/metrics/flops.py reads a ModelConfig
+    fpt = _flops.flops_per_token(spec)
     achieved = fpt * tps / ws / 1e12
     peak, source = (cfg["metrics"]["peak_tflops"], "config metrics.peak_tflops") \
         if cfg["metrics"].get("peak_tflops") else _flops.mfu_peak_tflops(dev_name, cfg["precision"], cfg["tf32"])
     fp8_peak = _flops.peak_tflops(dev_name, "fp8", False)[0] if cfg["precision"] == "fp8" else None
-    hw_fpt = _flops.hardware_flops_per_token(model, cfg.get("recompute", "none"), cfg.get("recompute_every", 1),
+    hw_fpt = _flops.hardware_flops_per_token(spec, cfg.get("recompute", "none"), cfg.get("recompute_every", 1),
                                              cfg.get("loss_chunks", 1))
     hw = hw_fpt * tps / ws / 1e12
     return dict(
-        N=_flops.matmul_params(model), L=model["n_layers"], d=model["d_model"], seq=model["seq_len"],
-        flops_per_token=fpt, total_params=_flops.total_params(model),
+        N=_flops.matmul_params(spec), L=model["n_layers"], d=model["d_model"], seq=model["seq_len"],
+        flops_per_token=fpt, total_params=_flops.total_params(spec),
         achieved_tflops_per_device=achieved, peak_tflops=peak, peak_source=source, peak_tflops_fp8=fp8_peak,
         mfu=achieved / peak if peak else None, matmul_peak_tflops_measured=matmul_peak,
         mfu_vs_measured_peak=achieved / matmul_peak if matmul_peak else None,

@@ -18,26 +18,27 @@ from typing import Optional
 
 from bench.machine.hardware import peak_table
 from bench.models.model_spec import describe_model
+from bench.run.schema import ModelConfig
 
 FORMULA = "flops_per_token = 6*N + 12*L*d*seq"
 N_COUNTS = ("parameters of the L transformer blocks (q/k/v/o, MLP, biases, norms), the final norm and "
             "the output projection (also when tied to the token embedding: it is a matmul); embeddings excluded")
 
 
-def param_groups(model: dict) -> dict[str, int]:
+def param_groups(model: ModelConfig) -> dict[str, int]:
     return describe_model(model).param_groups()
 
 
-def matmul_params(model: dict) -> int:
+def matmul_params(model: ModelConfig) -> int:
     return describe_model(model).matmul_params()
 
 
-def total_params(model: dict) -> int:
+def total_params(model: ModelConfig) -> int:
     """Unique parameters of bench.models.model.build_model(model): a tied output projection once."""
     return describe_model(model).total_params()
 
 
-def flops_per_token(model: dict) -> int:
+def flops_per_token(model: ModelConfig) -> int:
     return describe_model(model).flops_per_token()
 
 
@@ -47,32 +48,32 @@ HFU_FORMULA = ("hardware_flops_per_token = flops_per_token + recomputed forward:
                "(the head's matmul again in backward)")
 
 
-def hardware_flops_per_token(model: dict, recompute: str, every: int = 1, loss_chunks: int = 1) -> int:
+def hardware_flops_per_token(model: ModelConfig, recompute: str, every: int = 1, loss_chunks: int = 1) -> int:
     """FLOPs the device executes per token, recomputed forward included (HFU's numerator; MFU's excludes it);
     ``every``: recompute_every (every k-th block checkpointed); ``loss_chunks`` > 1: the head's checkpointed
     matmul runs again in backward."""
     from bench.run.layout import checkpointed_blocks
 
-    share = checkpointed_blocks(recompute, every, model["n_layers"]) / model["n_layers"] if recompute == "full" else 1.0
+    share = checkpointed_blocks(recompute, every, model.n_layers) / model.n_layers if recompute == "full" else 1.0
     spec = describe_model(model)
     return spec.hardware_flops_per_token(recompute, share) + (spec.head_forward_flops() if loss_chunks > 1 else 0)
 
 
-def executed_flops_per_token(model: dict, recompute: str, every: int = 1, loss_chunks: int = 1) -> int:
+def executed_flops_per_token(model: ModelConfig, recompute: str, every: int = 1, loss_chunks: int = 1) -> int:
     """FLOPs the device actually runs per token: the hardware FLOPs less what the causal attention kernel skips
     (bench/models/model_spec.py ``causal_skipped_flops_per_token``): what the prediction times, not what MFU counts."""
     from bench.run.layout import checkpointed_blocks
 
-    share = checkpointed_blocks(recompute, every, model["n_layers"]) / model["n_layers"] if recompute == "full" else 1.0
+    share = checkpointed_blocks(recompute, every, model.n_layers) / model.n_layers if recompute == "full" else 1.0
     return hardware_flops_per_token(model, recompute, every, loss_chunks) \
         - describe_model(model).causal_skipped_flops_per_token(recompute, share)
 
 
-def float8_matmul_params(model: dict) -> int:
+def float8_matmul_params(model: ModelConfig) -> int:
     return describe_model(model).float8_matmul_params()
 
 
-def float8_cast_elements_per_layer_token(model: dict) -> int:
+def float8_cast_elements_per_layer_token(model: ModelConfig) -> int:
     """Memory-bound work on top of fp8's matmuls (bench/plan/predict.py, ``fp8_cast``)."""
     return describe_model(model).float8_cast_elements_per_layer_token()
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from bench.run.schema import ConfigError
+from bench.run.schema import ConfigError, ModelConfig
 
 
 class SavedPerToken(NamedTuple):
@@ -70,7 +70,7 @@ class ModelDescription:
     mlp_inputs = 1  # the MLP's projections reading its norm's output
 
     @classmethod
-    def options(cls, model: dict) -> dict:
+    def options(cls, model: ModelConfig) -> dict:
         """The family's own fields from the model config."""
         return {}
 
@@ -234,8 +234,8 @@ class LlamaDescription(ModelDescription):
     mlp_inputs = 2  # gate and up
 
     @classmethod
-    def options(cls, model: dict) -> dict:
-        return {"qkv_bias": bool(model.get("qkv_bias", False)), "mlp_act": model.get("mlp_act", "silu")}
+    def options(cls, model: ModelConfig) -> dict:
+        return {"qkv_bias": bool(model.qkv_bias), "mlp_act": model.mlp_act}
 
     def block_params(self) -> int:
         d, kv = self.d, self.kv_dim
@@ -257,12 +257,12 @@ class LlamaDescription(ModelDescription):
 FAMILIES: dict[str, type[ModelDescription]] = {"gpt": GPTDescription, "llama": LlamaDescription}
 
 
-def describe_model(model: dict) -> ModelDescription:
+def describe_model(model: ModelConfig) -> ModelDescription:
     """The description of a model config (``model.*``: a preset, a Hugging Face config, overrides)."""
-    arch = model.get("arch", "gpt")
+    arch = model.arch
     if arch not in FAMILIES:
         raise ConfigError("model.arch", arch, f"valid: {', '.join(FAMILIES)}")
     family = FAMILIES[arch]
-    return family(d=model["d_model"], heads=model["n_heads"], kv_heads=model.get("n_kv_heads") or model["n_heads"],
-                 ff=model["d_ff"], vocab=model["vocab_size"], seq=model["seq_len"], layers=model["n_layers"],
-                  tied=bool(model.get("tie_embeddings", False)), **family.options(model))
+    return family(d=model.d_model, heads=model.n_heads, kv_heads=model.n_kv_heads or model.n_heads,
+                 ff=model.d_ff, vocab=model.vocab_size, seq=model.seq_len, layers=model.n_layers,
+                  tied=bool(model.tie_embeddings), **family.options(model))

@@ -20,7 +20,7 @@ def params_per_rank(plan: Plan, tp_splits_vocab: bool, stage: Optional[str] = No
     g = desc.param_groups()
     norms_per_block = desc.norm_params_per_block()  # replicated over tp
     block = (g["block"] - norms_per_block) / tp + norms_per_block
-    blocks = block * m["n_layers"] / pp
+    blocks = block * m.n_layers / pp
     vocab_div = tp if tp_splits_vocab else 1
     emb = g["embedding"] / vocab_div
     # a tied head is the embedding itself, except on a pipeline's last stage, which holds a copy
@@ -38,30 +38,30 @@ def params_per_rank(plan: Plan, tp_splits_vocab: bool, stage: Optional[str] = No
 def _act_dtypes(plan: Plan, lay) -> tuple[int, int, int]:
     """(bytes of a saved activation, bytes of a norm input, projection-input copies per consumer (1: one
     16-bit cast per projection under eager autocast, 0: one shared tensor)) for how this run computes."""
-    if plan.cfg["precision"] == "fp32":
+    if plan.run.precision == "fp32":
         return 4, 4, 0
     if lay.sixteen_bit_weights:
         return 2, 2, 0
     # compiled, Inductor casts a norm's output once for all the projections that read it
-    return 2, 4, 0 if plan.cfg.get("compile") or lay.shared_input_casts else 1
+    return 2, 4, 0 if plan.run.compile or lay.shared_input_casts else 1
 
 
 def float8_input_bytes(plan: Plan, act: int, per_consumer: int) -> int:
     """Bytes per element of the input a converted Linear saves for backward: 1 where it saves a float8 cast
     (precision=fp8, compiled, tensorwise / rowwise: bench/parallel/float8.py saves_float8_inputs), else the
     activation's (bf16 runs; rowwise_with_gw_hp; eager per-projection casts, where torchao saves its bf16 input)."""
-    return 1 if saves_float8_inputs(plan.cfg) and not per_consumer else act
+    return 1 if saves_float8_inputs(plan.run) and not per_consumer else act
 
 
 def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
     """Saved activations of one transformer layer for a micro-batch of b sequences (module docstring);
     ``float8_saved``: what precision=fp8's float8-saved Linear inputs take off them (0 otherwise)."""
     m, tp = plan.model, plan.tp
-    d = m["d_model"]
-    e = describe_model(m).saved_per_token(bool(plan.cfg.get("compile")))  # elements, by kind (bench/models/model_spec.py)
+    d = m.d_model
+    e = describe_model(m).saved_per_token(bool(plan.run.compile))  # elements, by kind (bench/models/model_spec.py)
     act, norm_in, per_consumer = _act_dtypes(plan, lay)
     lin = float8_input_bytes(plan, act, per_consumer)  # a converted Linear's saved input: q/k/v, gate/up, down
-    tokens = b * m["seq_len"] // plan.cp  # the rank's shard of each sequence under context parallelism
+    tokens = b * m.seq_len // plan.cp  # the rank's shard of each sequence under context parallelism
     # replicated over tp (split too with sequence parallelism): the two norms' inputs and the projections' inputs
     sp = tp if lay.sequence_parallel else 1
     norms = e.norm_inputs * norm_in / sp
@@ -80,7 +80,7 @@ def op_saved_per_token(plan: Plan, act: int) -> float:
     """Bytes a block keeps per token under recompute=op beside its input (bench/models/model_spec.py
     ``op_saved_per_token``): matmul and attention outputs in the activation dtype, the column-parallel ones and
     attention's split over tp, the row-parallel ones' partial sums whole; the log-sum-exp in fp32."""
-    e = describe_model(plan.model).op_saved_per_token(bool(plan.cfg.get("compile")))
+    e = describe_model(plan.model).op_saved_per_token(bool(plan.run.compile))
     return (e.split * act + e.lse * 4) / plan.tp + e.whole * act
 
 
@@ -103,7 +103,7 @@ def in_flight_microbatches(plan: Plan, stage: str = "first") -> int:
 def autocast_copy_bytes(plan: Plan, lay, matmul_params: float) -> float:
     """torch.autocast's 16-bit copies of fp32 weights (every matmul weight and bias on the rank): the forward
     caches one per weight and each Linear saves it for its backward, so all are alive when backward starts."""
-    if plan.cfg["precision"] == "fp32" or lay.sixteen_bit_weights:
+    if plan.run.precision == "fp32" or lay.sixteen_bit_weights:
         return 0.0
     return 2 * matmul_params
 
@@ -114,7 +114,7 @@ def weight_copy_bytes(plan: Plan, lay, ranks: dict) -> float:
     parameter, counted for all of the rank's blocks: an upper bound (eager, torchao saves the fp32 / gathered
     weight and casts again in backward, one layer's copy alive at a time; compiled, Inductor may save them), and
     none where FSDP2 gathers in float8 (the gathered weight is the copy).  The head stays in bf16."""
-    if plan.cfg["precision"] != "fp8":
+    if plan.run.precision != "fp8":
         return autocast_copy_bytes(plan, lay, ranks["blocks"] + ranks["head"])
     return autocast_copy_bytes(plan, lay, ranks["head"]) + (0.0 if fsdp_float8_all_gather(plan) else ranks["blocks"])
 
@@ -125,7 +125,7 @@ def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str,
     m, b = plan.model, plan.micro_batch_size
     ranks = ranks or params_per_rank(plan, lay.tp_splits_vocab)
     layer = layer_activation_bytes(plan, b, lay)
-    layers = m["n_layers"] / plan.pp
+    layers = m.n_layers / plan.pp
     k = in_flight_microbatches(plan, ranks["stage"])
     mode = plan.layout.recompute
     copies = weight_copy_bytes(plan, lay, ranks)
@@ -140,7 +140,7 @@ def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str,
     else:
         ck, per_mb, recomputed, at_loss = 0.0, layers * layer["bytes"], 0.0, copies
     saved = k * (layers - ck) * layer["float8_saved"]  # the float8-saved inputs' share (not of checkpointed blocks)
-    vocab = m["vocab_size"] / (plan.tp if lay.tp_splits_vocab else 1)
+    vocab = m.vocab_size / (plan.tp if lay.tp_splits_vocab else 1)
     chunked = loss_chunk_bytes(plan, lay, layer["tokens"], vocab * lay.loss_bytes_per_logit, ranks["head"]) \
         if ranks["head"] else {}
     logits = chunked.get("chunk_logits", layer["tokens"] * vocab * lay.loss_bytes_per_logit if ranks["head"] else 0.0)
@@ -166,7 +166,7 @@ def loss_chunk_bytes(plan: Plan, lay, tokens: int, per_token: float, head: float
         return {}
     act, norm_in, _ = _act_dtypes(plan, lay)
     return {"chunks": k, "chunk_logits": -(-tokens // k) * per_token, "all_chunks": tokens * per_token,
-            "input": tokens * plan.model["d_model"] * norm_in, "head_grad": head * act}
+            "input": tokens * plan.model.d_model * norm_in, "head_grad": head * act}
 
 
 def cp_ring_bytes(plan: Plan) -> float:
@@ -175,5 +175,5 @@ def cp_ring_bytes(plan: Plan) -> float:
     concatenated to send; the chunk's dK / dV in fp32 three times (accumulated, concatenated to send, received from
     the ring's neighbour) and dQ's fp32 accumulator.  The forward holds less (the gathered K / V and the chunk)."""
     kv, cp, fp32 = kv_bytes(plan), plan.cp, RING_GRAD_BYTES
-    dq = local_tokens(plan) * plan.model["d_model"] / plan.tp * fp32
+    dq = local_tokens(plan) * plan.model.d_model / plan.tp * fp32
     return kv * (1 + 1 / cp) + 3 * kv / cp * fp32 / compute_bytes(plan) + dq

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from bench.machine.hardware import match as match_hardware
 from bench.jsonio import read_json_dict, write_json_atomic
-from bench.run.schema import BenchConfig, fields_of
+from bench.run.schema import BenchConfig, ModelConfig, fields_of, typed
 from bench.units import count_text
 
 SHIPPED = Path(__file__).with_name("bests.json")
@@ -108,21 +108,21 @@ def _get(cfg: dict, dotted: str) -> Any:
     return cfg
 
 
-def workload(cfg: dict, device: Optional[str], dp: int, micro_batch: int, fixed: bool) -> dict:
+def workload(run: BenchConfig, device: Optional[str], dp: int, micro_batch: int, fixed: bool) -> dict:
     """A run's workload (module docstring); ``fixed``: its micro-batch was set (else the whole per-rank batch)."""
     from bench.metrics.flops import total_params
 
-    m = cfg["model"]
-    asked = micro_batch if fixed or cfg["strategy"].get("microbatches") is not None else m["global_batch"] // dp
-    return {"device": device or "cpu", "model": m.get("name"), "arch": m.get("arch", "gpt"),
-            "parameters": int(total_params(m)), "world_size": cfg["world_size"],
-            "tokens_per_microbatch": int(asked * m["seq_len"]), "precision": cfg["precision"]}
+    m = run.model
+    asked = micro_batch if fixed or getattr(run.strategy, "microbatches", None) is not None else m.global_batch // dp
+    return {"device": device or "cpu", "model": m.name, "arch": m.arch,
+            "parameters": int(total_params(m)), "world_size": run.world_size,
+            "tokens_per_microbatch": int(asked * m.seq_len), "precision": run.precision}
 
 
 def plan_workload(plan, device: Optional[str]) -> dict:
     """The workload of a validated plan (tuning=best's lookup)."""
-    mbs = plan.strategy.get("micro_batch_size")
-    return workload(plan.cfg, device, plan.dp_size, plan.micro_batch_size, isinstance(mbs, int)
+    mbs = plan.strategy.micro_batch_size
+    return workload(plan.run, device, plan.dp_size, plan.micro_batch_size, isinstance(mbs, int)
                     and not isinstance(mbs, bool) and plan.micro_batch_auto is None)
 
 
@@ -210,8 +210,9 @@ def entry(spec, base: dict, won: dict, tokens_per_s: float, fixed_micro_batch: b
     lay = ((base.get("memory") or {}).get("plan") or {}).get("layout") or {}
     devices = [d for d in ((won.get("provenance") or {}).get("devices") or []) if d]
     mem = won.get("memory") or {}
-    wl = workload(bcfg, devices[0] if devices else None, lay.get("dp") or 1,
-                  lay.get("micro_batch_size") or bcfg["model"]["global_batch"], fixed_micro_batch)
+    run = typed(BenchConfig, bcfg, {"model": ModelConfig, "strategy": spec.schema})  # the base's config, read typed
+    wl = workload(run, devices[0] if devices else None, lay.get("dp") or 1,
+                  lay.get("micro_batch_size") or run.model.global_batch, fixed_micro_batch)
     peak = mem.get("max_allocated_mb") if mem.get("max_allocated_mb") is not None else mem.get("host_peak_rss_mb")
     won_lay = ((mem.get("plan") or {}).get("layout")) or {}
     return {"strategy": stored_identity(spec, bcfg["strategy"]), "settings": settings,

@@ -37,8 +37,8 @@ def agreement(items, within: float = 0.05) -> tuple[int, int]:
 
 def winner_agreement(runs: list[dict], predicted: np.ndarray, within: float = 0.05) -> tuple[int, int]:
     """``agreement`` over calibration runs and their predicted step times."""
-    return agreement((((r["plan"].model["name"], r["plan"].world_size, r["tokens"], r["device"]),
-                       r["plan"].strategy["name"], r["tokens"] / r["step"], r["tokens"] / p)
+    return agreement((((r["plan"].model.name, r["plan"].world_size, r["tokens"], r["device"]),
+                       r["plan"].strategy.name, r["tokens"] / r["step"], r["tokens"] / p)
                       for r, p in zip(runs, predicted)), within)
 
 
@@ -187,7 +187,7 @@ def regime_error(cal: dict, plan, hw) -> Optional[dict]:
     """On a slow link, the error measured with its whole link regime held out of the fit (``python -m
     bench.calibrate --by-regime``): the recorded runs like this one by GPU and strategy are NVLink runs, so their error
     says little here.  The regime is the run's ``link_regime``, else the one standing in for the hardware's link."""
-    regime = plan.cfg.get("link_regime") or "default"
+    regime = plan.run.link_regime or "default"
     regime = regime if regime != "default" else LINK_REGIME.get(hw.intra_node_link or "", "default")
     e = (cal.get("error_by_regime") or {}).get(regime)
     return {**e, "regime": regime} if regime != "default" and e and e.get("median_abs") is not None else None

@@ -104,8 +104,8 @@ def load_runs(folders: list[Path]) -> tuple[list[dict], dict]:
             m, prov = plan.model, rec.get("provenance") or {}
             nodes = len((rec.get("placement") or {}).get("nodes") or {}) or plan_topology(plan, hw).nodes
             runs.append({"folder": path.name, "plan": plan, "device": hw.gpu, "terms": terms(plan, hw),
-                         "case": (gpu_type(hw), str(nodes), plan.strategy["name"]),
+                         "case": (gpu_type(hw), str(nodes), plan.strategy.name),
                          "host": host_key(prov.get("hostname"), prov.get("cpu_count")),
-                         "regime": plan.cfg.get("link_regime") or "default",
-                         "step": float(rec["step_time_s"]["median"]), "tokens": m["global_batch"] * m["seq_len"]})
+                         "regime": plan.run.link_regime or "default",
+                         "step": float(rec["step_time_s"]["median"]), "tokens": m.global_batch * m.seq_len})
     return runs, left

@@ -22,6 +22,6 @@ def forward_end_bytes(plan: Plan, copies: float, logit_elements: float) -> float
     """Beside the saved activations at the end of the forward: autocast's cached copies (``copies``: every matmul
     weight's on the rank) and the loss' forward buffers over ``logit_elements`` logits; 0 where no cache holds them
     (fp32 or 16-bit weights: ``copies`` is 0; fp8; compiled)."""
-    if not copies or plan.cfg.get("compile") or plan.cfg["precision"] not in ("bf16", "fp16"):
+    if not copies or plan.run.compile or plan.run.precision not in ("bf16", "fp16"):
         return 0.0
     return copies + FORWARD_LOSS_BYTES_PER_LOGIT * logit_elements

@@ -66,7 +66,7 @@ def outside_allocator_bytes(plan: Plan, extra_communicators: int) -> float:
 def captures_step(plan: Plan, graph_pool: bool) -> bool:
     """The step runs from a CUDA graph (the strategy's own capture, ModelStates.cuda_graph_pool, or torch.compile's
     reduce-overhead mode), whose private pool is kept apart from the eager steps' cached blocks."""
-    return graph_pool or bool(plan.cfg.get("compile") and plan.cfg.get("compile_mode") == "reduce-overhead")
+    return graph_pool or bool(plan.run.compile and plan.run.compile_mode == "reduce-overhead")
 
 
 def graph_pool_bytes(plan: Plan, graph_pool: bool, captured: float) -> float:

@@ -58,9 +58,10 @@ Predictions against every recorded run's measured peak: ``python -m multirun_ana
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from typing import Any, Optional
 
-from bench.machine.hardware import resolve as resolve_hardware
+from bench.machine.hardware import HardwareConfig, resolve as resolve_hardware
 from bench.plan.memory_margins import (CONTEXT_BYTES, FRAGMENTATION, TIGHT, graph_pool_bytes, margins_text,  # noqa: F401
                                   outside_allocator_bytes, verdict)
 from bench.models.model_spec import describe_model
@@ -111,12 +112,17 @@ def gathered_param_bytes(plan: Plan, psi: float, lay: ModelStates) -> float:
 
 
 # ------------------------------------------------------------------------------ the plan
+def plan_hardware(plan: Plan) -> Optional[HardwareConfig]:
+    """The plan's hardware preset with its overrides applied (bench/machine/hardware.py ``resolve``); None for auto."""
+    return resolve_hardware({"hardware": asdict(plan.run.hardware)})
+
+
 def device_memory_gib(plan: Plan, gpu_memory_gib: Optional[float] = None) -> tuple[Optional[float], str]:
     """The memory a rank may use: memory_gib, else the hardware preset's, else the launcher's / the visible
     GPU's; None on CPU."""
-    if plan.cfg.get("memory_gib"):
-        return float(plan.cfg["memory_gib"]), "memory_gib"
-    preset = resolve_hardware(plan.cfg)
+    if plan.run.memory_gib:
+        return float(plan.run.memory_gib), "memory_gib"
+    preset = plan_hardware(plan)
     if preset is not None and preset.memory_gib:
         return float(preset.memory_gib), f"hardware={preset.name}"
     if gpu_memory_gib:
@@ -135,7 +141,7 @@ def device_memory_gib(plan: Plan, gpu_memory_gib: Optional[float] = None) -> tup
 def host_memory_gib(plan: Optional[Plan] = None) -> Optional[float]:
     """The node's RAM: the hardware preset's, else this machine's (the node a local run uses; for SLURM, the
     planning node's: an estimate)."""
-    preset = resolve_hardware(plan.cfg) if plan is not None else None
+    preset = plan_hardware(plan) if plan is not None else None
     if preset is not None and preset.host_memory_gib:
         return float(preset.host_memory_gib)
     try:
@@ -147,7 +153,7 @@ def host_memory_gib(plan: Optional[Plan] = None) -> Optional[float]:
 def _ranks_on_node(plan: Plan) -> int:
     if plan.device != "cuda":
         return 1
-    preset = resolve_hardware(plan.cfg)
+    preset = plan_hardware(plan)
     per_node = preset.gpus_per_node if preset is not None and preset.gpus_per_node else plan.world_size
     return min(plan.world_size, per_node)
 
@@ -180,7 +186,7 @@ def _workspace(plan: Plan) -> float:
 def _probe(plan: Plan) -> float:
     """Rank 0's matmul-peak probe before the run (bench/launch/worker.py measure_matmul_peak, when
     metrics.measure_matmul_peak): its peak is in the run's max_memory_allocated too."""
-    on = plan.device == "cuda" and (plan.cfg.get("metrics") or {}).get("measure_matmul_peak", False)
+    on = plan.device == "cuda" and plan.run.metrics.measure_matmul_peak
     return PROBE_BYTES + CUBLAS_WORKSPACE_BYTES if on else 0.0
 
 
@@ -191,7 +197,7 @@ def rank_peak(plan: Plan, spec, lay: ModelStates, stage: Optional[str] = None) -
     psi = ranks["params"]
     device, host = model_state_bytes(plan, psi, lay)
     act = activation_bytes(plan, lay, ranks)
-    per_block = ranks["blocks"] / max(1, plan.model["n_layers"] / plan.pp)
+    per_block = ranks["blocks"] / max(1, plan.model.n_layers / plan.pp)
     buf, buf_note = spec.buffers(plan, psi, per_block)
     phase, phase_note = spec.phase_buffers(plan, psi, per_block)
     accum = lay.accum_grad_bytes * psi if plan.grad_accum > 1 and not lay.offload_grads else 0.0
@@ -204,7 +210,7 @@ def rank_peak(plan: Plan, spec, lay: ModelStates, stage: Optional[str] = None) -
 
 def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
     """The predicted memory of the largest rank of a plan (module docstring), in MiB, with its parts."""
-    spec = get_spec(plan.strategy["name"])
+    spec = get_spec(plan.strategy.name)
     lay = spec.model_states(plan.run)
     peaks = [rank_peak(plan, spec, lay, stage) for stage in (("first", "last") if plan.pp > 1 else (None,))]
     r = max(peaks, key=lambda x: x["allocated"])

@@ -64,9 +64,9 @@ from typing import Optional
 
 import numpy as np
 
-from bench.machine.hardware import HardwareConfig, match, resolve
+from bench.machine.hardware import HardwareConfig, match
 from bench.plan.calibration_error import case_error, regime_error
-from bench.plan.memory_model import MB, memory_plan
+from bench.plan.memory_model import MB, memory_plan, plan_hardware
 from bench.models.model_spec import describe_model
 from bench.metrics.flops import (executed_flops_per_token, float8_cast_elements_per_layer_token, float8_matmul_params,
                                 flops_per_token)
@@ -134,7 +134,7 @@ BOUNDED = ("e_max", "fused", "link_eff", "grad_exposed", "param_exposed", "compi
 
 def device_hardware(plan: Plan, hardware: Optional[HardwareConfig] = None) -> HardwareConfig:
     """The GPU a plan is predicted for: the argument, else the config's preset, else the visible GPU's."""
-    hw = hardware or resolve(plan.cfg)
+    hw = hardware or plan_hardware(plan)
     if hw is None and plan.device == "cuda":
         import torch
 
@@ -149,13 +149,13 @@ def _peak(plan: Plan, hw: HardwareConfig) -> float:
     (float8_matmul_params: the blocks' Linear layers, forward and backward) at the fp8 peak, the rest (head,
     attention scores) at bf16's: the peak that gives their summed time.  The calibrated efficiency e(x) was fitted
     on bf16 / fp16 / fp32 runs and is applied unchanged (float8 kernels' own efficiency is not calibrated)."""
-    prec = plan.cfg["precision"]
+    prec = plan.run.precision
     if prec == "fp8":
         bf16 = float(hw.peak_tflops["bf16"])
         fp8 = float(hw.peak_tflops.get("fp8") or bf16)
         share = 6 * float8_matmul_params(plan.model) / flops_per_token(plan.model)
         return 1e12 / (share / fp8 + (1 - share) / bf16)
-    key = prec if prec != "fp32" else ("tf32" if plan.cfg.get("tf32") else "fp32")
+    key = prec if prec != "fp32" else ("tf32" if plan.run.tf32 else "fp32")
     return float(hw.peak_tflops.get(key) or hw.peak_tflops["fp32"]) * 1e12
 
 
@@ -169,7 +169,7 @@ def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, fl
     """What the step time is made of, before any calibrated constant: FLOPs, bytes, counts, rates."""
     hw = device_hardware(plan, hardware)
     mem = memory_plan(plan, gpu_memory_gib=hw.memory_gib)
-    traffic = get_spec(plan.strategy["name"]).traffic(plan, float(mem["parameters_on_rank"]))
+    traffic = get_spec(plan.strategy.name).traffic(plan, float(mem["parameters_on_rank"]))
     topo = plan_topology(plan, hw)
     device = _device_terms(plan, hw, mem)
     device["flops"] += traffic.get("extra_flops", 0.0)
@@ -217,10 +217,10 @@ def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict) -> dict[str, float]
     loss_mb = act["loss_chunks"]["all_chunks"] / MB if "loss_chunks" in act else act["logits_mb"]
     activations = (act["per_layer_per_microbatch_mb"] * act["layers_on_rank"] + loss_mb) * MB * ga
     return {
-        "flops": executed_flops_per_token(m, lay.recompute, lay.recompute_every, lay.loss_chunks) * m["global_batch"]
-        * m["seq_len"] / plan.world_size,
+        "flops": executed_flops_per_token(m, lay.recompute, lay.recompute_every, lay.loss_chunks) * m.global_batch
+        * m.seq_len / plan.world_size,
         "peak": _peak(plan, hw), "peak_ratio": peak_ratio(hw),
-        "matmul_size": local_tokens(plan) * m["d_model"] / plan.tp * REFERENCE_MATMUL_FLOPS
+        "matmul_size": local_tokens(plan) * m.d_model / plan.tp * REFERENCE_MATMUL_FLOPS
         / (float(hw.peak_tflops["bf16"]) * 1e12 * peak_ratio(hw)),
         "elementwise_s": activations / hbm,
         "optimizer_s": OPTIMIZER_PASSES * sum(mem["model_states"]["device_mb"].values()) * MB / hbm,
@@ -233,7 +233,7 @@ def _float8_cast_bytes(plan: Plan, layers_on_rank: float) -> float:
     """precision=fp8: bytes of the rank's float8 casts in a step (3 an element; the forward's twice under full
     recompute, its recomputed matmuls' share again under op), split over tp like the matmuls; 0 for other
     precisions."""
-    if plan.cfg["precision"] != "fp8":
+    if plan.run.precision != "fp8":
         return 0.0
     m = plan.model
     tokens = local_tokens(plan) * plan.grad_accum
@@ -246,13 +246,13 @@ def _float8_cast_bytes(plan: Plan, layers_on_rank: float) -> float:
 def _host_terms(plan: Plan, traffic: dict) -> dict[str, float]:
     """Compiled / graphed, the layer passes and micro-batches the host launches, the strategy's host work, and
     whether the host waits on the device every step (sync timing, fp16's overflow check, a strategy's syncs)."""
-    cfg = plan.cfg
-    compiled = bool(cfg["compile"]) and not traffic.get("eager", 0)
-    graphed = (compiled and cfg["compile_mode"] == "reduce-overhead") or traffic.get("graphed", 0) > 0
-    syncs = traffic.get("syncs", 0.0) + (1.0 if cfg["precision"] == "fp16" else 0.0)
-    sync_timing = (cfg.get("metrics") or {}).get("step_timing") == "sync"
+    run = plan.run
+    compiled = bool(run.compile) and not traffic.get("eager", 0)
+    graphed = (compiled and run.compile_mode == "reduce-overhead") or traffic.get("graphed", 0) > 0
+    syncs = traffic.get("syncs", 0.0) + (1.0 if run.precision == "fp16" else 0.0)
+    sync_timing = run.metrics.step_timing == "sync"
     return {"compiled": float(compiled), "graphed": float(graphed), "microbatches": float(plan.grad_accum),
-            "layer_passes": plan.model["n_layers"] / plan.pp * plan.grad_accum,
+            "layer_passes": plan.model.n_layers / plan.pp * plan.grad_accum,
             "layer_host": traffic.get("layer_host", 1.0), "hooks": traffic.get("hooks", 0.0), "syncs": syncs,
             "host_waits": float(sync_timing or syncs > 0), "host_adam": traffic.get("host_adam", 0.0),
             "host_lockstep": float(plan.world_size > 1 and traffic.get("hooks", 0.0) > 0)}
@@ -315,9 +315,9 @@ def predict(plan: Plan, hardware: Optional[HardwareConfig] = None, host: Optiona
     t["host_factor"] = (cal.get("host_factors") or {}).get(host, 1.0)
     parts = {name: float(v) for name, v in combine(t, cal["constants"]).items()}
     step = parts.pop("step_time_s")
-    tokens = plan.model["global_batch"] * plan.model["seq_len"]
+    tokens = plan.model.global_batch * plan.model.seq_len
     topo = plan_topology(plan, hw)
-    case = (gpu_type(hw), topo.nodes, plan.strategy["name"])
+    case = (gpu_type(hw), topo.nodes, plan.strategy.name)
     return {"tokens_per_s": tokens / step, "step_time_s": step, "breakdown": parts, "error": cal.get("error"),
             "topology": topo.describe(), "placement": topo.as_dict(), "case_error": case_error(cal, *case),
             "regime_error": regime_error(cal, plan, hw), "bound_tokens_per_s": tokens / bound_step(t)}

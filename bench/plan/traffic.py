@@ -70,7 +70,7 @@ def hsdp_grad_reduce(nbytes: float, shard: int, replicate: int = 1) -> tuple[flo
 
 def compute_bytes(plan: Plan) -> int:
     """Bytes of one 16-bit (or fp32) activation / parameter element as the step computes."""
-    return 4 if plan.cfg["precision"] == "fp32" else 2
+    return 4 if plan.run.precision == "fp32" else 2
 
 
 def param_tensors(plan: Plan) -> int:
@@ -92,8 +92,8 @@ def tp_activation(plan: Plan, backward: float = 2) -> dict[str, float]:
     if plan.tp == 1:
         return {}
     m = plan.model
-    layers = m["n_layers"] / plan.pp * plan.grad_accum
-    act = local_tokens(plan) * m["d_model"] * compute_bytes(plan)
+    layers = m.n_layers / plan.pp * plan.grad_accum
+    act = local_tokens(plan) * m.d_model * compute_bytes(plan)
     return {"activation": (2 + backward) * layers * all_reduce(act, plan.tp), "collectives": (2 + backward) * layers}
 
 
@@ -115,7 +115,7 @@ def torch_tp(plan: Plan) -> dict[str, float]:
     f8 = float8_tp(plan) and float8_blocks_converted(plan)
     out = tp_activation(plan, backward=1 + (1 if f8 else mlp_in))
     if f8:
-        layers = plan.model["n_layers"] / plan.pp * plan.grad_accum
+        layers = plan.model.n_layers / plan.pp * plan.grad_accum
         weights = 0 if precomputes_scales(plan) else 2 * (4 + mlp_in + 1)
         out["scalar_collectives"] = layers * (2 + 3 + mlp_in + weights)
     return out
@@ -136,14 +136,14 @@ def float8_blocks_converted(plan: Plan) -> bool:
 
 def local_tokens(plan: Plan) -> int:
     """Tokens of one micro-batch on one rank: b sequences of seq_len / cp (context parallelism shards each)."""
-    return plan.micro_batch_size * plan.model["seq_len"] // plan.cp
+    return plan.micro_batch_size * plan.model.seq_len // plan.cp
 
 
 def kv_bytes(plan: Plan) -> float:
     """One layer's K and V over the whole sequence of a micro-batch, as attention computes (the rank's kv heads
     under tp): what context parallelism's all-gather assembles on every rank of the cp group."""
     kv_dim = describe_model(plan.model).kv_dim / plan.tp
-    return 2 * plan.micro_batch_size * plan.model["seq_len"] * kv_dim * compute_bytes(plan)
+    return 2 * plan.micro_batch_size * plan.model.seq_len * kv_dim * compute_bytes(plan)
 
 
 # torch's ring attention accumulates dK / dV in fp32 (_cp_options.convert_to_f32) while they travel the ring
@@ -161,7 +161,7 @@ def cp_kv_exchange(plan: Plan) -> dict[str, float]:
     cp = plan.cp
     if cp == 1:
         return {}
-    layers = plan.model["n_layers"] / plan.pp
+    layers = plan.model.n_layers / plan.pp
     recomputed = layers if plan.layout.recompute == "selective" else plan.layout.checkpointed(layers)
     kv = kv_bytes(plan)
     grads = kv * RING_GRAD_BYTES / compute_bytes(plan)  # cp hops of 1/cp of K / V's size, in fp32
@@ -177,7 +177,7 @@ def pp_p2p(plan: Plan) -> dict[str, float]:
         return {}
     m = plan.model
     v = plan.layout.virtual_pipeline
-    act = plan.micro_batch_size * m["seq_len"] * m["d_model"] * compute_bytes(plan)
+    act = plan.micro_batch_size * m.seq_len * m.d_model * compute_bytes(plan)
     sends = 2 * plan.grad_accum * v
     return {"p2p": sends * act, "collectives": 2 * sends}
 
@@ -190,7 +190,7 @@ def torch_native_hooks(plan: Plan) -> dict[str, float]:
     out: dict[str, float] = {"layer_host": DTENSOR_LAYER_HOST} if plan.tp > 1 else {}
     if plan.tp > 1:
         m = plan.model
-        out["extra_flops"] = (6.0 * m["d_model"] * m["vocab_size"] * m["global_batch"] * m["seq_len"]
+        out["extra_flops"] = (6.0 * m.d_model * m.vocab_size * m.global_batch * m.seq_len
                               * (plan.tp - 1) / plan.world_size)
     if plan.pp > 1:  # compiled stages save no host time under the schedule (300m, PP=2, 2 x H200: 146-209 ms
         # a step eager, 203-274 compiled; results/2026-11-22-h200x2-model-parallel, -forkserver-graphs, -x4-followups)

@@ -174,7 +174,7 @@ def _shared_rules(c: dict) -> None:
     if m["d_model"] % m["n_heads"]:
         raise ConfigError("model.n_heads", m["n_heads"], f"must divide model.d_model={m['d_model']} (a model of "
                           "your own: docs/models.md, a preset in a --config-dir folder)")
-    kv, desc = m.get("n_kv_heads"), describe_model(m)
+    kv, desc = m.get("n_kv_heads"), describe_model(typed(ModelConfig, m))
     if kv is not None:
         check_positive("model.n_kv_heads", kv)
         if m["n_heads"] % kv:
