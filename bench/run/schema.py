@@ -310,6 +310,11 @@ class BenchConfig(Section):
 
 
 # --------------------------------------------------------------------------- plan
+# the top-level shorthands (zero_stage=3 sets strategy.zero_stage): validation moves them into the strategy section,
+# so a run's record says what ran once
+_SHORTHANDS = {f.name: f.metadata.get("alias") for f in dataclasses.fields(BenchConfig)}
+
+
 @dataclass
 class Plan:
     """A validated run: the typed run description plus everything derived from it."""
@@ -327,7 +332,7 @@ class Plan:
     @property
     def cfg(self) -> dict:
         """The run description as plain containers: what a record and a run key hold (a copy: write to ``run``)."""
-        d = dataclasses.asdict(self.run)
+        d = {k: v for k, v in dataclasses.asdict(self.run).items() if not _SHORTHANDS.get(k)}
         if self.command is not None:
             d["_command"] = self.command
         return d
