@@ -143,10 +143,10 @@ def row(folder: str, name: str, m: dict) -> dict:
     except Exception as e:  # noqa: BLE001  (a config the current code refuses: said, not fatal)
         return {**out, "note": f"not re-plannable: {type(e).__name__}: {str(e)[:120]}"}
     _layout(out, m, plan)
-    out["tokens_per_step"] = plan.model["global_batch"] * plan.model["seq_len"]
+    out["tokens_per_step"] = plan.model.global_batch * plan.model.seq_len
     out.update(predicted_peak_gib=mem["predicted_peak_allocated_mb"] / 1024, predicted_fits=mem["fits"],
                predicted_tight=mem["tight"], predicted_tokens_per_s=_predicted_tokens(plan, m),
-               hardware=hardware_label(m), link_regime=plan.cfg.get("link_regime"))
+               hardware=hardware_label(m), link_regime=plan.run.link_regime)
     if out["measured_peak_gib"] and out["status"] == "completed":
         out["peak_error_pct"] = 100 * (out["predicted_peak_gib"] / out["measured_peak_gib"] - 1)
     if out["predicted_tokens_per_s"] and out["measured_tokens_per_s"] and out["status"] == "completed":

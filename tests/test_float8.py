@@ -12,6 +12,7 @@ pytest.importorskip("torchao")
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from bench.run.config import ConfigError, register_configs, validate  # noqa: E402
+from bench.run.schema import ModelConfig, typed  # noqa: E402
 from tests.conftest import REPO, loss_curve, metrics_of, spawn_ranks  # noqa: E402
 
 register_configs()
@@ -132,14 +133,15 @@ def _tp_fsdp_worker(rank: int, world: int) -> None:
 
     plan = SimpleNamespace(cfg={"precision": "fp8", "fp8_recipe": "tensorwise"}, tp=2,
                            strategy={"fp8_all_gather": True, "fp8_precompute_scale": True})
-    whole, tp = build_model(TINY_LLAMA, 0, "cpu"), build_model(TINY_LLAMA, 0, "cpu")
+    tiny = typed(ModelConfig, TINY_LLAMA)
+    whole, tp = build_model(tiny, 0, "cpu"), build_model(tiny, 0, "cpu")
     apply_float8(whole, plan)
     apply_float8(tp, plan)
     info = apply_tp(tp, init_device_mesh("cpu", (world,), mesh_dim_names=("tp",)), float8=True)
     assert "float8" in info["tp_plan"]
     assert abs(_fp8_loss(tp).item() - _fp8_loss(whole).item()) < 1e-2
     _fp8_loss(tp).backward()
-    fsdp = build_model(TINY_LLAMA, 0, "cpu")
+    fsdp = build_model(tiny, 0, "cpu")
     assert apply_float8(fsdp, plan)["float8"]["fsdp_float8_all_gather"]
     apply_fsdp(fsdp, init_device_mesh("cpu", (world,), mesh_dim_names=("dp",)), "fp8",
                dict(reduce_dtype="fp32", blocks_per_unit=1, reshard_after_forward=True, prefetch=0), False, "cpu")

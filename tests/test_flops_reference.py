@@ -17,6 +17,7 @@ from bench.run.config import register_configs
 from bench.run.schema import ModelConfig, typed
 from bench.metrics.flops import flops_per_token, total_params
 from bench.models.model import build_model, lm_loss
+from bench.run.schema import ModelConfig, typed
 from tests.conftest import REPO
 
 register_configs()
@@ -32,7 +33,7 @@ def model_cfg(*overrides: str) -> dict:
 def test_flops_per_token_match_pytorchs_flop_counter(overrides):
     m = model_cfg(*overrides)
     spec = typed(ModelConfig, m)  # bench/metrics/flops.py reads a ModelConfig
-    model = build_model(m, 0, "cpu")
+    model = build_model(spec, 0, "cpu")
     b, s = 2, m["seq_len"]
     x = torch.randint(0, m["vocab_size"], (b, s + 1))
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
@@ -55,7 +56,7 @@ def test_checkpointing_every_second_block_recomputes_half_as_much_as_pytorchs_fl
     spec = typed(ModelConfig, m)  # bench/metrics/flops.py reads a ModelConfig
     counted = {}
     for every in (0, 1, 2):
-        model = build_model(m, 0, "cpu")
+        model = build_model(typed(ModelConfig, m), 0, "cpu")
         if every:
             apply_ac(model, "full", every)
         x = torch.randint(0, m["vocab_size"], (2, m["seq_len"] + 1))
@@ -91,7 +92,7 @@ def test_op_level_checkpointing_recomputes_the_matmuls_pytorchs_flop_counter_cou
     x = torch.randint(0, m["vocab_size"], (b, s + 1))
     counted, attention = {}, {}
     for mode in ("none", "op"):
-        model = build_model(m, 0, "cpu")
+        model = build_model(typed(ModelConfig, m), 0, "cpu")
         apply_ac(model, mode)
         with FlopCounterMode(display=False) as counter, AttentionCalls() as calls:
             lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
@@ -110,7 +111,7 @@ def test_attention_flops_grow_with_the_sequence_as_pytorchs_flop_counter_counts(
     m = model_cfg("model=llama_tiny", "model.d_model=64", "model.n_heads=2", "model.n_kv_heads=1",
                   "model.n_layers=1", "model.d_ff=176", "model.vocab_size=512", f"model.seq_len={seq}")
     spec = typed(ModelConfig, m)  # bench/metrics/flops.py reads a ModelConfig
-    model = build_model(m, 0, "meta")
+    model = build_model(spec, 0, "meta")
     x = torch.randint(0, m["vocab_size"], (1, seq + 1), device="meta")
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
@@ -133,7 +134,7 @@ def test_the_chunked_loss_runs_the_head_again_as_pytorchs_flop_counter_counts():
     x = torch.randint(0, m["vocab_size"], (2, m["seq_len"] + 1))
     counted = {}
     for k in (1, 4):
-        model = build_model(m, 0, "cpu")
+        model = build_model(typed(ModelConfig, m), 0, "cpu")
         apply_loss_chunks(model, k)
         with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
             model(x[:, :-1], targets=x[:, 1:]).backward()

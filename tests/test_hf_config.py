@@ -3,6 +3,7 @@ and sizes derived from a width changed on the command line.  Parameter counts ar
 published counts and against the model bench builds (sum of its parameters' sizes), not the formula."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -14,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from bench.run.config import ConfigError, register_configs, validate
 from bench.metrics.flops import total_params
 from bench.models.model import build_model, lm_loss
+from bench.run.schema import ModelConfig, typed
 from tests.conftest import REPO, run_bench
 
 register_configs()
@@ -37,8 +39,9 @@ def hf_plan(name: str, *overrides: str, explicit=()):
     return validate(cfg("model=hf", f"model.hf_config=tests/data/hf/{name}", *overrides), gpus=0, explicit=explicit)
 
 
-def built_params(model: dict) -> int:
-    """Parameters of the model bench builds (shapes only), a tied head once."""
+def built_params(model) -> int:
+    """Parameters of the model bench builds (shapes only), a tied head once (a plan's model, or a recorded one)."""
+    model = model if isinstance(model, ModelConfig) else typed(ModelConfig, model)
     return sum(p.numel() for p in build_model(model, 0, "meta").parameters())
 
 
@@ -109,8 +112,8 @@ def test_gemma_gates_with_tanh_gelu():
     """Gemma 2B: one key/value head, heads of 256, GeGLU (transformers runs tanh-GELU whatever its hidden_act says)."""
     m = hf_plan("gemma-2b").model
     assert (m["mlp_act"], m["n_kv_heads"], m["tie_embeddings"], m["seq_len"]) == ("gelu_tanh", 1, True, 4096)
-    mlp = build_model({**m, "n_layers": 1, "vocab_size": 8, "d_model": 16, "n_heads": 2, "n_kv_heads": 1,
-                       "d_ff": 24}, 0, "cpu").blocks["0"].mlp
+    mlp = build_model(dataclasses.replace(m, n_layers=1, vocab_size=8, d_model=16, n_heads=2, n_kv_heads=1, d_ff=24),
+                      0, "cpu").blocks["0"].mlp
     x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
     ref = mlp.down_proj(torch.nn.functional.gelu(mlp.gate_proj(x), approximate="tanh") * mlp.up_proj(x))
     assert torch.allclose(mlp(x), ref)

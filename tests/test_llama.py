@@ -48,7 +48,7 @@ def llama_tiny(**over) -> dict:
 def test_llama3_presets_have_the_published_parameter_count(name):
     m = compose_model(name)
     assert m["arch"] == "llama" and m["seq_len"] == 2048 and m["global_batch"] == 8
-    model = build_model(m, 0, "meta")  # shapes only: no 8B allocation
+    model = build_model(typed(ModelConfig, m), 0, "meta")  # shapes only: no 8B allocation
     n = sum(p.numel() for p in model.parameters())
     assert n == flops.total_params(m)
     assert abs(n - PUBLISHED[name]) <= 0.01 * PUBLISHED[name], (n, PUBLISHED[name])
@@ -62,7 +62,7 @@ def test_llama3_presets_have_the_published_parameter_count(name):
 @pytest.mark.parametrize("tie", [False, True])
 def test_flops_parameter_counts_match_the_module(arch, tie):
     m = {**SMALL, "arch": arch, "tie_embeddings": tie, **({"n_kv_heads": 2} if arch == "llama" else {})}
-    model = build_model(m, 0, "cpu")
+    model = build_model(typed(ModelConfig, m), 0, "cpu")
     total = sum(p.numel() for p in model.parameters())  # unique: a tied head counted once
     spec = typed(ModelConfig, m)  # bench/metrics/flops.py reads a ModelConfig
     assert flops.total_params(spec) == total
@@ -81,7 +81,7 @@ def test_llama_tiny_preset_and_initial_loss():
     assert (m["d_model"], m["n_heads"], m["n_kv_heads"], m["n_layers"], m["d_ff"], m["vocab_size"],
             m["seq_len"], m["global_batch"], m["tie_embeddings"]) == (256, 8, 4, 4, 688, 8000, 128, 8, False)
     assert {k: m[k] for k in llama_tiny()} == llama_tiny()  # the preset's fields; the schema adds defaults
-    model = build_model(m, 0, "cpu")
+    model = build_model(typed(ModelConfig, m), 0, "cpu")
     assert 5e6 < sum(p.numel() for p in model.parameters()) < 1e7
     g = torch.Generator().manual_seed(0)
     batch = torch.randint(0, m["vocab_size"], (2, m["seq_len"] + 1), generator=g)
@@ -93,7 +93,7 @@ def test_llama_tiny_preset_and_initial_loss():
     loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
     # same seed, same weights; llama init: N(0, 0.02), o_proj / down_proj 0.02/sqrt(2L), norms 1
-    again = build_model(m, 0, "cpu")
+    again = build_model(typed(ModelConfig, m), 0, "cpu")
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), again.parameters()))
     b0 = model.blocks["0"]
     assert abs(b0.mlp.down_proj.weight.std().item() - 0.02 / math.sqrt(8)) < 1e-3
@@ -104,7 +104,7 @@ def test_llama_tiny_preset_and_initial_loss():
 
 def test_llama_module_names():
     """The names the torch TP plan and FSDP wrapping rely on."""
-    model = build_model(llama_tiny(tie_embeddings=True), 0, "meta")
+    model = build_model(typed(ModelConfig, llama_tiny(tie_embeddings=True)), 0, "meta")
     names = {n for n, _ in model.named_modules()}
     block = {"ln_attn", "attn", "attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "ln_mlp", "mlp",
              "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
@@ -118,8 +118,8 @@ def test_gqa_equals_attention_with_repeated_kv_heads():
     """A llama with 2 kv heads for 8 query heads computes what a llama with 8 kv heads computes when
     each of its kv heads is the shared head of its group (query head i reads kv head i // 4)."""
     m = {**SMALL, "arch": "llama", "n_heads": 8, "n_kv_heads": 2}
-    gqa = build_model(m, 0, "cpu")
-    mha = build_model({**m, "n_kv_heads": None}, 0, "cpu")
+    gqa = build_model(typed(ModelConfig, m), 0, "cpu")
+    mha = build_model(typed(ModelConfig, {**m, "n_kv_heads": None}), 0, "cpu")
     hd = 8
     with torch.no_grad():
         for (n, p), q in zip(gqa.named_parameters(), mha.parameters()):
@@ -180,7 +180,7 @@ def test_rope_matches_megatron(monkeypatch):
 def test_pipeline_stages_of_a_llama_compute_the_whole_model():
     """A stage is GPT with parts deleted (as torch_pp.stage_module): RoPE travels with the blocks."""
     m = llama_tiny(tie_embeddings=True, n_layers=2, seq_len=32)
-    full = build_model(m, 0, "cpu")
+    full = build_model(typed(ModelConfig, m), 0, "cpu")
     stages = []
     for first, keys in ((True, ["0"]), (False, ["1"])):
         st = GPT.__new__(GPT)
@@ -213,7 +213,7 @@ def test_llama_config_rules(overrides, key):
 
 def test_gpt_may_tie_and_keeps_its_defaults():
     m = compose_model("tiny", "model.tie_embeddings=true", "model.n_kv_heads=4")  # n_kv_heads == n_heads: fine
-    model = build_model(m, 0, "cpu")
+    model = build_model(typed(ModelConfig, m), 0, "cpu")
     assert model.head.weight is model.tok_emb.weight and model.pos_emb is not None
     d = compose_model("tiny")
     assert (d["arch"], d["n_kv_heads"], d["tie_embeddings"], d["rope_theta"], d["norm_eps"]) == \
@@ -235,7 +235,7 @@ def test_megatron_tp_slices_of_bench_llama_weights(tp):
     from bench.strategies.megatron import model as mm
 
     m = llama_tiny(n_layers=1)
-    bench = build_model(m, 0, "cpu")
+    bench = build_model(typed(ModelConfig, m), 0, "cpu")
     chunk, attn, mlp = _fake_chunk(1), bench.blocks["0"].attn, bench.blocks["0"].mlp
     nh, ng, hd, d = m["n_heads"], m["n_kv_heads"], 32, m["d_model"]
 
@@ -264,7 +264,7 @@ def test_megatron_tp_slices_of_bench_llama_weights(tp):
         assert torch.equal(sl("self_attention.linear_proj.weight", r), attn.o_proj.weight.chunk(tp, dim=1)[r])
         assert torch.equal(sl("input_layernorm.weight", r), bench.blocks["0"].ln_attn.weight)
         assert torch.equal(sl("self_attention.linear_qkv.layer_norm_weight", r), bench.blocks["0"].ln_attn.weight)
-    tied = build_model(llama_tiny(n_layers=1, tie_embeddings=True), 0, "cpu")
+    tied = build_model(typed(ModelConfig, llama_tiny(n_layers=1, tie_embeddings=True)), 0, "cpu")
     out = torch.cat([mm.bench_tensor_for("output_layer.weight", chunk, tied, nh, r, tp) for r in range(tp)])
     assert torch.equal(out, tied.tok_emb.weight)
 
@@ -298,7 +298,7 @@ def _megatron_llama_worker(rank: int, world: int, port: int) -> None:
     for tie in (False, True):
         mc = llama_tiny(tie_embeddings=tie)
         L, V, s = mc["n_layers"], mc["vocab_size"], mc["seq_len"]
-        bench = build_model(mc, 0, "cpu")
+        bench = build_model(typed(ModelConfig, mc), 0, "cpu")
         batch = torch.randint(0, V, (2, s + 1), generator=g)
         x, y = batch[:, :-1], batch[:, 1:]
         pos = torch.arange(s).expand(2, -1)
@@ -333,7 +333,7 @@ def _megatron_llama_worker(rank: int, world: int, port: int) -> None:
     # PP = 2 x 2 virtual stages (untied; a tied output layer on the last stage is set up through
     # a CUDA all-reduce): run the chunks in pipeline order by hand; RoPE on every stage
     mc = llama_tiny()
-    bench = build_model(mc, 0, "cpu")
+    bench = build_model(typed(ModelConfig, mc), 0, "cpu")
     batch = torch.randint(0, mc["vocab_size"], (2, mc["seq_len"] + 1), generator=g)
     x, y = batch[:, :-1], batch[:, 1:]
     pos = torch.arange(mc["seq_len"]).expand(2, -1)
@@ -389,7 +389,7 @@ def _torch_tp_llama_worker(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
     mc = llama_tiny(tie_embeddings=True, seq_len=32)
-    ref = build_model(mc, 0, "cpu")
+    ref = build_model(typed(ModelConfig, mc), 0, "cpu")
     model = copy.deepcopy(ref)
     plan = {k: ColwiseParallel() if v == "col" else RowwiseParallel() for k, v in LLAMA_TP_PLAN.items()}
     plan["attn"] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),

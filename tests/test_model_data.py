@@ -9,6 +9,7 @@ from bench.models.model import GPT, build_model
 from bench.run.schema import ModelConfig, typed
 
 TINY = dict(name="tiny", d_model=64, n_heads=4, n_layers=2, d_ff=256, vocab_size=500, seq_len=16, global_batch=8)
+TINY_MODEL = typed(ModelConfig, TINY)
 
 
 def test_global_batch_is_deterministic_and_distinct_per_step():
@@ -20,9 +21,9 @@ def test_global_batch_is_deterministic_and_distinct_per_step():
 
 
 def test_data_parallel_slices_partition_the_global_batch():
-    full = SyntheticStream(TINY, seed=1, steps=3, dp_rank=0, dp_size=1, device="cpu")
+    full = SyntheticStream(TINY_MODEL, seed=1, steps=3, dp_rank=0, dp_size=1, device="cpu")
     for dp in (2, 4, 8):
-        parts = [SyntheticStream(TINY, seed=1, steps=3, dp_rank=r, dp_size=dp, device="cpu") for r in range(dp)]
+        parts = [SyntheticStream(TINY_MODEL, seed=1, steps=3, dp_rank=r, dp_size=dp, device="cpu") for r in range(dp)]
         for n in range(3):
             x = torch.cat([p[n][0] for p in parts])
             y = torch.cat([p[n][1] for p in parts])
@@ -30,13 +31,13 @@ def test_data_parallel_slices_partition_the_global_batch():
 
 
 def test_micro_batches_cover_the_rank_slice():
-    s = SyntheticStream(TINY, seed=0, steps=1, dp_rank=0, dp_size=1, device="cpu")
+    s = SyntheticStream(TINY_MODEL, seed=0, steps=1, dp_rank=0, dp_size=1, device="cpu")
     mbs = s.micro_batches(0, 2)
     assert len(mbs) == 4 and torch.equal(torch.cat([x for x, _ in mbs]), s[0][0])
 
 
 def test_same_seed_same_weights():
-    a, b = build_model(TINY, 0, "cpu"), build_model(TINY, 0, "cpu")
+    a, b = build_model(TINY_MODEL, 0, "cpu"), build_model(TINY_MODEL, 0, "cpu")
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
 
 
@@ -51,7 +52,7 @@ def test_flops_parameter_count_matches_the_module():
 
 
 def test_forward_shapes_and_initial_loss_near_ln_vocab():
-    m = build_model(TINY, 0, "cpu")
+    m = build_model(TINY_MODEL, 0, "cpu")
     x = global_batch(0, seed=0, vocab_size=500, seq_len=16, batch=8)
     logits = m(x[:, :-1])
     assert logits.shape == (8, 16, 500)

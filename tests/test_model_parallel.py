@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from bench.run.config import ConfigError, register_configs, validate
+from bench.run.schema import ModelConfig, typed
 from tests.conftest import CPU_FAST, REPO, c10d_threads_left, case_sweep, loss_curve, metrics_of, run_bench, spawn_ranks
 
 register_configs()
@@ -135,7 +136,7 @@ def _megatron_cpu_worker(rank: int, world: int) -> None:
     assert isinstance(spec, ModuleSpec)
     assert spec.submodules.self_attention.submodules.core_attention is mm.SDPACoreAttention
 
-    bench = build_model(MC, 0, "cpu")
+    bench = build_model(typed(ModelConfig, MC), 0, "cpu")
     g = torch.Generator().manual_seed(1)
     batch = torch.randint(0, MC["vocab_size"], (2, MC["seq_len"] + 1), generator=g)
     x, y = batch[:, :-1], batch[:, 1:]
@@ -210,7 +211,7 @@ def _torch_tp_comms_worker(rank: int, world: int) -> None:
             return func(*args, **(kwargs or {}))
 
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    ref = build_model(MC, 0, "cpu")
+    ref = build_model(typed(ModelConfig, MC), 0, "cpu")
     model = copy.deepcopy(ref)
     apply_tp(model, mesh)
     g = torch.Generator().manual_seed(1)
@@ -245,7 +246,7 @@ def _local_shard_adamw_worker(rank: int, world: int) -> None:
     from bench.parallel.optim import LocalShardAdamW
     from bench.parallel.tp import apply_tp, local_tensor
 
-    model = build_model(MC, 0, "cpu")
+    model = build_model(typed(ModelConfig, MC), 0, "cpu")
     apply_tp(model, init_device_mesh("cpu", (world,), mesh_dim_names=("tp",)))
     ref = copy.deepcopy(model)  # the same DTensors, stepped by torch AdamW over the DTensors
     assert any(isinstance(q, DTensor) for q in model.parameters())

@@ -18,7 +18,7 @@ FAMILIES = [dict(SMALL), dict(SMALL, tie_embeddings=True),
 
 @pytest.mark.parametrize("m", FAMILIES, ids=("gpt", "gpt-tied", "llama-gqa", "qwen2-qkv_bias", "gemma-geglu-tied"))
 def test_parameter_tensors_and_norms_are_the_built_models(m):
-    model, desc = build_model(m, 0, "meta"), describe_model(typed(ModelConfig, m))
+    model, desc = build_model(typed(ModelConfig, m), 0, "meta"), describe_model(typed(ModelConfig, m))
     block = model.blocks["0"]
     assert desc.block_param_tensors() == len(list(block.parameters()))
     assert desc.end_param_tensors() == len(list(model.parameters())) - m["n_layers"] * len(list(block.parameters()))
@@ -30,7 +30,7 @@ def test_parameter_tensors_and_norms_are_the_built_models(m):
 def _mlp_saved_per_token(m: dict) -> int:
     """Elements per token of the distinct activations autograd saves in one block's MLP forward (the MLP's
     input and the weights aside): what its backward keeps, measured, not counted by hand."""
-    model = build_model(m, 0, "cpu")
+    model = build_model(typed(ModelConfig, m), 0, "cpu")
     mlp = model.blocks["0"].mlp
     x = torch.randn(2, 8, m["d_model"], requires_grad=True)
     skip = {p.untyped_storage().data_ptr() for p in mlp.parameters()} | {x.untyped_storage().data_ptr()}

@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from bench.run.schema import ModelConfig
+
 _STREAM_SALT = 0x5EED_BA7C  # keeps batch seeds apart from the model-init seed
 
 
@@ -30,14 +32,14 @@ class SyntheticStream:
     """This rank's slices of the global batches, pre-generated onto the device so the
     timed window measures training, not data generation."""
 
-    def __init__(self, model_cfg: dict, *, seed: int, steps: int, dp_rank: int, dp_size: int,
+    def __init__(self, model: ModelConfig, *, seed: int, steps: int, dp_rank: int, dp_size: int,
                  device: str | torch.device):
-        b = model_cfg["global_batch"]
+        b = model.global_batch
         lo, hi = dp_rank * b // dp_size, (dp_rank + 1) * b // dp_size
         self._batches = []
         for n in range(steps):
-            t = global_batch(n, seed=seed, vocab_size=model_cfg["vocab_size"],
-                             seq_len=model_cfg["seq_len"], batch=b)[lo:hi]
+            t = global_batch(n, seed=seed, vocab_size=model.vocab_size,
+                             seq_len=model.seq_len, batch=b)[lo:hi]
             # contiguous inputs and targets (torch.distributed.pipelining checks input strides)
             self._batches.append((t[:, :-1].contiguous().to(device), t[:, 1:].contiguous().to(device)))
 

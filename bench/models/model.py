@@ -36,6 +36,8 @@ import torch.nn as nn
 import torch.utils.checkpoint
 import torch.nn.functional as F
 
+from bench.run.schema import ModelConfig
+
 # precision name -> the dtype of a run's 16-bit compute (or fp32): one table for every strategy; fp8: bf16, the
 # dtype of everything but the float8 matmuls (bench/parallel/float8.py)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
@@ -269,11 +271,14 @@ class GPT(nn.Module):
         return x
 
 
-def build_model(model_cfg: dict, seed: int, device: str | torch.device) -> GPT:
+def build_model(model: ModelConfig, seed: int, device: str | torch.device) -> GPT:
     """The same initial weights for every strategy on a given device type (``meta``: shapes only)."""
     torch.manual_seed(seed)
     with torch.device(device):
-        return GPT(**model_cfg)
+        return GPT(model.d_model, model.n_heads, model.n_layers, model.d_ff, model.vocab_size, model.seq_len,
+                   arch=model.arch, n_kv_heads=model.n_kv_heads, tie_embeddings=model.tie_embeddings,
+                   rope_theta=model.rope_theta, norm_eps=model.norm_eps, qkv_bias=model.qkv_bias,
+                   mlp_act=model.mlp_act)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
