@@ -93,7 +93,7 @@ def test_a_near_measured_workload_is_applied_and_recorded_with_its_distance(stor
     src = p.tuning["source"]
     assert src["kind"] == "measured" and src["distance"] == 1.0 and src["distance_parts"]["tokens_per_microbatch"] == 1
     assert src["source"] == "results/test#tune" and src["store"] == "user" and src["workload"]["device"] == GPU
-    assert (p.strategy["blocks_per_unit"], p.cfg["compile"], p.strategy["reshard_after_forward"]) == (4, True, True)
+    assert (p.strategy.blocks_per_unit, p.cfg["compile"], p.strategy.reshard_after_forward) == (4, True, True)
     assert "results/test#tune" in p.tuning["applied"]["strategy.blocks_per_unit"]["evidence"]
     assert "from the measured best of 300m" in p.tuning["summary"] and "distance 1.00" in p.tuning["summary"]
     # what the user sets still wins over a measurement
@@ -111,7 +111,7 @@ def test_without_a_near_one_the_static_profile_applies_and_says_why(store, overr
     p = plan("tuning=best", *FSDP, *ON_GPU, *overrides)
     src = p.tuning["source"]
     assert src["kind"] == "static" and why in src["reason"] and "static profile" in p.tuning["summary"], src
-    assert p.strategy["blocks_per_unit"] == 8  # the static profile's
+    assert p.strategy.blocks_per_unit == 8  # the static profile's
 
 
 def test_a_cpu_run_uses_the_static_profile_and_says_so(store):
@@ -161,7 +161,7 @@ def test_a_setting_that_would_not_fit_is_skipped_with_the_plans_numbers():
         reason = p.tuning["skipped"][key]["reason"]
         assert ("predicts an out-of-memory with it (predicted peak" in reason or "is tight with it (predicted peak"
                 in reason) and "without it" in reason, reason
-    assert (p.strategy["reshard_after_forward"], p.strategy["blocks_per_unit"], p.cfg["compile"]) == (True, 1, True)
+    assert (p.strategy.reshard_after_forward, p.strategy.blocks_per_unit, p.cfg["compile"]) == (True, 1, True)
     assert memory_plan(p)["fits"] is True and p.micro_batch_size == 4
 
 
@@ -182,7 +182,7 @@ def test_auto_picks_the_largest_micro_batch_that_fits(overrides):
     want = _largest_that_fits(*overrides)
     p = plan(*overrides, "strategy.micro_batch_size=auto")
     per_rank = p.micro_batch_size * p.grad_accum
-    assert 1 < want < per_rank and (p.micro_batch_size, p.strategy["micro_batch_size"]) == (want, want)
+    assert 1 < want < per_rank and (p.micro_batch_size, p.strategy.micro_batch_size) == (want, want)
     a = p.micro_batch_auto
     assert a["chosen"] == want and a["grad_accum"] == per_rank // want and a["per_rank_batch"] == per_rank
     first = a["tried"][0]  # the whole per-rank batch did not fit, or only within the plan's error

@@ -107,7 +107,7 @@ def test_cp_exchanges_k_and_v_over_the_cp_group_and_fsdp_over_dp_x_cp():
 
     p = plan_for(*LLAMA8B_32K, "strategy.cp=4")
     t = get_spec("fsdp").traffic(p, 8e9)
-    layers, kv = p.model["n_layers"], kv_bytes(p)
+    layers, kv = p.model.n_layers, kv_bytes(p)
     # per layer and micro-batch: K / V gathered in forward and again in backward (3/4 received), dK / dV's fp32 ring
     assert t["context"] == pytest.approx(p.grad_accum * layers * (2 * 0.75 * kv + 2 * kv))
     # FSDP2 gathers over dp x cp = 4 ranks: per micro-batch as over dp = 4 without cp (tests/test_tp_traffic.py counts

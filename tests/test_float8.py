@@ -51,7 +51,7 @@ def test_every_block_linear_converts_and_the_head_stays_bf16(model, per_block):
     m, info, plan = converted(f"model={model}")
     k = kinds(m)
     assert k.pop("head") == "Head"  # bench's nn.Linear subclass (its chunked loss), not converted
-    assert set(k.values()) == {"Float8Linear"} and len(k) == per_block * plan.model["n_layers"]
+    assert set(k.values()) == {"Float8Linear"} and len(k) == per_block * plan.model.n_layers
     assert info["converted_count"] == len(k) and sorted(info["converted"]) == sorted(k)
     assert list(info["left_in_bf16"]) == ["head"] and "LM head" in info["left_in_bf16"]["head"]
     assert info["recipe"] == "tensorwise" and info["library"].startswith("torchao 0.18")
@@ -94,7 +94,7 @@ def test_converted_model_trains_on_cpu():
                            "model.d_ff=176")
     before = m.blocks["0"].mlp.up_proj.weight.detach().clone()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-    x = torch.randint(0, plan.model["vocab_size"], (2, 33), generator=torch.Generator().manual_seed(0))
+    x = torch.randint(0, plan.model.vocab_size, (2, 33), generator=torch.Generator().manual_seed(0))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = lm_loss(m(x[:, :-1]), x[:, 1:])
     loss.backward()
@@ -254,7 +254,7 @@ def test_fp8_plan_saves_the_converted_linears_inputs_in_one_byte():
     bf16, _ = _planned("precision=bf16")
     fp8, _ = _planned("precision=fp8")
     plan = plan_of(*H100, *FP8, "model=llama3_1b")
-    m, tokens = plan.model, plan.micro_batch_size * plan.model["seq_len"]
+    m, tokens = plan.model, plan.micro_batch_size * plan.model.seq_len
     per_layer = tokens * built_float8("model=llama3_1b")[1]  # 1 B saved per element of the converted inputs
     act = fp8["activations"]
     assert act["float8_inputs_saving"] == m["n_layers"] * per_layer and bf16["activations"]["float8_inputs_saving"] == 0

@@ -51,7 +51,7 @@ def test_config_gives_the_published_parameter_count(name):
     from bench.plan.memory_model import memory_plan
 
     assert memory_plan(plan)["parameters"] == built_params(plan.model) == PUBLISHED[name]
-    assert plan.model["hf_config_file"] == f"tests/data/hf/{name}/config.json" and plan.model["name"] == name
+    assert plan.model.hf_config_file == f"tests/data/hf/{name}/config.json" and plan.model.name == name
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

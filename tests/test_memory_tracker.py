@@ -46,7 +46,7 @@ def _tracked_peak(plan) -> float:
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=plan.world_size)
     try:
-        st = get_spec(plan.strategy["name"]).implementation(plan)(
+        st = get_spec(plan.strategy.name).implementation(plan)(
             plan, DistContext(0, 0, plan.world_size, torch.device("cpu"), "gloo"))
         st.setup()
         if isinstance(st.model, torch.nn.parallel.DistributedDataParallel):
@@ -55,7 +55,7 @@ def _tracked_peak(plan) -> float:
             st.model.register_comm_hook(None, noop_hook)
         st.step(0)
         opt = getattr(st.optimizer, "optimizer", st.optimizer)  # LocalShardAdamW wraps torch's
-        fsdp = plan.strategy["name"] == "fsdp"
+        fsdp = plan.strategy.name == "fsdp"
         tracker = FSDPMemTracker(st.model, opt) if fsdp else MemTracker()
         if not fsdp:
             tracker.track_external(st.model, opt)
@@ -99,7 +99,7 @@ def test_the_plan_is_within_10pct_of_torchs_memory_tracker(name):
         plan = validate(compose("config", overrides=[*BASE, *CASES[name]]), gpus=0)
     mem = memory_plan(plan)
     planned = mem["predicted_peak_allocated_mb"] * 2**20
-    tracked = _tracked_peak(plan) + (mem["buffers_mb"] * 2**20 if plan.strategy["name"] == "ddp" else 0.0)
+    tracked = _tracked_peak(plan) + (mem["buffers_mb"] * 2**20 if plan.strategy.name == "ddp" else 0.0)
     assert abs(planned / tracked - 1) <= 0.10, f"{name}: plan {planned / 2**20:.1f} MiB, tracker {tracked / 2**20:.1f}"
 
 
@@ -129,7 +129,7 @@ def _fake_ddp_peak(plan) -> float:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=plan.world_size)
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
-            st = get_spec(plan.strategy["name"]).implementation(plan)(
+            st = get_spec(plan.strategy.name).implementation(plan)(
                 plan, DistContext(0, 0, plan.world_size, torch.device("cpu"), "gloo"))
             st.setup()
             st.model.register_comm_hook(None, noop_hook)

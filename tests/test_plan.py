@@ -127,7 +127,7 @@ def test_a_layer_saves_each_tensor_once_and_autocast_casts_per_projection():
     reading them (q, k, v, fc_in: 8d), q / k / v and the attention output o_proj reads as its input (one tensor:
     8d), fc_in's output and GELU's (4 d_ff); compiled, Inductor casts each norm's output once (4d less)."""
     p = plan(*GPU, "strategy=single", gpus=1)
-    d, ff = p.model["d_model"], p.model["d_ff"]
+    d, ff = p.model.d_model, p.model.d_ff
     assert layer_activation_bytes(p, 1, _lay(p))["per_token"] == 8 * d + 8 * d + 8 * d + 4 * ff
     c = plan(*GPU, "strategy=single", "compile=true", gpus=1)
     assert layer_activation_bytes(c, 1, _lay(c))["per_token"] == 8 * d + 4 * d + 8 * d + 4 * ff
@@ -139,12 +139,12 @@ def test_a_layer_saves_each_tensor_once_and_autocast_casts_per_projection():
 def test_llama_compiled_recomputes_silu_and_megatron_sequence_parallel_splits_the_norms():
     p = plan("device=cuda", "precision=bf16", "model=llama3_1b", "strategy=single", gpus=1)
     c = plan("device=cuda", "precision=bf16", "model=llama3_1b", "strategy=single", "compile=true", gpus=1)
-    ff = p.model["d_ff"]
+    ff = p.model.d_ff
     eager, compiled = (layer_activation_bytes(x, 1, _lay(x))["per_token"] for x in (p, c))
-    assert eager - compiled == 6 * p.model["d_model"] + 2 * ff  # 3 casts fewer, silu(gate) not saved
+    assert eager - compiled == 6 * p.model.d_model + 2 * ff  # 3 casts fewer, silu(gate) not saved
     tp = plan(*GPU, "strategy=tp", "world_size=2", gpus=2)
     sp = plan(*GPU, "strategy=tp", "world_size=2", "strategy.sequence_parallel=true", gpus=2)
-    d = tp.model["d_model"]
+    d = tp.model.d_model
     assert layer_activation_bytes(tp, 1, _lay(tp))["per_token"] - layer_activation_bytes(sp, 1, _lay(sp))["per_token"] \
         == (4 * d + 4 * d) / 2  # 16-bit norm inputs and projection inputs, halved over tp=2
 
@@ -153,7 +153,7 @@ def test_the_loss_holds_12_bytes_per_logit_and_megatron_6():
     """torch cross entropy in fp32: log-softmax output, its gradient and the logits' fp32 gradient; Megatron's
     vocab-parallel cross entropy works in place on one fp32 copy, whose 16-bit cast flows back."""
     p = plan(*GPU, "strategy=single", gpus=1)
-    tokens, V = p.micro_batch_size * p.model["seq_len"], p.model["vocab_size"]
+    tokens, V = p.micro_batch_size * p.model.seq_len, p.model.vocab_size
     assert activation_bytes(p, _lay(p))["logits"] == tokens * V * 12
     m = plan(*GPU, "strategy=megatron", gpus=1)
     assert activation_bytes(m, _lay(m))["logits"] == m.micro_batch_size * m.model["seq_len"] * V * 6

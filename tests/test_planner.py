@@ -194,7 +194,7 @@ def test_an_offload_is_searched_where_nothing_fits_without_it_and_its_command_fi
     assert auto.strategy["cpu_offload"] is True and verdict_of(memory_plan(auto)) == "fits"
     top = offload_rows("zero", "strategy.offload_optimizer=cpu", tmp_path)[0]  # ZeRO's optimizer offload
     p = replan(top["overrides"])
-    assert verdict_of(p.memory) == "fits" and p.strategy["offload_optimizer"] == "cpu"
+    assert verdict_of(p.memory) == "fits" and p.strategy.offload_optimizer == "cpu"
     assert round(p.memory["needed_mb"] / 1024, 1) == top["needed_gib"]
     assert round(predict(p)["tokens_per_s"]) == top["tokens_per_s"]
 
@@ -208,7 +208,7 @@ def test_hsdp_replicas_across_the_nodes_are_searched_on_two_nodes(answer, tmp_pa
     hsdp = [r for r in rows if "strategy.dp_replicate=2" in r["overrides"]]
     assert hsdp and "dp_replicate=2" in hsdp[0]["knobs"]
     p = replan(hsdp[0]["overrides"])
-    assert p.world_size == 16 and p.strategy["dp_replicate"] == 2
+    assert p.world_size == 16 and p.strategy.dp_replicate == 2
     assert verdict_of(p.memory) == hsdp[0]["verdict"] == "fits"
     assert round(predict(p)["tokens_per_s"]) == hsdp[0]["tokens_per_s"]
     _, free = answer  # two nodes too: HSDP searched; FSDP2 and ZeRO fit, so no offload is

@@ -48,7 +48,7 @@ def test_every_strategy_is_predicted_for_a_preset(name):
     assert set(p["breakdown"]) == {"compute_s", "exposed_comm_s", "bubble_s", "host_s"}
     assert all(v >= 0 for v in p["breakdown"].values()), p["breakdown"]
     assert breakdown_total(p) == pytest.approx(p["step_time_s"], rel=1e-9)
-    tokens = plan.model["global_batch"] * plan.model["seq_len"]
+    tokens = plan.model.global_batch * plan.model.seq_len
     assert p["tokens_per_s"] == pytest.approx(tokens / p["step_time_s"])
     assert p["error"] == load_calibration()["error"]  # the shipped calibration's measured error
     if plan.world_size > 1 and plan.dp_size * plan.tp * plan.pp > 1 and name != "single":

@@ -369,7 +369,7 @@ def test_valid_sharding_configs():
     assert (p.device, p.grad_accum) == ("cuda", 2)
     p = plan_of("strategy=fsdp", "strategy.cpu_offload=true", "strategy.reduce_dtype=param",
                 "precision=bf16", "world_size=2", "device=cpu")
-    assert p.strategy["cpu_offload"] is True
+    assert p.strategy.cpu_offload is True
 
 
 def test_ds_config_generated_from_hydra():

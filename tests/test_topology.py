@@ -147,7 +147,7 @@ def test_hsdp_keeps_parameter_gathers_in_the_node_and_sends_only_the_gradient_sh
     grads = 4.0 * params  # fp32 reduce_dtype (the default)
     # bf16 gathers, every micro-batch: each unit for forward and (resharding) again for backward but the last unit,
     # the root (embeddings, final norm, head) once (tests/test_tp_traffic.py counts them on a real step)
-    n, unit = plan.model["n_layers"], plan.strategy["blocks_per_unit"]
+    n, unit = plan.model.n_layers, plan.strategy.blocks_per_unit
     weights = 2.0 * ((params - blocks) + blocks * (1 + (n - unit) / n))
     gathers = plan.grad_accum
     assert plan.grad_accum == 4

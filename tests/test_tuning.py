@@ -22,7 +22,7 @@ def plan(*overrides: str, gpus: int = 0, explicit=()):
 
 def test_default_tuning_changes_nothing():
     p = plan("strategy=zero", "zero_stage=2", "world_size=2", "device=cpu")
-    assert p.tuning is None and p.strategy["compute_grad_norm"] is True and p.cfg["tuning"] == "default"
+    assert p.tuning is None and p.strategy.compute_grad_norm is True and p.cfg["tuning"] == "default"
 
 
 def test_best_on_a_gpu_applies_the_zero_profile():
@@ -30,7 +30,7 @@ def test_best_on_a_gpu_applies_the_zero_profile():
     applied = p.tuning["applied"]
     assert set(applied) == {"strategy.autocast", "compile", "compile_mode", "strategy.compute_grad_norm", "allocator"}
     assert p.cfg["allocator"] == "expandable_segments"  # every strategy's entry, after its own profile
-    assert (p.strategy["autocast"], p.cfg["compile"], p.cfg["compile_mode"], p.strategy["compute_grad_norm"]) == \
+    assert (p.strategy.autocast, p.cfg["compile"], p.cfg["compile_mode"], p.strategy.compute_grad_norm) == \
         (True, True, "reduce-overhead", False)
     assert all("results/" in v["evidence"] for v in applied.values())
     assert "leaf_blocks" in p.tuning["skipped"]["strategy.leaf_blocks"]["reason"]  # a ZeRO-3 knob at stage 2
@@ -43,18 +43,18 @@ def test_best_skips_what_cannot_apply_on_cpu_and_says_why():
     assert "need a GPU" in sk["compile_mode"]["reason"] and "compile" in sk  # CUDA graphs, kept together
     assert "on CPU" in sk["allocator"]["reason"] and p.cfg["allocator"] == "default"  # a CUDA allocator setting
     assert p.tuning["applied"] == {"strategy.compute_grad_norm": p.tuning["applied"]["strategy.compute_grad_norm"]}
-    assert p.strategy["compute_grad_norm"] is False and p.cfg["compile"] is False
+    assert p.strategy.compute_grad_norm is False and p.cfg["compile"] is False
     p = plan("strategy=zero", "zero_stage=1", "world_size=2", "device=cpu", "precision=fp32", "tuning=best",
              "optim.grad_clip=1.0")  # clipping needs the norm: skipped, with the rule's own message
     assert "clipping needs the gradient norm" in p.tuning["skipped"]["strategy.compute_grad_norm"]["reason"]
     p = plan("strategy=megatron", "world_size=2", "device=cuda", "precision=bf16", "tuning=best", gpus=2)
-    assert p.strategy["cuda_graph"] is True and p.strategy["use_distributed_optimizer"] is True
+    assert p.strategy.cuda_graph is True and p.strategy.use_distributed_optimizer is True
 
 
 def test_best_skips_what_its_measurements_do_not_cover():
     """A profile entry's own condition: measured where it holds, skipped with the reason where not."""
     p = plan("strategy=megatron", "world_size=1", "device=cuda", "precision=bf16", "tuning=best", gpus=1)
-    assert p.strategy["cuda_graph"] is True and p.strategy["use_distributed_optimizer"] is False
+    assert p.strategy.cuda_graph is True and p.strategy.use_distributed_optimizer is False
     assert "data-parallel size 1" in p.tuning["skipped"]["strategy.use_distributed_optimizer"]["reason"]
     p = plan("strategy=ddp", "world_size=1", "device=cuda", "precision=bf16", "tuning=best", gpus=1)
     assert (p.cfg["compile"], p.cfg["compile_mode"]) == (True, "reduce-overhead") and not p.tuning["skipped"]
@@ -68,12 +68,12 @@ def test_best_skips_what_its_measurements_do_not_cover():
 def test_an_explicit_setting_wins_over_the_profile():
     p = plan("strategy=fsdp", "world_size=2", "device=cpu", "precision=fp32", "tuning=best",
              "strategy.reshard_after_forward=true", explicit=["strategy.reshard_after_forward"])
-    assert p.strategy["reshard_after_forward"] is True
+    assert p.strategy.reshard_after_forward is True
     assert "set explicitly" in p.tuning["kept"]["strategy.reshard_after_forward"]["reason"]
     p = plan("strategy=fsdp", "world_size=2", "device=cpu", "precision=fp32", "tuning=best", "compile=false",
              explicit=["compile"])  # at its default, but typed: still the user's
     assert p.cfg["compile"] is False and "compile" in p.tuning["kept"]
-    assert p.strategy["reshard_after_forward"] is False  # the rest of the profile applied
+    assert p.strategy.reshard_after_forward is False  # the rest of the profile applied
     assert "must be 1..4" in p.tuning["skipped"]["strategy.blocks_per_unit"]["reason"]  # tiny has 4 blocks
 
 
@@ -81,7 +81,7 @@ def test_shorthands_zero_stage_and_microbatches():
     assert plan("strategy=zero", "zero_stage=3", "world_size=2", "device=cpu").strategy["zero_stage"] == 3
     assert plan("strategy=zero", "+zero_stage=2", "world_size=2", "device=cpu").strategy["zero_stage"] == 2
     p = plan("strategy=pp", "strategy.impl=torch", "microbatches=p", "world_size=2", "device=cpu")
-    assert (p.strategy["microbatches"], p.grad_accum) == ("p", 2) and "microbatches" not in p.cfg
+    assert (p.strategy.microbatches, p.grad_accum) == ("p", 2) and "microbatches" not in p.cfg
     for overrides, key in ((["strategy=single", "zero_stage=2"], "zero_stage"),
                            (["strategy=zero", "zero_stage=2", "strategy.zero_stage=1"], "strategy.zero_stage"),
                            (["strategy=zero", "+strategy.zero_stag=2"], "strategy.zero_stag"),

@@ -83,37 +83,8 @@ def check_whole(key: str, value: Any, allow_zero: bool = False) -> None:
 
 # --------------------------------------------------------------------------- typed sections
 class Section:
-    """A section of the run description (model, strategy, hardware, ...): a dataclass read by attribute.
-
-    Transitional: the dict-style reads below let code not yet moved to attributes run unchanged; they go once
-    no generic module uses them (tests/test_run_description.py counts what is left)."""
-
-    def __getitem__(self, key: str) -> Any:
-        try:
-            return getattr(self, key)
-        except AttributeError:
-            raise KeyError(key) from None
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        setattr(self, key, value)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key, default)
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key in self.__dataclass_fields__
-
-    def keys(self) -> list[str]:
-        return list(self.__dataclass_fields__)
-
-    def __iter__(self):
-        return iter(self.keys())
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(k, getattr(self, k)) for k in self.keys()]
-
-    def values(self) -> list[Any]:
-        return [getattr(self, k) for k in self.keys()]
+    """A section of the run description (model, strategy, hardware, ...): a dataclass, read by attribute only
+    (bench/run/config.py ``describe_run`` builds it; tests/test_run_description.py keeps it so)."""
 
 
 def typed(cls: type, values: dict, sections: Optional[dict] = None) -> Any:
