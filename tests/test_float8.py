@@ -289,8 +289,8 @@ def test_mfu_is_against_the_bf16_peak_and_records_the_fp8_one():
     h100 = "NVIDIA H100 80GB HBM3"
     peak, source = mfu_peak_tflops(h100, "fp8", False)
     assert peak == 989.4 and "against the bf16 peak" in source
-    c = plan_of(*H100, *FP8, "model=llama3_1b").cfg
-    f = _flops_fields(c, 10_000.0, h100, None)
+    run = plan_of(*H100, *FP8, "model=llama3_1b").run
+    f = _flops_fields(run, 10_000.0, h100, None)
     assert f["peak_tflops"] == 989.4 and f["peak_tflops_fp8"] == 1978.9
     assert f["mfu"] == pytest.approx(f["achieved_tflops_per_device"] / 989.4)
 

@@ -147,11 +147,11 @@ def run(cfg: DictConfig, run_dir: Path, command: list[str], t0: Optional[float] 
 
         mem = plan.memory
         log.info("run %s: model=%s strategy=%s world_size=%d device=%s backend=%s precision=%s; %s",
-                 run_dir, plan.model["name"], plan.strategy["name"], plan.world_size, plan.device,
-                 plan.backend, plan.cfg["precision"], mem["summary"])
+                 run_dir, plan.model.name, plan.strategy.name, plan.world_size, plan.device,
+                 plan.backend, plan.run.precision, mem["summary"])
         log_choices(plan)
         verdict = fits(mem, plan)
-        if verdict is not None and not plan.cfg["force_run"]:
+        if verdict is not None and not plan.run.force_run:
             return finish(run_dir, raw, "skipped", {"rank": None, "type": "PredictedOOM", "message":
                                                     f"{verdict}; {way_out(plan)}", "traceback": None}, [], base, t0,
                           plan)
@@ -242,8 +242,8 @@ def dry_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = ()) -> str
     verdict = fits(mem, plan)
     lay = mem["layout"]
     log.info("plan: model=%s (%s parameters, %.3g GFLOP/token) strategy=%s world_size=%d tp=%d pp=%d dp=%d%s "
-             "micro-batch %d x %d, recompute=%s; %s%s", plan.model["name"], count_text(mem["parameters"]),
-             mem["flops_per_token"] / 1e9, plan.strategy["name"], plan.world_size, lay["tp"], lay["pp"], lay["dp"],
+             "micro-batch %d x %d, recompute=%s; %s%s", plan.model.name, count_text(mem["parameters"]),
+             mem["flops_per_token"] / 1e9, plan.strategy.name, plan.world_size, lay["tp"], lay["pp"], lay["dp"],
              f" cp={lay['cp']}" if "cp" in lay else "", lay["micro_batch_size"], lay["microbatches"], lay["recompute"],
              mem["summary"],
              f" -> would be skipped: {verdict}; {way_out(plan)}" if verdict else "")

@@ -15,7 +15,7 @@ from typing import Optional
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.launch.outcome import Outcome, from_failures, timeout_error
 from bench.run.runs import read_failures
-from bench.run.schema import Plan
+from bench.run.schema import BenchConfig, Plan
 from bench.launch.teardown import failed_teardown_s
 
 log = logging.getLogger("bench.launch")
@@ -66,12 +66,12 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # the deadlines (read here: a config without them fails before anything starts)
-    deadlines = (plan.cfg.get("run_timeout_s"), plan.cfg["teardown_timeout_s"] + TEARDOWN_GRACE_S,
-                 failed_teardown_s(plan.cfg) + FAILURE_GRACE_S)
+    deadlines = (plan.run.run_timeout_s, plan.run.teardown_timeout_s + TEARDOWN_GRACE_S,
+                 failed_teardown_s(plan.run) + FAILURE_GRACE_S)
     expired: dict = {}  # what ended the run from outside: {"limit": "run_timeout_s" | "teardown_timeout_s" |
     #                     "rank_failure", "at": when}
     stop_watch = threading.Event()
-    start_method = plan.cfg["start_method"]
+    start_method = plan.run.start_method
     _prepare_start_method(start_method)
     saved = {s: signal.getsignal(s) for s in _HANDLED_SIGNALS}
     with tempfile.TemporaryDirectory(prefix="bench_elastic_") as logs:
@@ -81,16 +81,16 @@ def launch_local(plan: Plan, run_dir: Path) -> Outcome:
             rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # port 0: the OS picks a free one
             max_restarts=0, monitor_interval=0.2, start_method=start_method, **_shutdown_timeout(),
             logs_specs=DefaultLogsSpecs(log_dir=logs))
-        watcher = threading.Thread(target=_watch_deadlines, args=(run_dir, plan.cfg, *deadlines, expired, stop_watch),
+        watcher = threading.Thread(target=_watch_deadlines, args=(run_dir, plan.run, *deadlines, expired, stop_watch),
                                    name="bench-run-deadlines", daemon=True)
         try:
             watcher.start()
             elastic_launch(config, regime_worker)(plan.to_dict(), str(run_dir), True)  # teardown_deadline
             return Outcome("completed")
         except ChildFailedError as e:
-            return _outcome_of_failed_child(e, run_dir, plan.cfg, expired)
+            return _outcome_of_failed_child(e, run_dir, plan.run, expired)
         except SignalException as e:
-            return _outcome_of_signal(e, run_dir, plan.cfg, expired)
+            return _outcome_of_signal(e, run_dir, plan.run, expired)
         finally:
             stop_watch.set()
             for s, h in saved.items():
@@ -102,12 +102,14 @@ def regime_worker(plan: dict, run_dir: str, *args):
     bench's worker.  Here, in the rank: a fork server started before this run has an older environment."""
     from bench.machine.link_regime import apply
     from bench.launch.worker import worker_main
+    from bench.run.config import plan_from_dict
 
-    apply(plan["run"]["link_regime"], run_dir, os.environ.get("RANK", "0"), plan["backend"] == "nccl")
+    rank_plan = plan_from_dict(plan)
+    apply(rank_plan.run.link_regime, run_dir, os.environ.get("RANK", "0"), rank_plan.backend == "nccl")
     return worker_main(plan, run_dir, *args)
 
 
-def _watch_deadlines(run_dir: Path, cfg: dict, timeout_s, teardown_s: float, failed_s: float, expired: dict,
+def _watch_deadlines(run_dir: Path, run: BenchConfig, timeout_s, teardown_s: float, failed_s: float, expired: dict,
                      stop_watch: threading.Event) -> None:
     """run_timeout_s from the start; teardown_timeout_s (+ grace) from the moment rank 0's
     completed metrics.json appears; failed_teardown_s (+ grace) from the moment a rank's failure record
@@ -129,7 +131,7 @@ def _watch_deadlines(run_dir: Path, cfg: dict, timeout_s, teardown_s: float, fai
         elif done_at is not None and now - done_at > teardown_s:
             expired["limit"] = "teardown_timeout_s"
             log.error("the processes did not exit within teardown_timeout_s=%s after the run completed: "
-                      "terminating them", cfg["teardown_timeout_s"])
+                      "terminating them", run.teardown_timeout_s)
         elif failed_at is not None and now - failed_at > failed_s and _failed_ranks_alive(run_dir, started):
             expired["limit"] = "rank_failure"
             log.error("a rank failed %.0f s ago and has not ended (a process that cannot exit, while its peers wait "
@@ -178,7 +180,7 @@ def _prepare_start_method(start_method: str) -> None:
         multiprocessing.set_forkserver_preload(list(_PRELOAD))
 
 
-def _outcome_of_failed_child(e, run_dir: Path, cfg: dict, expired: dict) -> Outcome:
+def _outcome_of_failed_child(e, run_dir: Path, run: BenchConfig, expired: dict) -> Outcome:
     """The outcome of a launch that ended in torch's ChildFailedError ``e``."""
     failures = read_failures(run_dir)
     killed = _killed_without_record(e, failures)
@@ -188,7 +190,7 @@ def _outcome_of_failed_child(e, run_dir: Path, cfg: dict, expired: dict) -> Outc
     if killed is not None and expired.get("limit") in (None, "rank_failure") and not _completed_before_exit(run_dir):
         return Outcome("failed", killed, failures)
     if expired:
-        return _ended_by_limit(run_dir, expired, cfg, failures)
+        return _ended_by_limit(run_dir, expired, run, failures)
     if failures:
         return from_failures(failures)
     rank, pf = e.get_first_failure()
@@ -197,18 +199,18 @@ def _outcome_of_failed_child(e, run_dir: Path, cfg: dict, expired: dict) -> Outc
         # process died on its way out (DeepSpeed's rare "terminate called without an
         # active exception") or its teardown hung and was ended: keep the measurement,
         # record the exit.
-        _add_exit_warning(run_dir, _exit_after_completion(run_dir, rank, pf.exitcode, cfg))
+        _add_exit_warning(run_dir, _exit_after_completion(run_dir, rank, pf.exitcode, run))
         return Outcome("completed")
     return Outcome("failed", {"rank": rank, "type": "ChildFailedError",
                               "message": f"rank {rank} exited with code {pf.exitcode}",
                               "traceback": str(e)}, failures)
 
 
-def _outcome_of_signal(e, run_dir: Path, cfg: dict, expired: dict) -> Outcome:
+def _outcome_of_signal(e, run_dir: Path, run: BenchConfig, expired: dict) -> Outcome:
     """The outcome of a launch that a signal (torch's SignalException ``e``) ended."""
     failures = read_failures(run_dir)
     if expired:
-        return _ended_by_limit(run_dir, expired, cfg, failures)
+        return _ended_by_limit(run_dir, expired, run, failures)
     if _completed_before_exit(run_dir):
         _add_exit_warning(run_dir, f"interrupted ({e}) during the teardown, after the run completed")
         return Outcome("completed")
@@ -256,13 +258,13 @@ def _completed_before_exit(run_dir: Path) -> bool:
     return (read_json_dict(run_dir / "metrics.json") or {}).get("status") == "completed"
 
 
-def _exit_after_completion(run_dir: Path, rank: int, exitcode: int, cfg: dict) -> str:
+def _exit_after_completion(run_dir: Path, rank: int, exitcode: int, run: BenchConfig) -> str:
     from bench.launch.teardown import TEARDOWN_TIMEOUT_HEADER
 
     ended = sorted(int(p.stem[4:]) for p in run_dir.glob("rank*.log")
                    if TEARDOWN_TIMEOUT_HEADER.search(p.read_text(errors="replace")[-200_000:]))
     if ended:  # a rank waits for its peers in teardown too, so every rank may have been ended
-        return (f"the teardown did not finish within teardown_timeout_s={cfg['teardown_timeout_s']} after the run "
+        return (f"the teardown did not finish within teardown_timeout_s={run.teardown_timeout_s} after the run "
                 f"completed; rank(s) {', '.join(map(str, ended))} were ended, their threads' Python stacks are at "
                 "the end of their rank<N>.log")
     return f"rank {rank} exited with code {exitcode} after the run completed"
@@ -275,7 +277,7 @@ def _add_exit_warning(run_dir: Path, message: str) -> None:
     log.warning("%s; the results were already written and are kept", message)
 
 
-def _ended_by_limit(run_dir: Path, expired: dict, cfg: dict, failures: list) -> Outcome:
+def _ended_by_limit(run_dir: Path, expired: dict, run: BenchConfig, failures: list) -> Outcome:
     """A run ended by run_timeout_s, teardown_timeout_s or a failed rank that did not end.  If rank 0
     had already written the results after the final barrier, only the exit hung (seen with NCCL
     collectives in CUDA graphs, on 2 H200s, also after the ranks had called os._exit): keep the
@@ -283,7 +285,8 @@ def _ended_by_limit(run_dir: Path, expired: dict, cfg: dict, failures: list) -> 
     out-of-memory stays ``oom``), not the limit that ended what it left behind."""
     limit = expired["limit"]
     if _completed_before_exit(run_dir):
-        what = f"{limit}={cfg[limit]}" if limit in cfg else "a few seconds of a rank's failure"
+        limits = {"run_timeout_s": run.run_timeout_s, "teardown_timeout_s": run.teardown_timeout_s}
+        what = f"{limit}={limits[limit]}" if limit in limits else "a few seconds of a rank's failure"
         _add_exit_warning(run_dir, f"the processes did not exit within {what} after the run completed and were "
                                    "terminated")
         return Outcome("completed")
@@ -292,4 +295,4 @@ def _ended_by_limit(run_dir: Path, expired: dict, cfg: dict, failures: list) -> 
     if limit == "rank_failure":  # its record was there, and is unreadable now
         return Outcome("failed", {"rank": None, "type": "RankFailure", "traceback": None, "message":
                                   "a rank recorded a failure and did not end; its record could not be read"})
-    return Outcome("timeout", timeout_error(cfg["run_timeout_s"]), failures)
+    return Outcome("timeout", timeout_error(run.run_timeout_s), failures)

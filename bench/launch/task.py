@@ -13,7 +13,7 @@ from bench.jsonio import read_json_dict
 from bench.launch.outcome import Outcome, from_failures, timeout_error
 from bench.launch.placement import node_note, read_placements, write_placement
 from bench.run.runs import read_failures
-from bench.run.schema import Plan
+from bench.run.schema import BenchConfig, Plan
 from bench.launch.teardown import failed_teardown_s
 
 log = logging.getLogger("bench.launch")
@@ -281,7 +281,7 @@ def launch_task_rank(plan: Plan, run_dir: Path, rank: int, record: Callable[[Out
     def finalize(why: str, exc: Optional[BaseException] = None) -> str:
         with lock:
             if not recorded:
-                recorded.append(record(_task_outcome(why, exc, read_failures(run_dir), rank, plan.cfg, run_dir)))
+                recorded.append(record(_task_outcome(why, exc, read_failures(run_dir), rank, plan.run, run_dir)))
             return recorded[0]
 
     write_placement(run_dir, rank)  # where this rank runs: a failure can name the node of ranks that left nothing
@@ -289,7 +289,7 @@ def launch_task_rank(plan: Plan, run_dir: Path, rank: int, record: Callable[[Out
     saved = (root.handlers[:], root.level)  # worker_main reconfigures logging for its rank files
     exc: Optional[BaseException] = None
     with _TaskSignals() as signals:
-        dog = _Watchdog(run_dir, rank, plan.cfg.get("run_timeout_s"), finalize, signals, failed_teardown_s(plan.cfg))
+        dog = _Watchdog(run_dir, rank, plan.run.run_timeout_s, finalize, signals, failed_teardown_s(plan.run))
         dog.start()
         try:
             worker_main(plan.to_dict(), str(run_dir))
@@ -311,12 +311,12 @@ def launch_task_rank(plan: Plan, run_dir: Path, rank: int, record: Callable[[Out
     return finalize("completed" if exc is None else "failed", exc)
 
 
-def _task_outcome(why: str, exc: Optional[BaseException], failures: list[dict], rank: int, cfg: dict,
+def _task_outcome(why: str, exc: Optional[BaseException], failures: list[dict], rank: int, run: BenchConfig,
                   run_dir: Optional[Path] = None) -> Outcome:
     if why == "completed":
         return Outcome("completed", None, failures)
     if why == "timeout" and not failures:  # a failure recorded before the limit is the root cause (oom stays oom)
-        return Outcome("timeout", timeout_error(cfg["run_timeout_s"]), failures)
+        return Outcome("timeout", timeout_error(run.run_timeout_s), failures)
     if why == "signal":  # SLURM ended the job: that is the root cause, whatever the ranks recorded since
         st = (read_json_dict(run_dir / "status.json") or {}) if run_dir is not None else {}
         if st.get("status") == "interrupted":  # the sweep was stopped (Ctrl-C) and cancelled its jobs

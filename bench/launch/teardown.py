@@ -45,6 +45,8 @@ import types
 import warnings
 from pathlib import Path
 
+from bench.run.schema import BenchConfig
+
 # the names c10d's native threads give themselves (/proc/<pid>/task/<tid>/comm)
 C10D_THREAD_PREFIXES = ("pt_gloo", "gloo_", "pt_tcpstore", "pt_nccl")
 
@@ -178,9 +180,9 @@ TEARDOWN_TIMEOUT_HEADER = re.compile(r"^Timeout \(\d+:\d\d:\d\d(\.\d+)?\)!$", re
 FAILED_TEARDOWN_S = 5
 
 
-def failed_teardown_s(cfg: dict) -> int:
+def failed_teardown_s(run: BenchConfig) -> int:
     """How long a rank that failed (its failure recorded) may take to exit."""
-    return min(FAILED_TEARDOWN_S, cfg["teardown_timeout_s"])
+    return min(FAILED_TEARDOWN_S, run.teardown_timeout_s)
 
 
 def arm_teardown_deadline(run_dir: Path, rank: int, seconds: int) -> None:

@@ -14,6 +14,7 @@ import resource
 import sys
 import time
 import traceback
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from bench.metrics.profile import profile_steps
 from bench.metrics.timing import phase
 from bench.strategies.registry import get_spec, sweep_preloads
 from bench.run.config import plan_from_dict
-from bench.run.schema import Plan
+from bench.run.schema import FaultConfig, Plan
 from bench.strategies.base import DistContext
 from bench.launch.teardown import arm_teardown_deadline, exit_without_finalizing, failed_teardown_s, release_process_groups
 
@@ -103,15 +104,15 @@ def compile_counts() -> dict:
             "graph_break_reasons": [r for r, _ in breaks.most_common(3)]}
 
 
-def inject_fault(fault: dict, rank: int, step: int) -> None:
+def inject_fault(fault: FaultConfig, rank: int, step: int) -> None:
     """Test hook (config ``fault``): fail like a real run would, on one rank at one step."""
-    if fault["kind"] == "none" or fault["rank"] != rank or fault["step"] != step:
+    if fault.kind == "none" or fault.rank != rank or fault.step != step:
         return
-    if fault["kind"] == "raise":
+    if fault.kind == "raise":
         raise RuntimeError(f"injected fault on rank {rank} at step {step}")
-    if fault["kind"] == "oom":
+    if fault.kind == "oom":
         raise torch.OutOfMemoryError(f"CUDA out of memory (injected on rank {rank} at step {step})")
-    if fault["kind"] == "hang":
+    if fault.kind == "hang":
         while True:
             time.sleep(1)
 
@@ -119,24 +120,24 @@ def inject_fault(fault: dict, rank: int, step: int) -> None:
 FAILED_EXIT_FAULT = "BENCH_FAULT_FAILED_EXIT"  # test hook: how the rank that an injected raise / oom failed exits
 
 
-def _failed_exit_fault(fault: dict, rank: int) -> None:
+def _failed_exit_fault(fault: FaultConfig, rank: int) -> None:
     """Test hook for the exit of the rank an injected fault failed (environment BENCH_FAULT_FAILED_EXIT):
     ``hang``: its teardown blocks (its own deadline, bench.launch.teardown.failed_teardown_s, ends it);
     ``stuck``: the process cannot end (like the rank whose CUDA graph capture ran out of memory on
     4 H100s: only the launcher ends it)."""
     how = os.environ.get(FAILED_EXIT_FAULT)
-    if how not in ("hang", "stuck") or fault["kind"] not in ("raise", "oom") or fault["rank"] != rank:
+    if how not in ("hang", "stuck") or fault.kind not in ("raise", "oom") or fault.rank != rank:
         return
     if how == "stuck":
         faulthandler.cancel_dump_traceback_later()
-    inject_fault({**fault, "kind": "hang", "step": 0}, rank, 0)
+    inject_fault(replace(fault, kind="hang", step=0), rank, 0)
 
 
 def _pin_cpus(plan: Plan, local_rank: int) -> list[int]:
     """cpu_affinity=split: this rank (and the threads it starts later: NCCL, NVML, torch's pools) runs on
     its own contiguous share of the CPUs the run may use; returns the CPUs this rank may run on."""
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if plan.cfg["cpu_affinity"] != "split":
+    if plan.run.cpu_affinity != "split":
         return allowed
     if "SLURM_JOB_ID" in os.environ:  # each task's CPUs are SLURM's to bind; splitting them again would be wrong
         raise RuntimeError("cpu_affinity=split is for runs bench launches itself; under SLURM bind each task "
@@ -157,9 +158,9 @@ def _device(plan: Plan, local_rank: int) -> torch.device:
             raise RuntimeError("this rank was forked from a process that had started CUDA, so it cannot use "
                                "CUDA; run with start_method=spawn and report the modules in bench.launch.local._PRELOAD")
         torch.cuda.set_device(local_rank)
-        if plan.cfg["precision"] == "fp32":  # TF32 for fp32 matmuls only when asked (config tf32)
-            torch.backends.cuda.matmul.allow_tf32 = plan.cfg["tf32"]
-            torch.backends.cudnn.allow_tf32 = plan.cfg["tf32"]
+        if plan.run.precision == "fp32":  # TF32 for fp32 matmuls only when asked (config tf32)
+            torch.backends.cuda.matmul.allow_tf32 = plan.run.tf32
+            torch.backends.cudnn.allow_tf32 = plan.run.tf32
         return torch.device("cuda", local_rank)
     # CPU: share the cores between the ranks of this node instead of oversubscribing them
     local_ws = int(os.environ.get("LOCAL_WORLD_SIZE", plan.world_size))
@@ -169,20 +170,20 @@ def _device(plan: Plan, local_rank: int) -> torch.device:
 
 def _setup(plan: Plan, rank: int, local_rank: int, world_size: int):
     """Process group, device, strategy (set up), and the start-up phases: (ctx, strategy, record)."""
-    spec = get_spec(plan.strategy["name"])
+    spec = get_spec(plan.strategy.name)
     # imported before this rank's own code ran: by the fork server (start_method=forkserver)
     preloaded = [m for m in sweep_preloads(plan.strategy) if m in sys.modules]
-    os.environ.update({**spec.process_env(plan), **rank_env(plan.cfg["allocator"])})  # before CUDA starts
+    os.environ.update({**spec.process_env(plan), **rank_env(plan.run.allocator)})  # before CUDA starts
     startup: dict[str, float] = {}  # before setup (metrics.json ranks[].startup_phases_s)
     cpus = _pin_cpus(plan, local_rank)  # before any thread of this rank starts
     with phase(startup, "device_and_process_group"):
         device = _device(plan, local_rank)
         dist.init_process_group(plan.backend, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=plan.cfg["dist_timeout_s"]))
+                                timeout=timedelta(seconds=plan.run.dist_timeout_s))
     ctx = DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=plan.backend)
     strategy = spec.implementation(plan)(plan, ctx)
     matmul_peak = None
-    if device.type == "cuda" and rank == 0 and plan.cfg["metrics"]["measure_matmul_peak"]:
+    if device.type == "cuda" and rank == 0 and plan.run.metrics.measure_matmul_peak:
         with phase(startup, "matmul_peak"):
             matmul_peak = measure_matmul_peak(device)
     t = time.perf_counter()
@@ -195,16 +196,16 @@ def _setup(plan: Plan, rank: int, local_rank: int, world_size: int):
 
 def _warmup(plan: Plan, strategy, rank: int, device, losses: list, skipped: list) -> dict:
     """The untimed first steps (compilation, CUDA graph capture, allocator and NCCL set-up)."""
-    cfg = plan.cfg
+    run = plan.run
     t0_wall, t0 = time.time(), time.perf_counter()  # t_first_step: bench/launch/job.py's fixed overhead
-    for n in range(cfg["warmup_steps"]):
-        inject_fault(cfg["fault"], rank, n)
+    for n in range(run.warmup_steps):
+        inject_fault(run.fault, rank, n)
         res = strategy.step(n)
         losses.append(res.loss)
         skipped.append(res.skipped)
     _sync(device)
     return {"t_first_step": t0_wall, "warmup_s": time.perf_counter() - t0,
-            "graphs_after_warmup": compile_counts()["graphs"] if cfg["compile"] else None}
+            "graphs_after_warmup": compile_counts()["graphs"] if run.compile else None}
 
 
 def _timed_window(plan: Plan, strategy, rank: int, device, losses: list, skipped: list) -> dict:
@@ -214,11 +215,11 @@ def _timed_window(plan: Plan, strategy, rank: int, device, losses: list, skipped
     ahead into the next step, so on host-bound steps it serialises host and GPU and understates what a
     real training loop gets; "events" records a CUDA event after each step and synchronizes once, after
     the window.  CPU steps are synchronous: both time each step with perf_counter."""
-    cfg = plan.cfg
-    steps, warmup = cfg["steps"], cfg["warmup_steps"]
-    use_events = device.type == "cuda" and cfg["metrics"]["step_timing"] == "events"
+    run = plan.run
+    steps, warmup = run.steps, run.warmup_steps
+    use_events = device.type == "cuda" and run.metrics.step_timing == "events"
     source = "host_clock_cpu" if device.type != "cuda" else "cuda_events" if use_events else "host_sync_each_step"
-    sampler = NvmlSampler(device.index if device.type == "cuda" else None, cfg["metrics"]["nvml_interval_ms"])
+    sampler = NvmlSampler(device.index if device.type == "cuda" else None, run.metrics.nvml_interval_ms)
     dist.barrier()
     sampler.start()
     step_times, events = [], []  # use_events: one before the first timed step, then one after each
@@ -226,7 +227,7 @@ def _timed_window(plan: Plan, strategy, rank: int, device, losses: list, skipped
     if use_events:
         events.append(_record_event())
     for n in range(warmup, steps):
-        inject_fault(cfg["fault"], rank, n)
+        inject_fault(run.fault, rank, n)
         t0 = time.perf_counter()
         res = strategy.step(n)
         if use_events:
@@ -238,7 +239,7 @@ def _timed_window(plan: Plan, strategy, rank: int, device, losses: list, skipped
         skipped.append(res.skipped)
         if rank == 0 and (n + 1 - warmup) % max(1, (steps - warmup) // 4) == 0:
             so_far = time.perf_counter() - t_window
-            tps = (n + 1 - warmup) * cfg["model"]["global_batch"] * cfg["model"]["seq_len"] / so_far
+            tps = (n + 1 - warmup) * plan.model.global_batch * plan.model.seq_len / so_far
             log.info("step %d/%d  %.2f s so far  %.0f tokens/s so far (host clock%s)", n + 1, steps, so_far, tps,
                      ", steps enqueued" if use_events else "")
     _sync(device)
@@ -251,7 +252,7 @@ def _timed_window(plan: Plan, strategy, rank: int, device, losses: list, skipped
 
 def _compile_record(plan: Plan, rank: int, graphs_after_warmup) -> dict | None:
     """Graphs compiled inside the timed window mean it timed compilation too."""
-    if not plan.cfg["compile"]:
+    if not plan.run.compile:
         return None
     rec = {**compile_counts(), "graphs_after_warmup": graphs_after_warmup}
     if rec["graphs"] > graphs_after_warmup:
@@ -264,7 +265,6 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
           teardown_deadline: bool = False) -> None:
     """One run on this rank: set up, warm up, the timed window, an optional profile, then the records.
     ``teardown_deadline``: end this process if its teardown outlasts teardown_timeout_s."""
-    cfg = plan.cfg
     ctx, strategy, start = _setup(plan, rank, local_rank, world_size)
     device = ctx.device
     losses: list = []
@@ -272,8 +272,8 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
     warm = _warmup(plan, strategy, rank, device, losses, skipped)
     timed = _timed_window(plan, strategy, rank, device, losses, skipped)
     compiled = _compile_record(plan, rank, warm["graphs_after_warmup"])
-    k = cfg["metrics"]["profile_steps"]
-    profile = profile_steps(strategy.step, range(cfg["steps"] - k, cfg["steps"]), device,
+    k = plan.run.metrics.profile_steps
+    profile = profile_steps(strategy.step, range(plan.run.steps - k, plan.run.steps), device,
                             trace_path=run_dir / f"trace_rank{rank}.json.gz") if k else None
     rec = {
         "rank": rank,
@@ -304,23 +304,22 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         _write_metrics(plan, run_dir, device, gathered, strategy, start["matmul_peak"])
     dist.barrier()
     if teardown_deadline:
-        arm_teardown_deadline(run_dir, rank, cfg["teardown_timeout_s"])
+        arm_teardown_deadline(run_dir, rank, plan.run.teardown_timeout_s)
     strategy.close()
 
 
 def _write_metrics(plan: Plan, run_dir: Path, device, gathered: list, strategy, matmul_peak) -> None:
-    cfg = plan.cfg
-    prov = provenance.collect(cfg.get("_command", []), [r["device_name"] for r in gathered])
+    prov = provenance.collect(plan.command or [], [r["device_name"] for r in gathered])
     layout = strategy.describe()
     if plan.tuning:
         layout["tuning"] = plan.tuning
     if plan.micro_batch_auto:  # strategy.micro_batch_size=auto: what it chose and why
         layout["micro_batch_size_auto"] = plan.micro_batch_auto
-    m = metrics.assemble(cfg, device.type, gathered, layout, prov, matmul_peak)
+    m = metrics.assemble(plan, device.type, gathered, layout, prov, matmul_peak)
     m["memory"]["plan"] = plan.memory  # predicted before launch (bench/launch/job.py), beside the measured peak
     write_json_atomic(run_dir / "metrics.json", m)
     log.info(metrics.one_line(m))
-    log.info(loss_note(cfg["model"]["vocab_size"]))
+    log.info(loss_note(plan.model.vocab_size))
 
 
 @record
@@ -335,23 +334,23 @@ def worker_main(plan_dict: dict, run_dir: str, teardown_deadline: bool = False) 
     failed = False
     try:
         train(plan, run_path, rank, int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]), teardown_deadline)
-        fault = plan.cfg["fault"]
-        if fault["kind"] == "crash_at_exit" and fault["rank"] == rank:
+        fault = plan.run.fault
+        if fault.kind == "crash_at_exit" and fault.rank == rank:
             os._exit(134)  # like a C++ abort during interpreter shutdown: no Python exception
-        if fault["kind"] == "hang_at_exit" and fault["rank"] == rank:
-            inject_fault({**fault, "kind": "hang", "step": 0}, rank, 0)  # like a teardown that never returns
-        if fault["kind"] == "stuck_at_exit":  # every rank: like the graph runs' ranks on 2 H200s that had
+        if fault.kind == "hang_at_exit" and fault.rank == rank:
+            inject_fault(replace(fault, kind="hang", step=0), rank, 0)  # like a teardown that never returns
+        if fault.kind == "stuck_at_exit":  # every rank: like the graph runs' ranks on 2 H200s that had
             faulthandler.cancel_dump_traceback_later()  # left Python (os._exit) and did not end
-            inject_fault({**fault, "kind": "hang", "step": 0}, rank, 0)
+            inject_fault(replace(fault, kind="hang", step=0), rank, 0)
     except BaseException as exc:
         failed = True
         write_json_atomic(run_path / f"failure_rank{rank}.json", failure_record(exc, rank))
         log.exception("rank %d failed", rank)
         traceback.clear_frames(exc.__traceback__)  # its frames would keep the model, hence its groups, alive
         if teardown_deadline:  # its own process: the failure is recorded, nothing is left to save
-            arm_teardown_deadline(run_path, rank, failed_teardown_s(plan.cfg))
+            arm_teardown_deadline(run_path, rank, failed_teardown_s(plan.run))
             exit_without_finalizing(1)
-        _failed_exit_fault(plan.cfg["fault"], rank)
+        _failed_exit_fault(plan.run.fault, rank)
         raise
     finally:
         _close_process_group(failed, own_process=teardown_deadline)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Dict, Optional
 
 from bench.run.schema import ConfigError, Section, knob
@@ -120,14 +120,17 @@ def peak_table(device_name: Optional[str]) -> tuple[Optional[dict], str]:
     return None, f"device {device_name!r} not in the peak table (set metrics.peak_tflops)"
 
 
-def resolve(cfg: dict) -> Optional[HardwareConfig]:
+def resolve(cfg: Any) -> Optional[HardwareConfig]:
     """The named preset of a config with the user's overrides applied (``hardware.memory_gib=70``), or None
-    for ``hardware=auto``."""
-    h = cfg.get("hardware") or {}
-    if h.get("name", "auto") == "auto":
+    for ``hardware=auto``.  ``cfg``: the run description (BenchConfig: its typed ``hardware``), or a config's
+    plain containers (before validation; a recorded run's)."""
+    h = (cfg.get("hardware") or {}) if isinstance(cfg, dict) else cfg.hardware
+    values = h if isinstance(h, dict) else asdict(h)  # a copy, as a config's plain containers are
+    name = values.get("name", "auto")
+    if name == "auto":
         return None
-    base = PRESETS.get(h["name"], HardwareConfig(name=h["name"]))
-    given = {f.name: h[f.name] for f in fields(HardwareConfig) if h.get(f.name) not in (None, {})}
+    base = PRESETS.get(name, HardwareConfig(name=name))
+    given = {f.name: values[f.name] for f in fields(HardwareConfig) if values.get(f.name) not in (None, {})}
     return replace(base, **given)
 
 

@@ -16,7 +16,7 @@ import socket
 from typing import Optional
 
 from bench.machine.hardware import HardwareConfig, PRESETS, cpu_name, match, resolve
-from bench.run.schema import ConfigError
+from bench.run.schema import BenchConfig, ConfigError
 
 
 def cuda_device_count() -> int:
@@ -38,14 +38,14 @@ def in_submitted_job() -> bool:
     return bool(os.environ.get("SUBMITIT_EXECUTOR"))
 
 
-def submitting(c: dict) -> bool:
+def submitting(submit: Optional[str]) -> bool:
     """``submit=slurm`` on the machine that submits: the run's devices are the job's, elsewhere."""
-    return bool(c.get("submit")) and not in_submitted_job()
+    return bool(submit) and not in_submitted_job()
 
 
-def planned_elsewhere(c: dict) -> bool:
+def planned_elsewhere(dry_run: Optional[bool], submit: Optional[str]) -> bool:
     """The plan is for hardware this process does not run on: a dry run, or a job being submitted."""
-    return bool(c.get("dry_run")) or submitting(c)
+    return bool(dry_run) or submitting(submit)
 
 
 def is_cpu_profile(preset: HardwareConfig) -> bool:
@@ -59,16 +59,16 @@ def planned_gpus(c: dict, gpus: int) -> int:
     _check_link_regime(c)
     preset = resolve(c)  # complete: bench.machine.hardware.check has passed
     if preset is None:
-        if submitting(c) and c["device"] != "cpu" and not cuda_device_count():
+        if submitting(c.get("submit")) and c["device"] != "cpu" and not cuda_device_count():
             raise ConfigError("hardware", "auto", "means this machine's device, and this machine has no GPU: name the "
                               "cluster's GPU, hardware=<preset> or a probe profile (python -m bench.probe, in a "
                               f"--config-dir); valid presets: {', '.join(PRESETS)} (or device=cpu for CPU nodes)")
         return gpus
     cpu = is_cpu_profile(preset)
-    if planned_elsewhere(c):
+    if planned_elsewhere(c.get("dry_run"), c.get("submit")):
         if c["device"] == "cpu" and not cpu:
             raise ConfigError("device", "cpu", f"contradicts hardware={preset.name} (a GPU); use device=auto or cuda")
-        if submitting(c) and cpu and c["device"] != "cpu":
+        if submitting(c.get("submit")) and cpu and c["device"] != "cpu":
             raise ConfigError("device", c["device"], f"hardware={preset.name} profiles CPU ranks ({preset.gpu}): "
                               "submit it with device=cpu (the job would ask SLURM for GPUs)")
         return gpus if c["device"] == "cpu" else max(gpus, c["world_size"])
@@ -115,16 +115,17 @@ def planned_device_name(c: dict, gpus: int) -> Optional[str]:
     if c.get("device") == "cpu":
         return None
     preset = resolve(c)
-    if preset is not None and preset.gpu and (planned_elsewhere(c) or not gpus):
+    if preset is not None and preset.gpu and (planned_elsewhere(c.get("dry_run"), c.get("submit")) or not gpus):
         return preset.gpu
     return visible_gpu_name()
 
 
-def compute_capability(c: dict) -> tuple[Optional[float], str]:
+def compute_capability(run: BenchConfig) -> tuple[Optional[float], str]:
     """The planned GPU's compute capability: the hardware preset's when planned elsewhere, else the visible GPU's
     (else the preset's); (None, "") where neither is known (planned on a machine without one): not checked then."""
-    preset = resolve(c)
-    if preset is not None and preset.compute_capability and (planned_elsewhere(c) or not cuda_device_count()):
+    preset = resolve(run)
+    elsewhere = planned_elsewhere(run.dry_run, run.submit)
+    if preset is not None and preset.compute_capability and (elsewhere or not cuda_device_count()):
         return float(preset.compute_capability), f"hardware={preset.name}"
     if cuda_device_count():
         import torch

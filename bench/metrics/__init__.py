@@ -11,6 +11,7 @@ from typing import Any, Optional
 from bench.metrics import flops as _flops
 from bench.launch.placement import summary as placement_summary
 from bench.metrics.timing import step_time_stats
+from bench.run.schema import BenchConfig, ModelConfig, Plan
 
 SCHEMA_VERSION = 1
 # a run's final statuses; skipped: not launched, the memory plan predicted an out-of-memory (force_run=true runs it)
@@ -73,18 +74,19 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
-def assemble(cfg: dict, device_type: str, ranks: list[dict], describe: dict, provenance: dict,
+def assemble(plan: Plan, device_type: str, ranks: list[dict], describe: dict, provenance: dict,
              matmul_peak: Optional[float]) -> dict:
-    """metrics.json of a completed run from the per-rank records (rank order)."""
-    out = skeleton(cfg, "completed")
-    model = cfg["model"]
-    warmup = cfg["warmup_steps"]
-    timed = cfg["steps"] - warmup
-    per_step = _loss_per_step(ranks, cfg["steps"])
+    """metrics.json of a completed run from the per-rank records (rank order); its config, the plan's record."""
+    out = skeleton(plan.cfg, "completed")
+    run = plan.run
+    model = run.model
+    warmup = run.warmup_steps
+    timed = run.steps - warmup
+    per_step = _loss_per_step(ranks, run.steps)
     skipped = ranks[0]["skipped"]
     applied_timed = _applied_timed_steps(skipped, warmup, timed)
-    throughput = _throughput(ranks, model, cfg["world_size"], applied_timed, describe)
-    flops = _flops_fields(cfg, throughput["tokens_per_s"], ranks[0].get("device_name"), matmul_peak)
+    throughput = _throughput(ranks, model, run.world_size, applied_timed, describe)
+    flops = _flops_fields(run, throughput["tokens_per_s"], ranks[0].get("device_name"), matmul_peak)
     # The run's step time is set by its slowest rank: take the per-step max over ranks.
     step_times = [max(r["step_times"][i] for r in ranks) for i in range(timed)]
     energy = [r["energy_j"] for r in ranks]
@@ -96,7 +98,7 @@ def assemble(cfg: dict, device_type: str, ranks: list[dict], describe: dict, pro
                           "source": ranks[0].get("step_time_source")}
     finite = [x for x in per_step if x is not None]
     out["loss"] = {"per_step": per_step, "first": finite[0] if finite else None,
-                   "last": finite[-1] if finite else None, "ln_vocab": math.log(model["vocab_size"])}
+                   "last": finite[-1] if finite else None, "ln_vocab": math.log(model.vocab_size)}
     out["skipped_steps"] = {"warmup": sum(skipped[:warmup]), "timed": sum(skipped[warmup:])}
     out["flops"].update(flops)
     out["memory"] = _memory(ranks, device_type)
@@ -135,14 +137,14 @@ def _applied_timed_steps(skipped: list, warmup: int, timed: int) -> int:
     return applied_timed
 
 
-def _throughput(ranks: list[dict], model: dict, ws: int, applied_timed: int, describe: dict) -> dict:
+def _throughput(ranks: list[dict], model: ModelConfig, ws: int, applied_timed: int, describe: dict) -> dict:
     tokens_per_step = sum(r["tokens_per_step"] for r in ranks)
     window = max(r["window_s"] for r in ranks)
     tokens_timed = tokens_per_step * applied_timed
     tps = tokens_timed / window
     return {
         "tokens_per_step": tokens_per_step,
-        "tokens_per_step_expected": model["global_batch"] * model["seq_len"],
+        "tokens_per_step_expected": model.global_batch * model.seq_len,
         "timed_window_s": window,
         "applied_timed_steps": applied_timed,
         "tokens_timed": tokens_timed,
@@ -152,23 +154,19 @@ def _throughput(ranks: list[dict], model: dict, ws: int, applied_timed: int, des
     }
 
 
-def _flops_fields(cfg: dict, tps: float, dev_name: Optional[str], matmul_peak: Optional[float]) -> dict:
+def _flops_fields(run: BenchConfig, tps: float, dev_name: Optional[str], matmul_peak: Optional[float]) -> dict:
     """The measured part of metrics.json's "flops" section: model and hardware FLOPs, MFU, HFU."""
-    from bench.run.schema import ModelConfig, typed
-
-    model, ws = cfg["model"], cfg["world_size"]
-    spec = typed(ModelConfig, model)  # bench/metrics/flops.py reads a ModelConfig
-    fpt = _flops.flops_per_token(spec)
+    model, ws = run.model, run.world_size
+    fpt = _flops.flops_per_token(model)
     achieved = fpt * tps / ws / 1e12
-    peak, source = (cfg["metrics"]["peak_tflops"], "config metrics.peak_tflops") \
-        if cfg["metrics"].get("peak_tflops") else _flops.mfu_peak_tflops(dev_name, cfg["precision"], cfg["tf32"])
-    fp8_peak = _flops.peak_tflops(dev_name, "fp8", False)[0] if cfg["precision"] == "fp8" else None
-    hw_fpt = _flops.hardware_flops_per_token(spec, cfg.get("recompute", "none"), cfg.get("recompute_every", 1),
-                                             cfg.get("loss_chunks", 1))
+    peak, source = (run.metrics.peak_tflops, "config metrics.peak_tflops") \
+        if run.metrics.peak_tflops else _flops.mfu_peak_tflops(dev_name, run.precision, run.tf32)
+    fp8_peak = _flops.peak_tflops(dev_name, "fp8", False)[0] if run.precision == "fp8" else None
+    hw_fpt = _flops.hardware_flops_per_token(model, run.recompute, run.recompute_every, run.loss_chunks)
     hw = hw_fpt * tps / ws / 1e12
     return dict(
-        N=_flops.matmul_params(spec), L=model["n_layers"], d=model["d_model"], seq=model["seq_len"],
-        flops_per_token=fpt, total_params=_flops.total_params(spec),
+        N=_flops.matmul_params(model), L=model.n_layers, d=model.d_model, seq=model.seq_len,
+        flops_per_token=fpt, total_params=_flops.total_params(model),
         achieved_tflops_per_device=achieved, peak_tflops=peak, peak_source=source, peak_tflops_fp8=fp8_peak,
         mfu=achieved / peak if peak else None, matmul_peak_tflops_measured=matmul_peak,
         mfu_vs_measured_peak=achieved / matmul_peak if matmul_peak else None,

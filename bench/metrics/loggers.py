@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from bench.run.schema import LoggerConfig, typed
+
 log = logging.getLogger("bench.loggers")
 
 # logger -> (module that must import, what to pip install)
@@ -198,25 +200,25 @@ def sweep_dir_of(run_dir: Path) -> Optional[Path]:
     return run_dir.parent if (run_dir.parent / "multirun.yaml").is_file() else None
 
 
-def _root(rec: Record, lc: dict, backend: str) -> Path:
-    if lc.get("dir"):
-        return Path(lc["dir"])
+def _root(rec: Record, lc: LoggerConfig, backend: str) -> Path:
+    if lc.dir:
+        return Path(lc.dir)
     base = rec.sweep_dir if rec.sweep_dir is not None else rec.run_dir
     return base / FOLDERS[backend] if FOLDERS[backend] else base
 
 
-def _group(rec: Record, lc: dict, single: Optional[str]) -> Optional[str]:
-    if lc.get("experiment"):
-        return str(lc["experiment"])
+def _group(rec: Record, lc: LoggerConfig, single: Optional[str]) -> Optional[str]:
+    if lc.experiment:
+        return str(lc.experiment)
     return str(rec.sweep_dir) if rec.sweep_dir is not None else single
 
 
 # ------------------------------------------------------------------------------ backends
-def to_tensorboard(rec: Record, lc: dict) -> str:
+def to_tensorboard(rec: Record, lc: LoggerConfig) -> str:
     from torch.utils.tensorboard import SummaryWriter
     from torch.utils.tensorboard.summary import hparams
 
-    sub = Path(lc["experiment"]) / rec.run_name if lc.get("experiment") else Path(rec.run_name)
+    sub = Path(lc.experiment) / rec.run_name if lc.experiment else Path(rec.run_name)
     logdir = _root(rec, lc, "tensorboard") / sub
     w = SummaryWriter(log_dir=str(logdir))
     try:
@@ -244,8 +246,8 @@ def m_json(run_dir: Path) -> dict:
         return {}
 
 
-def to_mlflow(rec: Record, lc: dict) -> str:
-    uri = lc.get("tracking_uri")
+def to_mlflow(rec: Record, lc: LoggerConfig) -> str:
+    uri = lc.tracking_uri
     if not uri:
         root = _root(rec, lc, "mlflow")
         root.mkdir(parents=True, exist_ok=True)
@@ -289,14 +291,14 @@ def to_mlflow(rec: Record, lc: dict) -> str:
     return f"{uri} experiment {name!r} run {rid}"
 
 
-def to_wandb(rec: Record, lc: dict) -> str:
+def to_wandb(rec: Record, lc: LoggerConfig) -> str:
     import wandb
 
     root = _root(rec, lc, "wandb")
     root.mkdir(parents=True, exist_ok=True)
     settings = wandb.Settings(console="off", silent=True, x_disable_stats=True, save_code=False)
-    run = wandb.init(project=lc.get("experiment") or "bench", group=str(rec.sweep_dir) if rec.sweep_dir else None,
-                     name=rec.run_name, dir=str(root), mode=lc.get("mode") or "offline", config=rec.config,
+    run = wandb.init(project=lc.experiment or "bench", group=str(rec.sweep_dir) if rec.sweep_dir else None,
+                     name=rec.run_name, dir=str(root), mode=lc.mode or "offline", config=rec.config,
                      job_type="bench", reinit="create_new", settings=settings,
                      tags=[rec.tags["bench.model"], rec.tags["bench.strategy"], rec.status])
     try:
@@ -310,15 +312,16 @@ def to_wandb(rec: Record, lc: dict) -> str:
     return str(where)
 
 
-BACKENDS: dict[str, Callable[[Record, dict], str]] = {
+BACKENDS: dict[str, Callable[[Record, LoggerConfig], str]] = {
     "tensorboard": to_tensorboard, "mlflow": to_mlflow, "wandb": to_wandb}
 
 
 def log_run(run_dir: Path, cfg: Optional[dict], m: dict) -> Optional[str]:
     """Record one ended run with the configured logger; returns where it went (None: no logger, or
-    it failed: a warning says why).  Never raises: the run's result is already in its folder."""
-    lc = (cfg or {}).get("logger") or {}
-    name = lc.get("name") or "none"
+    it failed: a warning says why).  Never raises: the run's result is already in its folder.  ``cfg``: the run's
+    config as recorded (the plan's; the composed one where it did not validate); its logger section read typed."""
+    lc = typed(LoggerConfig, (cfg or {}).get("logger") or {})
+    name = lc.name or "none"
     if name == "none":
         return None
     if name not in BACKENDS or not _installed(PACKAGES[name][0]):

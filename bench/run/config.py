@@ -317,7 +317,7 @@ def _float8_rules(plan: Plan, spec: StrategySpec) -> None:
         raise ConfigError("precision", "fp8", "needs a GPU with float8 tensor cores (compute capability >= "
                           f"{FLOAT8_MIN_CC}: H100, H200, L40S) and this run is on the CPU; use precision=bf16 (or "
                           "fp32) here, or plan for such a GPU with dry_run=true hardware=h100_sxm_80gb")
-    cc, where = compute_capability(c)
+    cc, where = compute_capability(plan.run)
     if cc is not None and cc < FLOAT8_MIN_CC:
         raise ConfigError("precision", "fp8", f"needs float8 tensor cores (compute capability >= {FLOAT8_MIN_CC}: "
                           f"H100, H200, L40S), and {where} has {cc}; use precision=bf16")
