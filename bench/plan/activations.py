@@ -50,7 +50,7 @@ def float8_input_bytes(plan: Plan, act: int, per_consumer: int) -> int:
     """Bytes per element of the input a converted Linear saves for backward: 1 where it saves a float8 cast
     (precision=fp8, compiled, tensorwise / rowwise: bench/parallel/float8.py saves_float8_inputs), else the
     activation's (bf16 runs; rowwise_with_gw_hp; eager per-projection casts, where torchao saves its bf16 input)."""
-    return 1 if saves_float8_inputs(plan.cfg) and not per_consumer else act
+    return 1 if saves_float8_inputs(plan.run) and not per_consumer else act
 
 
 def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:

@@ -118,7 +118,7 @@ class Zero(Strategy):
                 model=model, optimizer=make_opt, model_parameters=list(model.parameters()),
                 config=copy.deepcopy(self.ds_config))
         if cfg["compile"]:
-            self.engine.compile(compile_kwargs=compile_kwargs(cfg))
+            self.engine.compile(compile_kwargs=compile_kwargs(self.plan.run))
         self.stream = self.data_stream(self.dist.rank)
         self.steps_done = 0
 
