@@ -89,17 +89,17 @@ def _sharding_info(dp_mesh) -> dict:
             "dp_replicate": rep, "dp_shard": shard}
 
 
-DDP_KNOBS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "find_unused_parameters")
+REPLICA_KWARGS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "find_unused_parameters")
 
 
 def apply_ddp(model: nn.Module, dp_group, device: torch.device, knobs: Any,
               find_unused_parameters: bool = False) -> tuple[nn.Module, dict]:
     """torch DistributedDataParallel over the dp process group (None: every rank); ``knobs``: the strategy's schema,
-    whose DDP settings (DDP_KNOBS, comm_hook: those it has) are passed on, the others kept at torch's defaults;
+    whose DDP settings (REPLICA_KWARGS, comm_hook: those it has) are passed on, the others kept at torch's defaults;
     ``find_unused_parameters``: set it whatever the schema says (a pipeline, below)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    kw = {k: getattr(knobs, k) for k in DDP_KNOBS if hasattr(knobs, k)}
+    kw = {k: getattr(knobs, k) for k in REPLICA_KWARGS if hasattr(knobs, k)}
     if find_unused_parameters:
         kw["find_unused_parameters"] = True
     ddp = DistributedDataParallel(model, process_group=dp_group,
