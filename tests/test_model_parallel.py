@@ -304,7 +304,7 @@ def test_every_registered_strategy_has_a_runnable_class():
         assert spec.schema().name == name
         impls = ("megatron", "torch") if "impl" in spec.schema.__dataclass_fields__ and name != "zero" else (None,)
         for impl in impls:
-            plan = type("P", (), {"strategy": {"name": name, "impl": impl}})()
+            plan = type("P", (), {"strategy": spec.schema(impl=impl) if impl else spec.schema()})()
             make = spec.implementation(plan)
             if isinstance(make, type):
                 assert issubclass(make, Strategy) and not make.__abstractmethods__, (name, impl)
@@ -516,10 +516,10 @@ def test_fork_server_preloads_make_no_cuda_call():
     from bench.launch.local import _PRELOAD
     from bench.strategies.registry import SWEEP_PRELOAD, get_spec
 
-    modules = [*_PRELOAD, *SWEEP_PRELOAD, *get_spec("megatron").preload({"impl": "megatron"}),
+    modules = [*_PRELOAD, *SWEEP_PRELOAD, *get_spec("megatron").preload(get_spec("megatron").schema(impl="megatron")),
                *get_spec("zero").preload({})]
     assert {"megatron.core.distributed", "torch._dynamo", "torch._inductor.compile_fx"} <= set(modules)
-    assert get_spec("tp").preload({"impl": "torch"}) == ()
+    assert get_spec("tp").preload(get_spec("tp").schema(impl="torch")) == ()
     p = subprocess.run([sys.executable, "-c", _CUDA_PROBE, *modules], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip().splitlines()[-1] == "[]", p.stdout[-2000:]
