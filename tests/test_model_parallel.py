@@ -163,7 +163,8 @@ def _megatron_cpu_worker(rank: int, world: int) -> None:
     # chunks in pipeline order by hand; the last one's loss equals bench's
     ps.initialize_model_parallel(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2,
                                  create_gloo_process_groups=False)
-    cfg = mm.transformer_config(typed(ModelConfig, MC), pp=2, virtual_pipeline=2, precision="fp32", use_cpu_initialization=True)
+    cfg = mm.transformer_config(typed(ModelConfig, MC), pp=2, virtual_pipeline=2, precision="fp32",
+                                use_cpu_initialization=True)
     chunks = mm.build_chunks(cfg, typed(ModelConfig, MC), "sdpa")
     assert [[layer.layer_number for layer in c.decoder.layers] for c in chunks] == [[1 + rank], [3 + rank]]
     assert (chunks[0].pre_process, chunks[1].post_process) == (rank == 0, rank == 1)
