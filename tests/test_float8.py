@@ -259,7 +259,7 @@ def test_fp8_plan_saves_the_converted_linears_inputs_in_one_byte():
     assert act["float8_inputs_saving"] == m["n_layers"] * per_layer and bf16["activations"]["float8_inputs_saving"] == 0
     less = m["n_layers"] * per_layer / 2**20
     assert act["activations_mb"] == pytest.approx(bf16["activations"]["activations_mb"] - less, abs=0.1)
-    assert layer_activation_bytes(plan, plan.micro_batch_size, get_spec("single").model_states(plan.cfg))[
+    assert layer_activation_bytes(plan, plan.micro_batch_size, get_spec("single").model_states(plan.run))[
         "float8_saved"] == per_layer
     rowwise, _ = _planned("precision=fp8", "fp8_recipe=rowwise")
     assert rowwise["activations"]["activations_mb"] == act["activations_mb"]

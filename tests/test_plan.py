@@ -114,7 +114,7 @@ GPU = ("device=cuda", "precision=bf16", "model=300m")
 
 
 def _lay(p):
-    return get_spec(p.strategy["name"]).model_states(p.cfg)
+    return get_spec(p.strategy["name"]).model_states(p.run)
 
 
 def _mem(*o, gpus=1):

@@ -413,7 +413,7 @@ def test_memory_model_follows_zero_paper():
 
     def pred(*o, gpus=4):
         plan = plan_of(*o, "world_size=4", "device=cuda", "model.global_batch=8", gpus=gpus)
-        lay = get_spec(plan.strategy["name"]).model_states(plan.cfg)
+        lay = get_spec(plan.strategy["name"]).model_states(plan.run)
         device, host = model_state_bytes(plan, psi, lay)
         return {"device": {**device, "total": sum(device.values())}, "host": host, "stage": lay.stage}
 
