@@ -131,8 +131,8 @@ def _tp_fsdp_worker(rank: int, world: int) -> None:
     from bench.parallel.float8 import apply_float8, precompute_scales
     from bench.parallel.tp import apply_tp
 
-    plan = SimpleNamespace(cfg={"precision": "fp8", "fp8_recipe": "tensorwise"}, tp=2,
-                           strategy={"fp8_all_gather": True, "fp8_precompute_scale": True})
+    plan = SimpleNamespace(run=SimpleNamespace(precision="fp8", fp8_recipe="tensorwise"), tp=2,
+                           strategy=SimpleNamespace(fp8_all_gather=True, fp8_precompute_scale=True))
     tiny = typed(ModelConfig, TINY_LLAMA)
     whole, tp = build_model(tiny, 0, "cpu"), build_model(tiny, 0, "cpu")
     apply_float8(whole, plan)
@@ -144,7 +144,8 @@ def _tp_fsdp_worker(rank: int, world: int) -> None:
     fsdp = build_model(tiny, 0, "cpu")
     assert apply_float8(fsdp, plan)["float8"]["fsdp_float8_all_gather"]
     apply_fsdp(fsdp, init_device_mesh("cpu", (world,), mesh_dim_names=("dp",)), "fp8",
-               dict(reduce_dtype="fp32", blocks_per_unit=1, reshard_after_forward=True, prefetch=0), False, "cpu")
+               SimpleNamespace(reduce_dtype="fp32", blocks_per_unit=1, reshard_after_forward=True, prefetch=0), False,
+               "cpu")
     opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-3)
     for step in range(2):
         loss = _fp8_loss(fsdp, step)

@@ -102,7 +102,7 @@ def test_pipeline_stages_interleaved_placement():
 def _plan(*overrides: str):
     from hydra import compose, initialize_config_dir
 
-    from bench.run.config import plan_from_dict, register_configs, validate
+    from bench.run.config import register_configs, validate
     from tests.conftest import REPO
 
     register_configs()
@@ -130,6 +130,8 @@ COMPOSED = [
 
 @pytest.mark.parametrize("overrides,expected", COMPOSED, ids=[" ".join(o) for o, _ in COMPOSED])
 def test_a_composed_plan_carries_its_whole_layout(overrides, expected):
+    from bench.run.config import plan_from_dict
+
     plan = _plan(*overrides)
     assert {k: getattr(plan.layout, k) for k in expected} == expected
     assert plan.layout.dp_shard == expected["dp"] // expected["dp_replicate"]

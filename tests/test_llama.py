@@ -309,10 +309,10 @@ def _megatron_llama_worker(rank: int, world: int, port: int) -> None:
 
         # TP = 2 (2 of the 4 query groups per rank): logits, loss and every gradient equal bench's
         ps.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
-        cfg = mm.transformer_config(mc, tp=2, precision="fp32", use_cpu_initialization=True)
+        cfg = mm.transformer_config(typed(ModelConfig, mc), tp=2, precision="fp32", use_cpu_initialization=True)
         assert (cfg.normalization, cfg.gated_linear_unit, cfg.num_query_groups, cfg.add_bias_linear,
                 cfg.layernorm_epsilon, cfg.rotary_interleaved) == ("RMSNorm", True, 4, False, 1e-5, False)
-        (chunk,) = mm.build_chunks(cfg, mc, "sdpa")
+        (chunk,) = mm.build_chunks(cfg, typed(ModelConfig, mc), "sdpa")
         assert chunk.position_embedding_type == "rope" and chunk.rotary_pos_emb.inv_freq.shape == (16,)
         assert isinstance(chunk.decoder.layers[0].input_layernorm, mm.RMSNorm)
         assert isinstance(chunk.decoder.final_layernorm, mm.RMSNorm)
@@ -341,8 +341,9 @@ def _megatron_llama_worker(rank: int, world: int, port: int) -> None:
         ref = lm_loss(bench(x), y)
     ps.initialize_model_parallel(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2,
                                  create_gloo_process_groups=False)
-    cfg = mm.transformer_config(mc, pp=2, virtual_pipeline=2, precision="fp32", use_cpu_initialization=True)
-    chunks = mm.build_chunks(cfg, mc, "sdpa")
+    cfg = mm.transformer_config(typed(ModelConfig, mc), pp=2, virtual_pipeline=2, precision="fp32",
+                                use_cpu_initialization=True)
+    chunks = mm.build_chunks(cfg, typed(ModelConfig, mc), "sdpa")
     for c in chunks:
         mm.load_bench_weights(c, bench, mc["n_heads"], 0, 1)
     h = torch.empty(mc["seq_len"], 2, mc["d_model"])

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from bench.run.config import ConfigError, register_configs, validate
-from bench.run.schema import ModelConfig, typed
+from bench.run.schema import ModelConfig, OptimConfig, typed
 from tests.conftest import CPU_FAST, REPO, c10d_threads_left, case_sweep, loss_curve, metrics_of, run_bench, spawn_ranks
 
 register_configs()
@@ -147,8 +147,8 @@ def _megatron_cpu_worker(rank: int, world: int) -> None:
 
     # TP = 2: loss and every gradient equal bench's (sliced like the weights)
     ps.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
-    cfg = mm.transformer_config(MC, tp=2, precision="fp32", use_cpu_initialization=True)
-    (chunk,) = mm.build_chunks(cfg, MC, "sdpa")
+    cfg = mm.transformer_config(typed(ModelConfig, MC), tp=2, precision="fp32", use_cpu_initialization=True)
+    (chunk,) = mm.build_chunks(cfg, typed(ModelConfig, MC), "sdpa")
     tp_rank = ps.get_tensor_model_parallel_rank()
     assert mm.load_bench_weights(chunk, bench, MC["n_heads"], tp_rank, 2) == 5 + 12 * MC["n_layers"]
     loss = chunk(x, pos, None, labels=y).mean()
@@ -163,8 +163,9 @@ def _megatron_cpu_worker(rank: int, world: int) -> None:
     # chunks in pipeline order by hand; the last one's loss equals bench's
     ps.initialize_model_parallel(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2,
                                  create_gloo_process_groups=False)
-    cfg = mm.transformer_config(MC, pp=2, virtual_pipeline=2, precision="fp32", use_cpu_initialization=True)
-    chunks = mm.build_chunks(cfg, MC, "sdpa")
+    cfg = mm.transformer_config(typed(ModelConfig, MC), pp=2, virtual_pipeline=2, precision="fp32",
+                                use_cpu_initialization=True)
+    chunks = mm.build_chunks(cfg, typed(ModelConfig, MC), "sdpa")
     assert [[layer.layer_number for layer in c.decoder.layers] for c in chunks] == [[1 + rank], [3 + rank]]
     assert (chunks[0].pre_process, chunks[1].post_process) == (rank == 0, rank == 1)
     for c in chunks:
@@ -250,7 +251,7 @@ def _local_shard_adamw_worker(rank: int, world: int) -> None:
     apply_tp(model, init_device_mesh("cpu", (world,), mesh_dim_names=("tp",)))
     ref = copy.deepcopy(model)  # the same DTensors, stepped by torch AdamW over the DTensors
     assert any(isinstance(q, DTensor) for q in model.parameters())
-    opt = LocalShardAdamW(model.parameters(), {"lr": 1e-2, "beta1": 0.9, "beta2": 0.95, "weight_decay": 0.1},
+    opt = LocalShardAdamW(model.parameters(), OptimConfig(lr=1e-2, beta1=0.9, beta2=0.95, weight_decay=0.1),
                           fused=False)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
     assert all(lp.data_ptr() == local_tensor(q).data_ptr() for lp, q in zip(opt.local, opt.params))
@@ -304,7 +305,7 @@ def test_every_registered_strategy_has_a_runnable_class():
         assert spec.schema().name == name
         impls = ("megatron", "torch") if "impl" in spec.schema.__dataclass_fields__ and name != "zero" else (None,)
         for impl in impls:
-            plan = type("P", (), {"strategy": {"name": name, "impl": impl}})()
+            plan = type("P", (), {"strategy": spec.schema(impl=impl) if impl else spec.schema()})()
             make = spec.implementation(plan)
             if isinstance(make, type):
                 assert issubclass(make, Strategy) and not make.__abstractmethods__, (name, impl)
@@ -516,10 +517,10 @@ def test_fork_server_preloads_make_no_cuda_call():
     from bench.launch.local import _PRELOAD
     from bench.strategies.registry import SWEEP_PRELOAD, get_spec
 
-    modules = [*_PRELOAD, *SWEEP_PRELOAD, *get_spec("megatron").preload({"impl": "megatron"}),
+    modules = [*_PRELOAD, *SWEEP_PRELOAD, *get_spec("megatron").preload(get_spec("megatron").schema(impl="megatron")),
                *get_spec("zero").preload({})]
     assert {"megatron.core.distributed", "torch._dynamo", "torch._inductor.compile_fx"} <= set(modules)
-    assert get_spec("tp").preload({"impl": "torch"}) == ()
+    assert get_spec("tp").preload(get_spec("tp").schema(impl="torch")) == ()
     p = subprocess.run([sys.executable, "-c", _CUDA_PROBE, *modules], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip().splitlines()[-1] == "[]", p.stdout[-2000:]

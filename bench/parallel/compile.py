@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from bench.run.schema import BenchConfig
 
-def compile_kwargs(cfg: dict) -> dict:
+
+def compile_kwargs(run: BenchConfig) -> dict:
     """torch.compile keyword arguments of a run: its mode, unless the default."""
-    return {} if cfg["compile_mode"] == "default" else {"mode": cfg["compile_mode"]}
+    return {} if run.compile_mode == "default" else {"mode": run.compile_mode}
 
 
-def apply_compile(model: nn.Module, cfg: dict) -> dict:
+def apply_compile(model: nn.Module, run: BenchConfig) -> dict:
     for block in model.blocks.values():
-        block.compile(**compile_kwargs(cfg))
+        block.compile(**compile_kwargs(run))
     return {"compile": "each transformer block (torch.compile)"}

@@ -17,7 +17,7 @@ DDP: one replica per data-parallel rank, gradients all-reduced in buckets overla
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -27,8 +27,9 @@ from bench.parallel.float8 import precompute_scales, precomputes_scales
 from bench.parallel.mesh import data_mesh
 
 
-def apply_fsdp(model: nn.Module, dp_mesh, precision: str, knobs: dict, offload: bool, device_type: str) -> dict:
-    """fully_shard units of ``blocks_per_unit`` blocks, then the root; explicit prefetch of the next units.
+def apply_fsdp(model: nn.Module, dp_mesh, precision: str, knobs: Any, offload: bool, device_type: str) -> dict:
+    """fully_shard units of ``blocks_per_unit`` blocks, then the root; explicit prefetch of the next units
+    (``knobs``: the FSDP strategy's schema: reduce_dtype, blocks_per_unit, reshard_after_forward, prefetch).
 
     The last unit's backward starts right after its forward, so it never reshards (that would only
     add an all-gather, as torchtitan notes), and neither does the root (embeddings, final norm,
@@ -39,24 +40,24 @@ def apply_fsdp(model: nn.Module, dp_mesh, precision: str, knobs: dict, offload: 
         mp = MixedPrecisionPolicy()
     else:
         dt = DTYPES[precision]
-        mp = MixedPrecisionPolicy(param_dtype=dt, reduce_dtype=torch.float32 if knobs["reduce_dtype"] == "fp32" else dt)
+        mp = MixedPrecisionPolicy(param_dtype=dt, reduce_dtype=torch.float32 if knobs.reduce_dtype == "fp32" else dt)
     # CPU offload needs the parameters materialized on the host; pinned memory needs CUDA
     policy = CPUOffloadPolicy(pin_memory=device_type == "cuda") if offload else OffloadPolicy()
-    k, reshard = knobs["blocks_per_unit"], knobs["reshard_after_forward"]
+    k, reshard = knobs.blocks_per_unit, knobs.reshard_after_forward
     blocks = list(model.blocks.values())
     units = [blocks[i:i + k] for i in range(0, len(blocks), k)]
     for i, unit in enumerate(units):
         fully_shard(unit if len(unit) > 1 else unit[0], mesh=dp_mesh, mp_policy=mp, offload_policy=policy,
                     reshard_after_forward=reshard and i < len(units) - 1)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, offload_policy=policy, reshard_after_forward=False)
-    n = knobs["prefetch"]
+    n = knobs.prefetch
     if n > 0:  # issue the next n units' all-gathers from the CPU early (helps when CPU-bound)
         heads = [unit[0] for unit in units]  # a unit's FSDP state lives on its first block
         for i, head in enumerate(heads):
             head.set_modules_to_forward_prefetch(heads[i + 1:i + 1 + n])
             head.set_modules_to_backward_prefetch(heads[max(0, i - n):i][::-1])
     pdt = "bf16" if precision == "fp8" else precision  # fp8: the float8 matmuls are torchao's, the rest bf16
-    rdt = "fp32" if knobs["reduce_dtype"] == "fp32" else pdt
+    rdt = "fp32" if knobs.reduce_dtype == "fp32" else pdt
     return {
         **_sharding_info(dp_mesh),
         "wrap": f"units of {k} transformer block(s), then the root" if k > 1 else "each transformer block, then the root",
@@ -88,16 +89,22 @@ def _sharding_info(dp_mesh) -> dict:
             "dp_replicate": rep, "dp_shard": shard}
 
 
-def apply_ddp(model: nn.Module, dp_group, device: torch.device, knobs: dict) -> tuple[nn.Module, dict]:
-    """torch DistributedDataParallel over the dp process group (None: every rank); knobs not given keep
-    torch's defaults."""
+REPLICA_KWARGS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "find_unused_parameters")
+
+
+def apply_ddp(model: nn.Module, dp_group, device: torch.device, knobs: Any,
+              find_unused_parameters: bool = False) -> tuple[nn.Module, dict]:
+    """torch DistributedDataParallel over the dp process group (None: every rank); ``knobs``: the strategy's schema,
+    whose DDP settings (REPLICA_KWARGS, comm_hook: those it has) are passed on, the others kept at torch's defaults;
+    ``find_unused_parameters``: set it whatever the schema says (a pipeline, below)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    kw = {k: knobs[k] for k in ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "find_unused_parameters")
-          if k in knobs}
+    kw = {k: getattr(knobs, k) for k in REPLICA_KWARGS if hasattr(knobs, k)}
+    if find_unused_parameters:
+        kw["find_unused_parameters"] = True
     ddp = DistributedDataParallel(model, process_group=dp_group,
                                   device_ids=[device.index] if device.type == "cuda" else None, **kw)
-    hook = knobs.get("comm_hook", "none")
+    hook = getattr(knobs, "comm_hook", "none")
     if hook != "none":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -156,11 +163,10 @@ class TorchDDP(DataParallel):
         # under a pipeline DDP sees one backward per micro-batch: its bucket rebuild after the first
         # iteration then records every parameter once per micro-batch and fails (reducer.cpp:
         # "rebuilt parameter indices size is not same"); find_unused_parameters=True never rebuilds
-        knobs = dict(plan.strategy, find_unused_parameters=True) if plan.pp > 1 else plan.strategy
         group = mesh["dp"].get_group() if mesh is not None else None  # plain DDP: the default group
         out, info = [], {}
         for chunk in chunks:
-            ddp, info = apply_ddp(chunk, group, device, knobs)
+            ddp, info = apply_ddp(chunk, group, device, plan.strategy, find_unused_parameters=plan.pp > 1)
             out.append(ddp)
         return out, info
 
@@ -185,11 +191,11 @@ class FSDP2(DataParallel):
         return True
 
     def offload(self, plan) -> bool:
-        return bool(plan.strategy.get("cpu_offload"))
+        return bool(plan.strategy.cpu_offload)
 
     def wrap(self, chunks: list, plan, mesh, device: torch.device) -> tuple[list, dict]:
         # strategy.sync_every_microbatch: reduce-scatter after every micro-batch, not only the last
-        self.sync_every_microbatch = bool(plan.strategy.get("sync_every_microbatch"))
+        self.sync_every_microbatch = bool(plan.strategy.sync_every_microbatch)
         dp_mesh = data_mesh(mesh, plan.layout)
         info: dict = {}
         lay = plan.layout
@@ -197,7 +203,7 @@ class FSDP2(DataParallel):
             info["device_mesh"] = {"shape": [lay.pp, lay.dp_replicate, lay.dp_shard, lay.cp, lay.tp],
                                    "dims": ["pp", "dp_replicate", "dp_shard", "cp", "tp"]}
         for chunk in chunks:
-            info.update(apply_fsdp(chunk, dp_mesh, plan.cfg["precision"], plan.strategy, self.offload(plan),
+            info.update(apply_fsdp(chunk, dp_mesh, plan.run.precision, plan.strategy, self.offload(plan),
                                    device.type))
         return chunks, info
 
@@ -206,7 +212,7 @@ class FSDP2(DataParallel):
         return contextlib.nullcontext()
 
     def scaler(self, plan, device: torch.device):
-        if plan.cfg["precision"] != "fp16":
+        if plan.run.precision != "fp16":
             return None
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 

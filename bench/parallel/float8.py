@@ -21,19 +21,21 @@ from typing import Optional
 
 import torch.nn as nn
 
+from bench.run.schema import BenchConfig
+
 HEAD = "head"  # bench.models.model.GPT's output projection
 ALIGN = 16  # torch._scaled_mm: both matmul dimensions a multiple of 16
 
 
-def converts(cfg: dict) -> bool:
-    return cfg.get("precision") == "fp8"
+def converts(run: BenchConfig) -> bool:
+    return run.precision == "fp8"
 
 
 def fsdp_float8_all_gather(plan) -> bool:
     """FSDP2 gathers the converted weights in float8: precision=fp8 with tensorwise scaling (the only recipe
     torchao's float8 all-gather supports) and a strategy whose ``fp8_all_gather`` is on."""
-    return (converts(plan.cfg) and plan.cfg.get("fp8_recipe", "tensorwise") == "tensorwise"
-            and bool(plan.strategy.get("fp8_all_gather")))
+    return (converts(plan.run) and plan.run.fp8_recipe == "tensorwise"
+            and bool(getattr(plan.strategy, "fp8_all_gather", False)))
 
 
 # torchao's Float8Linear saves its bf16 input for backward (matmul_with_hp_or_float8_args) and casts it to float8
@@ -44,20 +46,19 @@ def fsdp_float8_all_gather(plan) -> bool:
 FLOAT8_SAVED_INPUT_RECIPES = ("tensorwise", "rowwise")
 
 
-def saves_float8_inputs(cfg: dict) -> bool:
+def saves_float8_inputs(run: BenchConfig) -> bool:
     """The converted Linear layers' inputs are saved for backward in float8, 1 B per element (see above)."""
-    return (converts(cfg) and bool(cfg.get("compile"))
-            and cfg.get("fp8_recipe", "tensorwise") in FLOAT8_SAVED_INPUT_RECIPES)
+    return converts(run) and bool(run.compile) and run.fp8_recipe in FLOAT8_SAVED_INPUT_RECIPES
 
 
 def precomputes_scales(plan) -> bool:
     """One all-reduce for every float8 weight's scale after the optimizer step (with the float8 all-gather)."""
-    return fsdp_float8_all_gather(plan) and bool(plan.strategy.get("fp8_precompute_scale"))
+    return fsdp_float8_all_gather(plan) and bool(getattr(plan.strategy, "fp8_precompute_scale", False))
 
 
 def float8_tp(plan) -> bool:
     """Tensor parallelism shards the Float8Linear layers with torchao's float8 styles (tensorwise only)."""
-    return converts(plan.cfg) and plan.cfg.get("fp8_recipe", "tensorwise") == "tensorwise"
+    return converts(plan.run) and plan.run.fp8_recipe == "tensorwise"
 
 
 def bf16_reason(module: nn.Linear, fqn: str, tp: int = 1) -> Optional[str]:
@@ -77,7 +78,7 @@ def apply_float8(model: nn.Module, plan) -> dict:
     import torchao
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    recipe = plan.cfg.get("fp8_recipe", "tensorwise")
+    recipe = plan.run.fp8_recipe
     config = Float8LinearConfig.from_recipe_name(recipe)
     gather = fsdp_float8_all_gather(plan)
     if gather:

@@ -13,11 +13,12 @@ import torch
 import torch.distributed as dist
 
 from bench.parallel.tp import local_tensor, sharded_dims
+from bench.run.schema import OptimConfig
 
 
-def adamw(params: list[torch.Tensor], optim: dict, fused: bool) -> torch.optim.AdamW:
-    return torch.optim.AdamW(params, lr=optim["lr"], betas=(optim["beta1"], optim["beta2"]),
-                             weight_decay=optim["weight_decay"], fused=fused)
+def adamw(params: list[torch.Tensor], optim: OptimConfig, fused: bool) -> torch.optim.AdamW:
+    return torch.optim.AdamW(params, lr=optim.lr, betas=(optim.beta1, optim.beta2),
+                             weight_decay=optim.weight_decay, fused=fused)
 
 
 class LocalShardAdamW:
@@ -27,7 +28,7 @@ class LocalShardAdamW:
     may replace a shard's local tensor (``reset_sharded_param``), so FSDP builds this after its
     first backward."""
 
-    def __init__(self, params: Iterable[torch.Tensor], optim: dict, fused: bool):
+    def __init__(self, params: Iterable[torch.Tensor], optim: OptimConfig, fused: bool):
         self.params = list(params)
         self.local = [local_tensor(q.detach()) for q in self.params]
         self.optimizer = adamw(self.local, optim, fused)

@@ -35,14 +35,14 @@ class Parallelized:
 
 
 def compiles_whole_model(plan, policy: DataParallel) -> bool:
-    return bool(plan.cfg["compile"]) and not policy.shards and plan.tp == 1 and plan.pp == 1
+    return bool(plan.run.compile) and not policy.shards and plan.tp == 1 and plan.pp == 1
 
 
 def parallelize(model: nn.Module, plan, mesh, policy: DataParallel, pp_rank: int, device: torch.device,
                 phase: Callable[[str], contextlib.AbstractContextManager]) -> Parallelized:
     """Apply the steps the layout needs (module docstring); ``phase`` names the timed parts of setup."""
-    cfg, info = plan.cfg, {}
-    if converts(cfg):
+    run, info = plan.run, {}
+    if converts(run):
         with phase("float8 conversion"):
             info.update(apply_float8(model, plan))
     if plan.tp > 1:
@@ -55,9 +55,9 @@ def parallelize(model: nn.Module, plan, mesh, policy: DataParallel, pp_rank: int
             info.update(apply_ac(chunk, plan.layout.recompute, plan.layout.recompute_every))
         if plan.layout.loss_chunks > 1:  # no pipeline (bench/run/layout_rules.py): the one chunk is the whole model
             info.update(apply_loss_chunks(chunks[0], plan.layout.loss_chunks))
-        if cfg["compile"] and not whole:  # per block, after TP (DTensor dispatch traced away)
+        if run.compile and not whole:  # per block, after TP (DTensor dispatch traced away)
             for chunk in chunks:
-                info.update(apply_compile(chunk, cfg))
+                info.update(apply_compile(chunk, run))
             if plan.tp > 1:
                 info["compile"] += ", after TP"
     with phase("wrap"):
@@ -65,6 +65,6 @@ def parallelize(model: nn.Module, plan, mesh, policy: DataParallel, pp_rank: int
     info.update(wrap_info)
     top = wrapped[0]
     if whole:  # lazy: compiles in the first (warm-up) steps
-        top = torch.compile(top, **compile_kwargs(cfg))
+        top = torch.compile(top, **compile_kwargs(run))
         info["compile"] = "the whole model" + (policy.whole_model_note() if plan.dp_size > 1 else "")
     return Parallelized(chunks=chunks, wrapped=wrapped, stage_ids=stage_ids, model=top, info=info)

@@ -254,8 +254,9 @@ def plan_from_dict(d: dict) -> Plan:
 
 def _layout(c: dict, spec: StrategySpec, device: str) -> Plan:
     """The plan around its layout (bench/run/layout_rules.py builds and checks it), micro_batch_size=auto chosen."""
-    plan = Plan(run=describe_run(c, spec), device=device, backend="nccl" if device == "cuda" else "gloo",
-                world_size=c["world_size"], layout=build_layout(c), command=c.get("_command"))
+    run = describe_run(c, spec)
+    plan = Plan(run=run, device=device, backend="nccl" if device == "cuda" else "gloo",
+                world_size=c["world_size"], layout=build_layout(run), command=c.get("_command"))
     if c["strategy"].get("micro_batch_size") == "auto":
         _auto_micro_batch(plan, plan.layout.per_rank_batch)
     return plan

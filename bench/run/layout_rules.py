@@ -10,14 +10,17 @@ layout.  What one library cannot do (megatron-core's schedules, say) stays with 
 """
 from __future__ import annotations
 
+from typing import Any
+
 from bench.run.layout import Layout, resolve_microbatches, resolve_schedule
-from bench.run.schema import ConfigError, Plan, check_positive
+from bench.run.schema import BenchConfig, ConfigError, ModelConfig, Plan, check_positive
 
 
-def build(c: dict) -> Layout:
-    """The layout of a composed configuration (plain containers), or a ConfigError naming the knob."""
-    s, m, ws = c["strategy"], c["model"], c["world_size"]
-    tp, pp, cp = s.get("tp", 1), s.get("pp", 1), s.get("cp", 1)
+def build(c: BenchConfig) -> Layout:
+    """The layout of a typed run description (its strategy's layout knobs: those its schema has), or a
+    ConfigError naming the knob."""
+    s, m, ws = c.strategy, c.model, c.world_size
+    tp, pp, cp = getattr(s, "tp", 1), getattr(s, "pp", 1), getattr(s, "cp", 1)
     for key, size in (("tp", tp), ("pp", pp), ("cp", cp)):
         check_positive(f"strategy.{key}", size)
     if ws % (tp * pp * cp):
@@ -28,48 +31,48 @@ def build(c: dict) -> Layout:
         _check_context(m, s, cp)
     mbs, n_micro = _micro_batch(m, s, dp, ws)
     v, sched = 1, resolve_schedule("auto", 1)
-    if "tp" in s:  # a strategy that splits the model: its shapes, pipeline and micro-batch count
+    if splits_model(s):  # a strategy that splits the model: its shapes, pipeline and micro-batch count
         _check_shapes(m, tp)
         v, sched = _pipeline(m, s, pp)
-        if s.get("microbatches") is not None:
+        if s.microbatches is not None:
             mbs, n_micro = _microbatch_count(m, s, pp, dp)
     return Layout(tp=tp, pp=pp, dp=dp, cp=cp, dp_replicate=_replicas(s, ws, tp, pp, dp), virtual_pipeline=v,
-                  schedule=sched, micro_batch_size=mbs, grad_accum=n_micro, recompute=c["recompute"],
+                  schedule=sched, micro_batch_size=mbs, grad_accum=n_micro, recompute=c.recompute,
                   recompute_every=_recompute_every(c), loss_chunks=_loss_chunks(c, pp, cp))
 
 
 CP_CHUNK_ROWS = 32  # measured: a 16-row chunk fails in torch 2.11's ring merge (fp32, memory-efficient kernel)
 
 
-def _check_context(m: dict, s: dict, cp: int) -> None:
+def _check_context(m: ModelConfig, s: Any, cp: int) -> None:
     """What context parallelism splits: the sequence into 2 x cp chunks (each rank one from the head and its mirror
     from the tail, so causal work is even); not with a pipeline (not implemented here)."""
-    if m["seq_len"] % (CP_CHUNK_ROWS * 2 * cp):
-        raise ConfigError("strategy.cp", cp, f"needs model.seq_len={m['seq_len']} divisible by {CP_CHUNK_ROWS} x 2 x "
+    if m.seq_len % (CP_CHUNK_ROWS * 2 * cp):
+        raise ConfigError("strategy.cp", cp, f"needs model.seq_len={m.seq_len} divisible by {CP_CHUNK_ROWS} x 2 x "
                           f"cp = {CP_CHUNK_ROWS * 2 * cp}: the sequence is cut into 2 x cp load-balanced chunks, each a "
                           f"multiple of {CP_CHUNK_ROWS} rows (the memory-efficient attention kernel pads its log-sum-exp "
                           f"to {CP_CHUNK_ROWS} rows, which torch's ring cannot merge)")
-    if s.get("pp", 1) > 1:
-        raise ConfigError("strategy.cp", cp, f"with strategy.pp={s['pp']} is not implemented; use strategy.pp=1 "
+    if getattr(s, "pp", 1) > 1:
+        raise ConfigError("strategy.cp", cp, f"with strategy.pp={s.pp} is not implemented; use strategy.pp=1 "
                           "with cp > 1 (context parallelism composes with FSDP2, HSDP and tp here)")
 
 
-def _recompute_every(c: dict) -> int:
+def _recompute_every(c: BenchConfig) -> int:
     """recompute_every: a positive count, and only where it acts (recompute=full)."""
-    every = c.get("recompute_every", 1)
+    every = c.recompute_every
     check_positive("recompute_every", every)
-    if every != 1 and c["recompute"] != "full":
+    if every != 1 and c.recompute != "full":
         raise ConfigError("recompute_every", every, f"acts with recompute=full (which blocks to checkpoint; "
-                          f"recompute=op checkpoints every block, as torchtitan's); recompute={c['recompute']}: leave "
+                          f"recompute=op checkpoints every block, as torchtitan's); recompute={c.recompute}: leave "
                           f"it 1 or set recompute=full")
     return every
 
 
-def _loss_chunks(c: dict, pp: int, cp: int) -> int:
+def _loss_chunks(c: BenchConfig, pp: int, cp: int) -> int:
     """loss_chunks: a positive count; > 1 only without a pipeline, whose last stage's loss runs in the schedule's
     loss_fn, outside the stage module that owns the head (where FSDP2 / ZeRO-3 gather its weight), and without
     context parallelism (CUDA only: not yet run against cp=1's losses)."""
-    k = c.get("loss_chunks", 1)
+    k = c.loss_chunks
     check_positive("loss_chunks", k)
     if k > 1 and pp > 1:
         raise ConfigError("loss_chunks", k, f"the chunked loss is not implemented for pipelines (strategy.pp={pp}: "
@@ -80,47 +83,47 @@ def _loss_chunks(c: dict, pp: int, cp: int) -> int:
     return k
 
 
-def _micro_batch(m: dict, s: dict, dp: int, ws: int) -> tuple[int, int]:
+def _micro_batch(m: ModelConfig, s: Any, dp: int, ws: int) -> tuple[int, int]:
     """strategy.micro_batch_size: a divisor of the per-rank batch, or all of it (null; auto, until the memory
     plan chooses in bench/run/config.py)."""
-    gb = m["global_batch"]
+    gb = m.global_batch
     if gb % dp:
         raise ConfigError("model.global_batch", gb,
                           f"must be divisible by the data-parallel size {dp} (world_size={ws})")
     per_rank = gb // dp
-    auto = s.get("micro_batch_size") == "auto"
-    mbs = per_rank if auto else s.get("micro_batch_size") or per_rank
+    auto = s.micro_batch_size == "auto"
+    mbs = per_rank if auto else s.micro_batch_size or per_rank
     if not isinstance(mbs, int) or isinstance(mbs, bool) or mbs <= 0 or per_rank % mbs:
-        raise ConfigError("strategy.micro_batch_size", s.get("micro_batch_size"),
+        raise ConfigError("strategy.micro_batch_size", s.micro_batch_size,
                           f"must divide the per-rank batch {per_rank} (= global_batch {gb} / dp {dp}), or be auto "
                           "(the largest the memory plan fits) or null (all of it)")
-    if auto and s.get("microbatches") is not None:
+    if auto and getattr(s, "microbatches", None) is not None:
         raise ConfigError("strategy.micro_batch_size", "auto", f"conflicts with strategy.microbatches="
-                          f"{s['microbatches']}, which sets the micro-batches; set only one of them")
+                          f"{s.microbatches}, which sets the micro-batches; set only one of them")
     return mbs, per_rank // mbs
 
 
-def _check_shapes(m: dict, tp: int) -> None:
+def _check_shapes(m: ModelConfig, tp: int) -> None:
     """What tensor parallelism splits: attention heads, key/value heads, the MLP."""
-    kv = m.get("n_kv_heads") or m["n_heads"]
-    if m["n_heads"] % tp:
-        raise ConfigError("strategy.tp", tp, f"must divide model.n_heads={m['n_heads']} (attention heads are split over tp)")
+    kv = m.n_kv_heads or m.n_heads
+    if m.n_heads % tp:
+        raise ConfigError("strategy.tp", tp, f"must divide model.n_heads={m.n_heads} (attention heads are split over tp)")
     if kv % tp:
         raise ConfigError("strategy.tp", tp, f"must divide model.n_kv_heads={kv} (key/value heads are split over tp)")
-    if m["d_ff"] % tp:
-        raise ConfigError("strategy.tp", tp, f"must divide model.d_ff={m['d_ff']} (the MLP is split over tp)")
+    if m.d_ff % tp:
+        raise ConfigError("strategy.tp", tp, f"must divide model.d_ff={m.d_ff} (the MLP is split over tp)")
 
 
-def _pipeline(m: dict, s: dict, pp: int) -> tuple[int, str]:
+def _pipeline(m: ModelConfig, s: Any, pp: int) -> tuple[int, str]:
     """Virtual stages that split the layers evenly, and the schedule resolved for them."""
-    v = s.get("virtual_pipeline", 1)
+    v = s.virtual_pipeline
     check_positive("strategy.virtual_pipeline", v)
     if v > 1 and pp == 1:
         raise ConfigError("strategy.virtual_pipeline", v, "interleaved stages need strategy.pp > 1; use virtual_pipeline=1")
-    if m["n_layers"] % (pp * v):
+    if m.n_layers % (pp * v):
         raise ConfigError("strategy.pp", pp, f"strategy.pp x strategy.virtual_pipeline = {pp} x {v} = {pp * v} "
-                          f"stages must divide model.n_layers={m['n_layers']}")
-    sched = resolve_schedule(s.get("schedule", "auto"), v)
+                          f"stages must divide model.n_layers={m.n_layers}")
+    sched = resolve_schedule(s.schedule, v)
     if sched == "interleaved_1f1b" and v < 2:
         raise ConfigError("strategy.schedule", sched, "needs strategy.virtual_pipeline >= 2 (model chunks per "
                           "pipeline rank); or use schedule=1f1b / gpipe")
@@ -130,30 +133,30 @@ def _pipeline(m: dict, s: dict, pp: int) -> tuple[int, str]:
     return v, sched
 
 
-def _microbatch_count(m: dict, s: dict, pp: int, dp: int) -> tuple[int, int]:
+def _microbatch_count(m: ModelConfig, s: Any, pp: int, dp: int) -> tuple[int, int]:
     """strategy.microbatches resolved ("4p" -> 4 x pp) into the micro-batch size and count."""
-    per_rank = m["global_batch"] // dp
+    per_rank = m.global_batch // dp
     try:
-        n_micro = resolve_microbatches(s["microbatches"], pp)
+        n_micro = resolve_microbatches(s.microbatches, pp)
     except ValueError:
-        raise ConfigError("strategy.microbatches", s["microbatches"],
+        raise ConfigError("strategy.microbatches", s.microbatches,
                           'must be "p", "<k>p" (k x strategy.pp), a positive integer, or null') from None
     if per_rank % n_micro:
-        raise ConfigError("strategy.microbatches", s["microbatches"],
+        raise ConfigError("strategy.microbatches", s.microbatches,
                           f"= {n_micro} micro-batches must divide the per-data-parallel-rank batch {per_rank} "
-                          f"(= model.global_batch {m['global_batch']} / dp {dp}); use fewer micro-batches "
+                          f"(= model.global_batch {m.global_batch} / dp {dp}); use fewer micro-batches "
                           "or a larger model.global_batch")
     mbs = per_rank // n_micro
-    if s.get("micro_batch_size") not in (None, mbs):
-        raise ConfigError("strategy.micro_batch_size", s["micro_batch_size"],
-                          f"conflicts with strategy.microbatches={s['microbatches']} ({n_micro} micro-batches "
+    if s.micro_batch_size not in (None, mbs):
+        raise ConfigError("strategy.micro_batch_size", s.micro_batch_size,
+                          f"conflicts with strategy.microbatches={s.microbatches} ({n_micro} micro-batches "
                           f"of {mbs}); set only one of them")
     return mbs, n_micro
 
 
-def _replicas(s: dict, ws: int, tp: int, pp: int, dp: int) -> int:
+def _replicas(s: Any, ws: int, tp: int, pp: int, dp: int) -> int:
     """strategy.dp_replicate (HSDP, where the strategy has it): replicas that divide the data-parallel ranks."""
-    r = s.get("dp_replicate", 1)
+    r = getattr(s, "dp_replicate", 1)
     if isinstance(r, bool) or not isinstance(r, int) or r < 1 or dp % r:
         valid = ", ".join(str(d) for d in range(1, dp + 1) if dp % d == 0)
         raise ConfigError("strategy.dp_replicate", r, f"must divide the data-parallel size {dp} (world_size "
@@ -161,12 +164,24 @@ def _replicas(s: dict, ws: int, tp: int, pp: int, dp: int) -> int:
     return r
 
 
+def splits_model(strategy: Any) -> bool:
+    """The strategy's schema has the layout knobs (tp, pp, the pipeline's, the micro-batch count: bench/run/schema.py
+    LayoutKnobs)."""
+    return hasattr(strategy, "tp")
+
+
+def microbatches_setting(strategy: Any) -> Any:
+    """strategy.microbatches as set ("4p", 8, null: plan.layout holds the resolved count), for what an error or a
+    record names; None where the strategy has no such knob."""
+    return getattr(strategy, "microbatches", None)
+
+
 def check_torch_native(plan: Plan, shards_dtensors: bool) -> None:
     """torch-native TP / pipelining: no loss scaling across shards and stages, no embedding shared by two
     pipeline stages, 1F1B's micro-batch per stage, interleaved 1F1B's rounds, and DDP's replicas cannot hold
     DTensors (``shards_dtensors``: FSDP2 can)."""
     s, m, tp, pp, dp = plan.strategy, plan.model, plan.tp, plan.pp, plan.dp_size
-    if plan.cfg["precision"] == "fp16" and (tp > 1 or pp > 1):
+    if plan.run.precision == "fp16" and (tp > 1 or pp > 1):
         raise ConfigError("precision", "fp16", "loss scaling across tensor-parallel shards and pipeline stages is not "
                           "implemented for torch-native TP / PP; use precision=bf16")
     if tp > 1 and dp > 1 and not shards_dtensors:
@@ -174,7 +189,7 @@ def check_torch_native(plan: Plan, shards_dtensors: bool) -> None:
                           f"gives tp={tp} x pp={pp} x dp={dp}: torch's DistributedDataParallel does not take "
                           "tensor-parallel (DTensor) parameters; for TP with data parallelism use strategy=fsdp "
                           f"strategy.tp={tp} (FSDP2 x TP), or strategy.impl=megatron")
-    if pp > 1 and m.get("tie_embeddings"):
+    if pp > 1 and m.tie_embeddings:
         raise ConfigError("model.tie_embeddings", True, "the torch-native pipeline cannot share the embedding between "
                           "its first and last stage; use model.tie_embeddings=false, strategy.pp=1, or "
                           "strategy.impl=megatron")
@@ -182,7 +197,7 @@ def check_torch_native(plan: Plan, shards_dtensors: bool) -> None:
     if pp > 1 and sched == "1f1b" and plan.grad_accum < pp:
         _too_few_microbatches(plan)
     if sched == "interleaved_1f1b" and plan.grad_accum % max(1, plan.grad_accum // pp):
-        raise ConfigError("strategy.microbatches", s["microbatches"],
+        raise ConfigError("strategy.microbatches", s.microbatches,
                           f"torch's interleaved 1F1B needs the number of micro-batches ({plan.grad_accum}) to be a "
                           f"multiple of its rounds max(1, {plan.grad_accum} // pp)")
 
@@ -196,7 +211,7 @@ def _too_few_microbatches(plan: Plan) -> None:
     valid = (f"a count of at least {pp} dividing the per-data-parallel-rank batch {per_rank}: {', '.join(counts)}"
              if counts else f"none: the per-data-parallel-rank batch is {per_rank}, raise model.global_batch to at "
              f"least {pp} x dp {plan.dp_size}")
-    raise ConfigError("strategy.microbatches", plan.strategy.get("microbatches"),
+    raise ConfigError("strategy.microbatches", plan.strategy.microbatches,
                       f"gives {n} micro-batch{'es' if n != 1 else ''} of {plan.micro_batch_size} a step, but torch's "
                       f"1F1B schedule needs at least one per pipeline stage (strategy.pp={pp}); valid: {valid} "
                       "(strategy.microbatches=..., or the shorthand microbatches=...), or strategy.schedule=gpipe")

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from bench.run.layout_rules import check_torch_native
-from bench.run.schema import CUDA_GRAPH_CAPTURE_STEP, ConfigError, LayoutKnobs, Plan, knob
+from bench.run.layout_rules import build as build_layout, check_torch_native
+from bench.run.schema import CUDA_GRAPH_CAPTURE_STEP, BenchConfig, ConfigError, LayoutKnobs, Plan, knob
 from bench.strategies.ddp import bucket_bytes
 from bench.strategies.registry import FP32, ModelStates, StrategySpec, register, specs
 from bench.parallel.dp import TorchDDP
@@ -57,7 +57,7 @@ class Implementation:
     name: str  # the strategy.impl value
     runner: Callable[[Plan], Callable]  # the Strategy class (or torch-native factory) that runs a plan
     rules: Callable[[Plan], None]  # what it can run; before the family's knob rules
-    model_states: Callable[[dict], ModelStates]
+    model_states: Callable[[BenchConfig], ModelStates]
     buffers: Callable[[Plan, float, float], tuple[float, str]]
     traffic: Callable[[Plan, float], dict[str, float]]
     env: Callable[[Plan], dict[str, str]] = lambda plan: {}  # process environment set before CUDA starts
@@ -76,12 +76,12 @@ def register_implementation(impl: Implementation) -> Implementation:
     return impl
 
 
-def implementation_of(strategy: dict) -> Implementation:
+def implementation_of(strategy: ModelParallelConfig) -> Implementation:
     """The one place the family reads strategy.impl (an implementation registers itself when its module is
     imported; the registry imports every strategy module)."""
-    if strategy["impl"] not in IMPLEMENTATIONS:
+    if strategy.impl not in IMPLEMENTATIONS:
         specs()
-    return IMPLEMENTATIONS[strategy["impl"]]
+    return IMPLEMENTATIONS[strategy.impl]
 
 
 def family_rules(plan: Plan, own: Optional[Callable[[Plan], None]] = None) -> None:
@@ -91,47 +91,47 @@ def family_rules(plan: Plan, own: Optional[Callable[[Plan], None]] = None) -> No
     impl = implementation_of(plan.strategy)
     impl.rules(plan)
     _knob_rules(plan, impl)
-    if plan.strategy["cuda_graph"]:
+    if plan.strategy.cuda_graph:
         _cuda_graph_rules(plan, impl)
 
 
 def _refuse(plan: Plan, impl: Implementation, key: str, value: Any) -> None:
     if key in impl.refuses:
-        raise ConfigError(key, value, impl.refuses[key].format(name=plan.strategy["name"]))
+        raise ConfigError(key, value, impl.refuses[key].format(name=plan.strategy.name))
 
 
 def _knob_rules(plan: Plan, impl: Implementation) -> None:
-    s, m, c, tp = plan.strategy, plan.model, plan.cfg, plan.tp
-    if s["sequence_parallel"]:
+    s, m, c, tp = plan.strategy, plan.model, plan.run, plan.tp
+    if s.sequence_parallel:
         if tp == 1:
             raise ConfigError("strategy.sequence_parallel", True, "needs strategy.tp > 1")
         _refuse(plan, impl, "strategy.sequence_parallel", True)
-        if m["seq_len"] % tp:
-            raise ConfigError("strategy.sequence_parallel", True, f"needs model.seq_len={m['seq_len']} divisible "
+        if m.seq_len % tp:
+            raise ConfigError("strategy.sequence_parallel", True, f"needs model.seq_len={m.seq_len} divisible "
                               f"by strategy.tp={tp}")
-    if c["compile"]:
+    if c.compile:
         _refuse(plan, impl, "compile", True)
     if plan.layout.cp > 1:
         _refuse(plan, impl, "strategy.cp", plan.layout.cp)
     if plan.layout.loss_chunks > 1:
         _refuse(plan, impl, "loss_chunks", plan.layout.loss_chunks)
-    if s["bucket_size"] is not None and s["bucket_size"] <= 0:
-        raise ConfigError("strategy.bucket_size", s["bucket_size"], "must be a positive number of parameters, or null")
-    if s["overlap_param_gather"] and not s["use_distributed_optimizer"]:
+    if s.bucket_size is not None and s.bucket_size <= 0:
+        raise ConfigError("strategy.bucket_size", s.bucket_size, "must be a positive number of parameters, or null")
+    if s.overlap_param_gather and not s.use_distributed_optimizer:
         raise ConfigError("strategy.overlap_param_gather", True, "needs strategy.use_distributed_optimizer=true")
 
 
 def _cuda_graph_rules(plan: Plan, impl: Implementation) -> None:
-    s, c = plan.strategy, plan.cfg
+    s, c = plan.strategy, plan.run
     _refuse(plan, impl, "strategy.cuda_graph", True)
-    if s["overlap_param_gather"]:
+    if s.overlap_param_gather:
         raise ConfigError("strategy.cuda_graph", True, "cannot capture strategy.overlap_param_gather's "
                           "forward hooks; set overlap_param_gather=false")
-    if c["precision"] == "fp16":
+    if c.precision == "fp16":
         raise ConfigError("strategy.cuda_graph", True, "with precision=fp16: the dynamic loss scale is a new "
                           "tensor after each change, which a captured graph would not see; use bf16 or fp32")
-    if c["warmup_steps"] <= CUDA_GRAPH_CAPTURE_STEP:
-        raise ConfigError("warmup_steps", c["warmup_steps"], f"must be > {CUDA_GRAPH_CAPTURE_STEP} with "
+    if c.warmup_steps <= CUDA_GRAPH_CAPTURE_STEP:
+        raise ConfigError("warmup_steps", c.warmup_steps, f"must be > {CUDA_GRAPH_CAPTURE_STEP} with "
                           f"strategy.cuda_graph=true: steps 0-{CUDA_GRAPH_CAPTURE_STEP - 1} run eagerly and step "
                           f"{CUDA_GRAPH_CAPTURE_STEP} is captured, so no timed step includes the capture")
 
@@ -157,7 +157,7 @@ def family_spec(name: str, schema: type, summary: str, profiles: dict, float8: b
         name=name, schema=schema, summary=summary, float8=float8, profiles=profiles, label=label, loss_chunks=True,
         implementation=lambda plan: implementation_of(plan.strategy).runner(plan),
         rules=lambda plan: family_rules(plan, rules),
-        model_states=lambda cfg: implementation_of(cfg["strategy"]).model_states(cfg),
+        model_states=lambda run: implementation_of(run.strategy).model_states(run),
         buffers=lambda plan, psi, per_block: implementation_of(plan.strategy).buffers(plan, psi, per_block),
         traffic=lambda plan, params: implementation_of(plan.strategy).traffic(plan, params),
         process_env=lambda plan: implementation_of(plan.strategy).env(plan),
@@ -166,17 +166,17 @@ def family_spec(name: str, schema: type, summary: str, profiles: dict, float8: b
 
 # ------------------------------------------------------------------------------ torch-native
 def _torch_rules(plan: Plan) -> None:
-    if plan.cfg["precision"] == "fp16":
+    if plan.run.precision == "fp16":
         raise ConfigError("precision", "fp16", "is not supported with strategy.impl=torch (no loss scaling "
                           "across shards and stages); use precision=bf16, or strategy.impl=megatron")
     check_torch_native(plan, shards_dtensors=False)
 
 
-def _torch_model_states(cfg: dict) -> ModelStates:
+def _torch_model_states(run: BenchConfig) -> ModelStates:
     """Replicated fp32 weights, torch AdamW; torch TP casts the attention's and MLP's inputs once
     (bench/parallel/tp.py)."""
-    s = cfg["strategy"]
-    return ModelStates(FP32, shared_input_casts=s["tp"] > 1, note=f"torch tp={s['tp']} pp={s['pp']}: fp32 weights, "
+    lay = build_layout(run)
+    return ModelStates(FP32, shared_input_casts=lay.tp > 1, note=f"torch tp={lay.tp} pp={lay.pp}: fp32 weights, "
                        "torch AdamW")
 
 

@@ -12,7 +12,8 @@ import contextlib
 
 import torch
 
-from bench.run.layout import CP_TOKEN_RULE, DIMS, TOKEN_RULE, resolve_schedule
+from bench.run.layout import CP_TOKEN_RULE, DIMS, TOKEN_RULE
+from bench.run.layout_rules import microbatches_setting, splits_model
 from bench.models.model import build_model, model_loss
 from bench.parallel import cp as context_parallel
 from bench.parallel.dp import DataParallel
@@ -42,7 +43,7 @@ class TorchParallel(Strategy):
         self.policy = policy
 
     def setup(self) -> None:
-        p, dev, cfg, s = self.plan, self.dist.device, self.plan.cfg, self.plan.strategy
+        p, dev, run = self.plan, self.dist.device, self.plan.run
         self.layout = p.layout
         self.coord = self.layout.coords(self.dist.rank)
         self.offload = self.policy.offload(p)
@@ -52,18 +53,18 @@ class TorchParallel(Strategy):
             with self.setup_phase("device mesh"):
                 self.mesh = build_mesh(self.layout, dev.type, self.dist.rank)
         with self.setup_phase("bench model"):
-            model = build_model(p.model, cfg["seed"], "cpu" if self.offload else dev)
-        self.virtual = s.get("virtual_pipeline", 1)
+            model = build_model(p.model, run.seed, "cpu" if self.offload else dev)
+        self.virtual = p.layout.virtual_pipeline
         par = parallelize(model, p, self.mesh, self.policy, self.coord.pp, dev, self.setup_phase)
         self.info, self.stage_ids, self.model = par.info, par.stage_ids, par.model
         self.params = [q for chunk in par.chunks for q in chunk.parameters()]  # after FSDP2 made them shards
         self.after_step = self.policy.after_step(par.chunks, p)  # e.g. FSDP2's float8 scales (fp8)
-        self.precision = Precision(cfg["precision"], dev, autocast=self.policy.autocast,
+        self.precision = Precision(run.precision, dev, autocast=self.policy.autocast,
                                    scaler=self.policy.scaler(p, dev))
         self.schedule = None
         if p.pp > 1:
             with self.setup_phase("pipeline schedule"):
-                self.schedule_name = resolve_schedule(s["schedule"], self.virtual)
+                self.schedule_name = p.layout.schedule
                 self.schedule, self._step_kwargs = build_schedule(
                     par.wrapped, self.stage_ids, p.pp * self.virtual, self.schedule_name, p.grad_accum, dev,
                     self.mesh["pp"].get_group())
@@ -78,7 +79,7 @@ class TorchParallel(Strategy):
             self.stream = self.data_stream(self.coord.dp)
 
     def _build_optimizer(self) -> None:
-        o = self.plan.cfg["optim"]
+        o = self.plan.run.optim
         if self.local_shards:
             self.optimizer = LocalShardAdamW(self.params, o, fused=self.fused)
         else:
@@ -108,7 +109,7 @@ class TorchParallel(Strategy):
         if self.local_shards:
             opt.point_grads()
             opt = opt.optimizer
-        clip = self.plan.cfg["optim"]["grad_clip"]
+        clip = self.plan.run.optim.grad_clip
         skipped = self.precision.step(opt, self._clip if clip > 0 else None)
         if self.after_step is not None:
             self.after_step()
@@ -124,23 +125,23 @@ class TorchParallel(Strategy):
     def _clip(self) -> None:
         grads = [q.grad for q in self.params if q.grad is not None]
         if self.local_shards or self.pp_group is not None:
-            clip_grads_(grads, self.plan.cfg["optim"]["grad_clip"], self.dist.device, self.pp_group)
+            clip_grads_(grads, self.plan.run.optim.grad_clip, self.dist.device, self.pp_group)
         else:
-            torch.nn.utils.clip_grad_norm_(self.params, self.plan.cfg["optim"]["grad_clip"])
+            torch.nn.utils.clip_grad_norm_(self.params, self.plan.run.optim.grad_clip)
 
     # ------------------------------------------------------------------ accounting
     def tokens_this_rank(self) -> int:
         m = self.plan.model
-        return self.layout.tokens_this_rank(self.dist.rank, m["global_batch"], m["seq_len"])
+        return self.layout.tokens_this_rank(self.dist.rank, m.global_batch, m.seq_len)
 
     def describe(self) -> dict:
-        p, s, cfg = self.plan, self.plan.strategy, self.plan.cfg
+        p, s, run = self.plan, self.plan.strategy, self.plan.run
         out = {"impl": "torch", "tp": p.tp, "pp": p.pp, "dp": p.dp_size,
                "micro_batch_size": p.micro_batch_size, "grad_accum": p.grad_accum,
-               "precision": PRECISION_TEXT[cfg["precision"]],
+               "precision": PRECISION_TEXT[run.precision],
                "optimizer": f"torch.optim.AdamW(fused={self.fused})"
                             + (" over each rank's local shards" if self.local_shards else ""),
-               "recompute": cfg["recompute"], "compile": None, "dp_reduction": None,
+               "recompute": p.layout.recompute, "compile": None, "dp_reduction": None,
                "token_rule": CP_TOKEN_RULE if self.layout.cp > 1 else
                              TOKEN_RULE if p.tp > 1 or p.pp > 1 else "sum over data-parallel ranks"}
         if self.mesh is not None:
@@ -148,14 +149,14 @@ class TorchParallel(Strategy):
             out["device_mesh"] = {"shape": list(self.layout.mesh_shape), "dims": list(DIMS)}
         if self.layout.cp > 1:
             out.update(cp=self.layout.cp, **context_parallel.describe(self.layout.cp))
-        if p.tp > 1 or p.pp > 1 or "microbatches" in s:
-            out.update(microbatches=p.grad_accum, microbatches_setting=s.get("microbatches"),
+        if p.tp > 1 or p.pp > 1 or splits_model(s):
+            out.update(microbatches=p.grad_accum, microbatches_setting=microbatches_setting(s),
                        pipeline_schedule=type(self.schedule).__name__ if self.schedule is not None else None,
                        virtual_pipeline=self.virtual, pipeline_stages=p.pp * self.virtual,
-                       layers_per_stage=p.model["n_layers"] // (p.pp * self.virtual), tp_plan=None,
+                       layers_per_stage=p.model.n_layers // (p.pp * self.virtual), tp_plan=None,
                        sequence_parallel=False)
         out.update(self.info)
-        if cfg["optim"]["grad_clip"] > 0:
+        if run.optim.grad_clip > 0:
             out["grad_clip"] = ("global norm over tp shards and pp stages" if self.local_shards or p.pp > 1
                                 else "torch.nn.utils.clip_grad_norm_")
         return out

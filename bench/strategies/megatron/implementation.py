@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from bench.run.layout import resolve_schedule
-from bench.run.schema import ConfigError, Plan
+from bench.run.layout_rules import build as build_layout, microbatches_setting
+from bench.run.schema import BenchConfig, ConfigError, Plan
 from bench.strategies.model_parallel import Implementation, register_implementation
 from bench.strategies.registry import FP32, MIXED, ModelStates, Scheme
 from bench.plan.traffic import all_gather, all_reduce, buckets, merge, param_tensors, pp_p2p, tp_activation
@@ -34,8 +34,8 @@ def runner(plan: Plan):
 
 def megatron_only(plan: Plan) -> None:
     """strategy=megatron's own rule: it has no other implementation."""
-    if plan.strategy["impl"] != NAME:
-        raise ConfigError("strategy.impl", plan.strategy["impl"], "strategy=megatron is megatron-core only; for "
+    if plan.strategy.impl != NAME:
+        raise ConfigError("strategy.impl", plan.strategy.impl, "strategy=megatron is megatron-core only; for "
                           "torch-native parallelism use strategy=tp or strategy=pp with strategy.impl=torch, or "
                           "strategy=ddp")
 
@@ -50,9 +50,9 @@ def _installed() -> bool:
 def rules(plan: Plan) -> None:
     """What megatron-core can run: CUDA, installed, no float8, the model bench's Megatron build maps, tp dividing
     the vocabulary; its schedules."""
-    s, m, c = plan.strategy, plan.model, plan.cfg
-    impl, tp, pp = s["impl"], plan.tp, plan.pp
-    fix = ("use strategy=ddp (or strategy=tp/pp with strategy.impl=torch)" if s["name"] == NAME
+    s, m, c = plan.strategy, plan.model, plan.run
+    impl, tp, pp = s.impl, plan.tp, plan.pp
+    fix = ("use strategy=ddp (or strategy=tp/pp with strategy.impl=torch)" if s.name == NAME
            else "use strategy.impl=torch (torch-native TP/PP, runs on CPU)")
     if plan.layout.recompute_every != 1:
         raise ConfigError("recompute_every", plan.layout.recompute_every, "megatron-core's partial recompute "
@@ -62,49 +62,49 @@ def rules(plan: Plan) -> None:
         raise ConfigError("recompute", "op", "torch's op-level selective checkpointing is not megatron-core's: it "
                           "offers recompute=full (whole layers) and recompute=selective (its core attention); use one "
                           f"of those, or {fix}")
-    if c["precision"] == "fp8":
+    if c.precision == "fp8":
         raise ConfigError("strategy.impl", impl, "megatron-core's float8 needs Transformer Engine, which bench "
                           "does not run; precision=fp8 (torchao) runs with strategy.impl=torch, or strategy=fsdp "
                           f"strategy.tp={tp} precision=fp8")
     for key, plain in (("qkv_bias", False), ("mlp_act", "silu")):  # what bench's Megatron build does not map
-        if m.get(key, plain) != plain:
-            raise ConfigError(f"model.{key}", m[key], f"is not built by bench's megatron-core model (it would run "
+        if getattr(m, key) != plain:
+            raise ConfigError(f"model.{key}", getattr(m, key), f"is not built by bench's megatron-core model (it would run "
                               f"without it, not the model the record names); {fix}")
     if plan.device != "cuda":
         raise ConfigError("strategy.impl", impl, f"megatron-core needs CUDA GPUs, and this run has none "
                           f"(device={plan.device}); {fix}")
     if not _installed():
         raise ConfigError("strategy.impl", impl, f"megatron-core is not installed (pip install megatron-core); {fix}")
-    if m["vocab_size"] % tp:
-        raise ConfigError("strategy.tp", tp, f"must divide model.vocab_size={m['vocab_size']} "
+    if m.vocab_size % tp:
+        raise ConfigError("strategy.tp", tp, f"must divide model.vocab_size={m.vocab_size} "
                           "(Megatron splits the embedding and output layer over tp)")
-    sched = resolve_schedule(s["schedule"], s["virtual_pipeline"])
+    sched = plan.layout.schedule
     if sched == "gpipe":
         raise ConfigError("strategy.schedule", sched, "megatron-core has no GPipe schedule (it runs 1F1B); "
                           "use strategy.impl=torch for GPipe, or schedule=1f1b")
     if sched == "interleaved_1f1b" and plan.grad_accum % pp:
-        raise ConfigError("strategy.microbatches", s["microbatches"],
+        raise ConfigError("strategy.microbatches", microbatches_setting(s),
                           f"Megatron's interleaved schedule needs the number of micro-batches ({plan.grad_accum}) "
                           f"to be a multiple of strategy.pp={pp}")
 
 
-def model_states(cfg: dict) -> ModelStates:
+def model_states(run: BenchConfig) -> ModelStates:
     """Float16Module + DDP with grad_reduce_in_fp32: 16-bit params, fp32 main grads, fp32 main params + Adam m, v
     (18 B/param; 6 + 12/dp with the distributed optimizer)."""
-    s, prec = cfg["strategy"], cfg["precision"]
-    scheme = FP32 if prec == "fp32" else (MIXED_FP32_GRADS if s["grad_reduce_in_fp32"] else MIXED)
-    return ModelStates(scheme, stage=1 if s["use_distributed_optimizer"] else 0, sixteen_bit_weights=True,
+    s, prec, lay = run.strategy, run.precision, build_layout(run)
+    scheme = FP32 if prec == "fp32" else (MIXED_FP32_GRADS if s.grad_reduce_in_fp32 else MIXED)
+    return ModelStates(scheme, stage=1 if s.use_distributed_optimizer else 0, sixteen_bit_weights=True,
                        tp_splits_vocab=True,  # Float16Module; VocabParallelEmbedding and the parallel output layer
                        grads_live=True,  # Megatron DDP's contiguous main-grad buffers, allocated when it wraps
-                       sequence_parallel=bool(s["sequence_parallel"]),
+                       sequence_parallel=bool(s.sequence_parallel),
                        # vocab_parallel_cross_entropy works in place on one fp32 copy of the 16-bit logits (the
                        # softmax it saves becomes the gradient), whose 16-bit cast then flows back: 4 + 2 B
                        loss_bytes_per_logit=6,
                        # NVML used - reserved of one-GPU Megatron runs in results/ is 1.17 GiB above torch's: ~3
                        # communicators of its own parallel state (bench/plan/memory_margins.py NCCL_COMM_BYTES)
-                       extra_communicators=3, cuda_graph_pool=bool(s.get("cuda_graph")),
-                       note=f"megatron tp={s['tp']} pp={s['pp']}"
-                            + (" distributed optimizer" if s["use_distributed_optimizer"] else ""))
+                       extra_communicators=3, cuda_graph_pool=bool(s.cuda_graph),
+                       note=f"megatron tp={lay.tp} pp={lay.pp}"
+                            + (" distributed optimizer" if s.use_distributed_optimizer else ""))
 
 
 def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
@@ -118,25 +118,25 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     micro-batch, a device sync after each batched pipeline send / receive, the gradient norm read on the host;
     cuda_graph replays forward-backward (hooks, sends, reduction) as one graph."""
     s, dp = plan.strategy, plan.dp_size
-    elem = 4 if s["grad_reduce_in_fp32"] or plan.cfg["precision"] == "fp32" else 2  # bytes of a main grad
+    elem = 4 if s.grad_reduce_in_fp32 or plan.run.precision == "fp32" else 2  # bytes of a main grad
     grads = params * elem
-    bucket = s["bucket_size"] or max(40_000_000, 1_000_000 * dp)  # Megatron's default bucket (parameters)
-    graphed = s["cuda_graph"]
-    own = {"syncs": 1 + (0 if graphed or not s["batch_p2p_sync"] or plan.pp == 1 else
-                         2 * plan.grad_accum * s["virtual_pipeline"]),
+    bucket = s.bucket_size or max(40_000_000, 1_000_000 * dp)  # Megatron's default bucket (parameters)
+    graphed = s.cuda_graph
+    own = {"syncs": 1 + (0 if graphed or not s.batch_p2p_sync or plan.pp == 1 else
+                         2 * plan.grad_accum * plan.layout.virtual_pipeline),
            "hooks": 0 if graphed else PARAM_OPS * param_tensors(plan) * plan.grad_accum,
            "graphed": 1 if graphed else 0}
-    if plan.pp > 1 and plan.model.get("tie_embeddings"):
+    if plan.pp > 1 and plan.model.tie_embeddings:
         # the tied word embedding lives on the first and the last stage: finalize_model_grads all-reduces its
         # (vocab-parallel) main grad between the two after every backward (_allreduce_word_embedding_grads)
         m = plan.model
-        own.update(embedding_grad=all_reduce(m["vocab_size"] * m["d_model"] / plan.tp * elem, 2),
+        own.update(embedding_grad=all_reduce(m.vocab_size * m.d_model / plan.tp * elem, 2),
                    collectives=1)
     if dp > 1:
-        kind = "grad_reduce" if s["overlap_grad_reduce"] else "tail"
-        own["collectives"] = own.get("collectives", 0) + buckets(params, bucket) * (2 if s["use_distributed_optimizer"] else 1)
-        if s["use_distributed_optimizer"]:
-            gather = {"param_gather" if s["overlap_param_gather"] else "tail": all_gather(2 * params, dp)}
+        kind = "grad_reduce" if s.overlap_grad_reduce else "tail"
+        own["collectives"] = own.get("collectives", 0) + buckets(params, bucket) * (2 if s.use_distributed_optimizer else 1)
+        if s.use_distributed_optimizer:
+            gather = {"param_gather" if s.overlap_param_gather else "tail": all_gather(2 * params, dp)}
             return merge(own, {kind: all_gather(grads, dp)}, gather, tp_activation(plan), pp_p2p(plan))
         own[kind] = all_reduce(grads, dp)
     return merge(own, tp_activation(plan), pp_p2p(plan))

@@ -47,6 +47,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from bench.models.model import DTYPES, sdpa_kv
+from bench.run.schema import ModelConfig
 
 
 
@@ -124,26 +125,26 @@ RECOMPUTE = {"none": {}, "full": dict(recompute_granularity="full", recompute_me
              "selective": dict(recompute_granularity="selective")}
 
 
-def transformer_config(model_cfg: dict, *, tp: int = 1, pp: int = 1, virtual_pipeline: int = 1,
+def transformer_config(model_cfg: ModelConfig, *, tp: int = 1, pp: int = 1, virtual_pipeline: int = 1,
                        sequence_parallel: bool = False, precision: str = "bf16",
                        use_cpu_initialization: bool = False, perform_initialization: bool = True,
                        batch_p2p_sync: bool = True, timeout_s: int = 600, recompute: str = "none") -> TransformerConfig:
     dtype = DTYPES[precision]
-    if model_cfg.get("arch", "gpt") == "llama":
+    if model_cfg.arch == "llama":
         # bench's llama: pre-RMSNorm, SwiGLU, grouped-query attention, no biases (RoPE: GPTModel)
         arch = dict(normalization="RMSNorm", add_bias_linear=False, add_qkv_bias=False, gated_linear_unit=True,
-                    activation_func=F.silu, num_query_groups=model_cfg.get("n_kv_heads") or model_cfg["n_heads"])
+                    activation_func=F.silu, num_query_groups=model_cfg.n_kv_heads or model_cfg.n_heads)
     else:
         # bench's GPT: pre-LN, tanh GELU, biases
         arch = dict(normalization="LayerNorm", add_bias_linear=True,
                     activation_func=functools.partial(F.gelu, approximate="tanh"))
     return TransformerConfig(
-        num_layers=model_cfg["n_layers"], hidden_size=model_cfg["d_model"],
-        num_attention_heads=model_cfg["n_heads"], ffn_hidden_size=model_cfg["d_ff"],
+        num_layers=model_cfg.n_layers, hidden_size=model_cfg.d_model,
+        num_attention_heads=model_cfg.n_heads, ffn_hidden_size=model_cfg.d_ff,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
         sequence_parallel=sequence_parallel,
-        **arch, layernorm_epsilon=model_cfg.get("norm_eps", 1e-5),
+        **arch, layernorm_epsilon=model_cfg.norm_eps,
         # no dropout, GPT-2 init
         hidden_dropout=0.0, attention_dropout=0.0, init_method_std=0.02,
         # precision, the Megatron way: model in bf16/fp16 (Float16Module), fp32 master weights in
@@ -208,13 +209,13 @@ def block_spec(config: TransformerConfig, kind: str, vp_stage: Optional[int], pp
                                       layer_norm=NORMS[config.normalization])
 
 
-def build_chunks(config: TransformerConfig, model_cfg: dict, kind: str) -> list[GPTModel]:
+def build_chunks(config: TransformerConfig, model_cfg: ModelConfig, kind: str) -> list[GPTModel]:
     """This rank's model chunks (one per virtual pipeline stage), parallel_state initialised."""
     v = config.virtual_pipeline_model_parallel_size or 1
     pp_rank = ps.get_pipeline_model_parallel_rank()
-    if model_cfg.get("arch", "gpt") == "llama":  # plain RoPE on every head dim, "rotate half" (not interleaved)
+    if model_cfg.arch == "llama":  # plain RoPE on every head dim, "rotate half" (not interleaved)
         pos = dict(position_embedding_type="rope", rotary_percent=1.0,
-                   rotary_base=model_cfg.get("rope_theta", 500000.0), rope_scaling=False)
+                   rotary_base=model_cfg.rope_theta, rope_scaling=False)
     else:
         pos = dict(position_embedding_type="learned_absolute")
     chunks = []
@@ -222,10 +223,10 @@ def build_chunks(config: TransformerConfig, model_cfg: dict, kind: str) -> list[
         vp = i if v > 1 else None
         chunks.append(GPTModel(
             config=config, transformer_layer_spec=block_spec(config, kind, vp, pp_rank),
-            vocab_size=model_cfg["vocab_size"], max_sequence_length=model_cfg["seq_len"],
+            vocab_size=model_cfg.vocab_size, max_sequence_length=model_cfg.seq_len,
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
-            parallel_output=True, share_embeddings_and_output_weights=bool(model_cfg.get("tie_embeddings", False)),
+            parallel_output=True, share_embeddings_and_output_weights=bool(model_cfg.tie_embeddings),
             **pos, vp_stage=vp))
     return chunks
 

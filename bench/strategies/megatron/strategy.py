@@ -27,10 +27,12 @@ import os
 
 import torch
 
-from bench.run.layout import TOKEN_RULE, resolve_schedule
+from bench.run.layout import TOKEN_RULE
 from bench.models.model import DTYPES, build_model
-from bench.run.schema import CUDA_GRAPH_CAPTURE_STEP
+from bench.run.layout_rules import microbatches_setting
+from bench.run.schema import CUDA_GRAPH_CAPTURE_STEP, BenchConfig
 from bench.strategies.base import StepResult, Strategy
+from bench.strategies.model_parallel import ModelParallelConfig
 
 log = logging.getLogger("bench.megatron")
 
@@ -92,13 +94,13 @@ def _import_megatron_core() -> None:
     from bench.strategies.megatron import model as mm  # noqa: F401
 
 
-def _ddp_config(s: dict):
+def _ddp_config(s: ModelParallelConfig):
     from megatron.core.distributed import DistributedDataParallelConfig
 
     return DistributedDataParallelConfig(
-        grad_reduce_in_fp32=s["grad_reduce_in_fp32"], overlap_grad_reduce=s["overlap_grad_reduce"],
-        use_distributed_optimizer=s["use_distributed_optimizer"],
-        overlap_param_gather=s["overlap_param_gather"], bucket_size=s["bucket_size"])
+        grad_reduce_in_fp32=s.grad_reduce_in_fp32, overlap_grad_reduce=s.overlap_grad_reduce,
+        use_distributed_optimizer=s.use_distributed_optimizer,
+        overlap_param_gather=s.overlap_param_gather, bucket_size=s.bucket_size)
 
 
 def _wrap_ddp(chunks: list, tcfg, ddp_config, cuda_graph: bool, phase) -> list:
@@ -118,19 +120,19 @@ def _wrap_ddp(chunks: list, tcfg, ddp_config, cuda_graph: bool, phase) -> list:
     return model
 
 
-def _optimizer_config(cfg: dict, s: dict):
+def _optimizer_config(run: BenchConfig, s: ModelParallelConfig):
     from megatron.core.optimizer import OptimizerConfig
 
-    o = cfg["optim"]
+    o = run.optim
     return OptimizerConfig(
-        optimizer="adam", lr=o["lr"], weight_decay=o["weight_decay"], adam_beta1=o["beta1"],
-        adam_beta2=o["beta2"], adam_eps=1e-8, clip_grad=o["grad_clip"],
-        bf16=cfg["precision"] == "bf16", fp16=cfg["precision"] == "fp16",
+        optimizer="adam", lr=o.lr, weight_decay=o.weight_decay, adam_beta1=o.beta1,
+        adam_beta2=o.beta2, adam_eps=1e-8, clip_grad=o.grad_clip,
+        bf16=run.precision == "bf16", fp16=run.precision == "fp16",
         # torch's GradScaler starts at 2**16; from Megatron's default 2**32 the scale halves on
         # each overflow, so the first ~16 steps can be skipped: a short run's whole timed window
         initial_loss_scale=2.0 ** 16,
-        params_dtype=DTYPES[cfg["precision"]], use_distributed_optimizer=s["use_distributed_optimizer"],
-        overlap_param_gather=s["overlap_param_gather"],
+        params_dtype=DTYPES[run.precision], use_distributed_optimizer=s.use_distributed_optimizer,
+        overlap_param_gather=s.overlap_param_gather,
     )
 
 
@@ -182,11 +184,11 @@ class MegatronModelParallel(Strategy):
         self._init_parallel_state()
         chunks = self._build_chunks()
         self.ddp_config = _ddp_config(self.plan.strategy)
-        self.model = _wrap_ddp(chunks, self.tcfg, self.ddp_config, self.plan.strategy["cuda_graph"],
+        self.model = _wrap_ddp(chunks, self.tcfg, self.ddp_config, self.plan.strategy.cuda_graph,
                                self.setup_phase("DistributedDataParallel"))
         self._build_optimizer()
         self._install_train_hooks()
-        seq = self.plan.model["seq_len"]
+        seq = self.plan.model.seq_len
         self.position_ids = (torch.arange(seq, device=self.dist.device).unsqueeze(0)
                              .expand(self.plan.micro_batch_size, seq))
         self.stream = self.data_stream(self.coord.dp)
@@ -195,15 +197,15 @@ class MegatronModelParallel(Strategy):
         """parallel_state's groups; checks that Megatron's coordinates are bench.run.layout's."""
         from megatron.core import parallel_state as ps
 
-        p, cfg = self.plan, self.plan.cfg
+        p = self.plan
         self.layout = p.layout
         c = self.coord = self.layout.coords(self.dist.rank)
-        v = p.strategy["virtual_pipeline"]
+        v = p.layout.virtual_pipeline
         with self.setup_phase("parallel groups"):
             ps.initialize_model_parallel(
                 tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
                 virtual_pipeline_model_parallel_size=v if v > 1 else None,
-                distributed_timeout_minutes=max(1, math.ceil(cfg["dist_timeout_s"] / 60)))
+                distributed_timeout_minutes=max(1, math.ceil(p.run.dist_timeout_s / 60)))
         got = (ps.get_data_parallel_rank(), ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank())
         if got != (c.dp, c.pp, c.tp):
             raise RuntimeError(f"rank {self.dist.rank}: Megatron's (dp, pp, tp) = {got} != bench.run.layout's {c}")
@@ -212,15 +214,15 @@ class MegatronModelParallel(Strategy):
         """bench's model (strategy.init=bench; else None), then Megatron-LM's seeding."""
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-        s, cfg, c = self.plan.strategy, self.plan.cfg, self.coord
-        self.init = s["init"]
+        s, run, c = self.plan.strategy, self.plan.run, self.coord
+        self.init = s.init
         with self.setup_phase("bench model (initial weights)"):
-            bench = build_model(self.plan.model, cfg["seed"], self.dist.device) if self.init == "bench" else None
+            bench = build_model(self.plan.model, run.seed, self.dist.device) if self.init == "bench" else None
         # Megatron-LM's seeding: a different default seed per pipeline stage, TP-rank offsets
         # inside the RNG tracker (used by TP-sharded init and dropout).  A CUDA graph registers the
         # tracker's states, which must then be graph-safe generators.
-        torch.manual_seed(cfg["seed"] + 100 * c.pp)
-        model_parallel_cuda_manual_seed(cfg["seed"] + 100 * c.pp, use_cudagraphable_rng=s["cuda_graph"],
+        torch.manual_seed(run.seed + 100 * c.pp)
+        model_parallel_cuda_manual_seed(run.seed + 100 * c.pp, use_cudagraphable_rng=s.cuda_graph,
                                         force_reset_rng=True)
         return bench
 
@@ -232,13 +234,13 @@ class MegatronModelParallel(Strategy):
         from bench.strategies.megatron import model as mm
 
         bench = self._seed_and_bench_model()
-        p, s, cfg, c = self.plan, self.plan.strategy, self.plan.cfg, self.coord
-        self.spec = mm.resolve_spec(s["spec"])
+        p, s, run, c = self.plan, self.plan.strategy, self.plan.run, self.coord
+        self.spec = mm.resolve_spec(s.spec)
         self.tcfg = tcfg = mm.transformer_config(
-            p.model, tp=p.tp, pp=p.pp, virtual_pipeline=s["virtual_pipeline"],
-            sequence_parallel=s["sequence_parallel"],
-            precision=cfg["precision"], perform_initialization=bench is None,
-            batch_p2p_sync=s["batch_p2p_sync"] and not s["cuda_graph"], recompute=cfg["recompute"])
+            p.model, tp=p.tp, pp=p.pp, virtual_pipeline=p.layout.virtual_pipeline,
+            sequence_parallel=s.sequence_parallel,
+            precision=run.precision, perform_initialization=bench is None,
+            batch_p2p_sync=s.batch_p2p_sync and not s.cuda_graph, recompute=p.layout.recompute)
         with self.setup_phase("GPTModel build"):
             chunks = mm.build_chunks(tcfg, p.model, self.spec)
             for ch in chunks:
@@ -246,10 +248,10 @@ class MegatronModelParallel(Strategy):
         if bench is not None:
             with self.setup_phase("copy bench weights"):
                 for ch in chunks:
-                    mm.load_bench_weights(ch, bench, p.model["n_heads"], c.tp, p.tp)
+                    mm.load_bench_weights(ch, bench, p.model.n_heads, c.tp, p.tp)
                 del bench
                 torch.cuda.empty_cache()
-        if cfg["precision"] in ("bf16", "fp16"):
+        if run.precision in ("bf16", "fp16"):
             chunks = [Float16Module(tcfg, ch) for ch in chunks]
         return chunks
 
@@ -258,8 +260,8 @@ class MegatronModelParallel(Strategy):
 
         s = self.plan.strategy
         with self.setup_phase("optimizer"):
-            self.optimizer = get_megatron_optimizer(_optimizer_config(self.plan.cfg, s), self.model)
-        self.fused_adam = s["fused_adam"] and _use_fused_torch_adam(self.optimizer)
+            self.optimizer = get_megatron_optimizer(_optimizer_config(self.plan.run, s), self.model)
+        self.fused_adam = s.fused_adam and _use_fused_torch_adam(self.optimizer)
 
     def _install_train_hooks(self) -> None:
         """The hooks Megatron-LM's train() installs, and the forward-backward schedule."""
@@ -270,12 +272,12 @@ class MegatronModelParallel(Strategy):
         one = (lambda fs: fs[0] if len(fs) == 1 else fs)
         tcfg.grad_scale_func = self.optimizer.scale_loss
         tcfg.finalize_model_grads_func = finalize_model_grads
-        if s["overlap_grad_reduce"]:
+        if s.overlap_grad_reduce:
             tcfg.no_sync_func = one([m.no_sync for m in self.model])
             tcfg.grad_sync_func = one([m.start_grad_sync for m in self.model])  # align_grad_reduce
         self.forward_backward = get_forward_backward_func()
         self.schedule_name = self.forward_backward.__name__
-        if s["cuda_graph"]:
+        if s.cuda_graph:
             from megatron.core.full_cuda_graph import FullCudaGraphWrapper
 
             self.forward_backward = FullCudaGraphWrapper(self.forward_backward,
@@ -299,7 +301,7 @@ class MegatronModelParallel(Strategy):
         # dicts: the CUDA graph wrapper copies each micro-batch's dict into its static input buffers
         micro = [{"tokens": x, "labels": y} for x, y in self.stream.micro_batches(n, self.plan.micro_batch_size)]
         data = [iter(micro) for _ in self.model] if len(self.model) > 1 else iter(micro)
-        if self.plan.strategy["cuda_graph"]:
+        if self.plan.strategy.cuda_graph:
             # the wrapper copies them into its input buffers on its own stream: after they are made,
             # and after the previous replay has read those buffers (megatron-core 0.16.1 omits this wait)
             self.forward_backward.static_loader.stream.wait_stream(torch.cuda.current_stream())
@@ -307,10 +309,10 @@ class MegatronModelParallel(Strategy):
         try:
             out = self.forward_backward(
                 forward_step_func=self._forward_step, data_iterator=data, model=self.model,
-                num_microbatches=len(micro), seq_length=self.plan.model["seq_len"],
+                num_microbatches=len(micro), seq_length=self.plan.model.seq_len,
                 micro_batch_size=self.plan.micro_batch_size, forward_only=False)
         except BaseException:
-            if self.plan.strategy["cuda_graph"]:
+            if self.plan.strategy.cuda_graph:
                 _after_failed_capture(stream, n)
             raise
         ok, _grad_norm, _ = self.optimizer.step()
@@ -320,32 +322,32 @@ class MegatronModelParallel(Strategy):
         return StepResult(loss=loss, skipped=not ok)
 
     def close(self) -> None:
-        if self.plan.strategy["cuda_graph"]:
+        if self.plan.strategy.cuda_graph:
             _reset_full_cuda_graph()
 
     # ------------------------------------------------------------------ accounting
     def tokens_this_rank(self) -> int:
         m = self.plan.model
-        return self.layout.tokens_this_rank(self.dist.rank, m["global_batch"], m["seq_len"])
+        return self.layout.tokens_this_rank(self.dist.rank, m.global_batch, m.seq_len)
 
     def describe(self) -> dict:
         from megatron.core.package_info import __version__
 
         p, s = self.plan, self.plan.strategy
-        v = s["virtual_pipeline"]
+        v = p.layout.virtual_pipeline
         return {
             "impl": "megatron", "megatron_core": __version__,
             "tp": p.tp, "pp": p.pp, "dp": p.dp_size,
             "rank_order": "rank = tp_rank + tp*dp_rank + tp*dp*pp_rank (initialize_model_parallel order tp-cp-ep-dp-pp)",
-            "microbatches": p.grad_accum, "microbatches_setting": s["microbatches"],
+            "microbatches": p.grad_accum, "microbatches_setting": microbatches_setting(s),
             "micro_batch_size": p.micro_batch_size,
             "pipeline_schedule": self.schedule_name,
             "cuda_graph": (f"forward-backward captured at step {CUDA_GRAPH_CAPTURE_STEP} and replayed after "
                            "(megatron.core.full_cuda_graph.FullCudaGraphWrapper); optimizer eager"
-                           if s["cuda_graph"] else None),
-            "schedule_setting": resolve_schedule(s["schedule"], v),
-            "virtual_pipeline": v, "layers_per_stage": p.model["n_layers"] // (p.pp * v),
-            "sequence_parallel": s["sequence_parallel"],
+                           if s.cuda_graph else None),
+            "schedule_setting": p.layout.schedule,
+            "virtual_pipeline": v, "layers_per_stage": p.model.n_layers // (p.pp * v),
+            "sequence_parallel": s.sequence_parallel,
             "recompute": cfg_recompute(self.tcfg),
             "p2p": {"overlap_p2p_comm": self.tcfg.overlap_p2p_comm, "batch_p2p_comm": self.tcfg.batch_p2p_comm,
                     "batch_p2p_sync": self.tcfg.batch_p2p_sync},
@@ -360,7 +362,7 @@ class MegatronModelParallel(Strategy):
             "optimizer": _optimizer_text(self.optimizer, self.fused_adam),
             "precision": {"fp32": "fp32 (FP32Optimizer)",
                           "bf16": "Float16Module bf16 params, fp32 master weights in the optimizer",
-                          "fp16": "Float16Module fp16 params, fp32 master weights, dynamic loss scale"}[p.cfg["precision"]],
+                          "fp16": "Float16Module fp16 params, fp32 master weights, dynamic loss scale"}[p.run.precision],
             "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
             "cuda_device_max_connections_source": self.max_connections_source,
             "token_rule": TOKEN_RULE,
