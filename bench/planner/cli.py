@@ -87,9 +87,8 @@ def plan(q: Question) -> tuple[dict, list[dict]]:
 
 def _parameters(model: ModelConfig) -> int:
     from bench.metrics.flops import total_params
-    from bench.run.schema import ModelConfig, typed
 
-    return total_params(typed(ModelConfig, model))
+    return total_params(model)
 
 
 def out_dir(q: Question) -> Path:
