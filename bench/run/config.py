@@ -273,7 +273,7 @@ def _auto_micro_batch(plan: Plan, per_rank: int) -> None:
     tried, chosen, why = [], None, None
     for b in sorted((d for d in range(1, per_rank + 1) if per_rank % d == 0), reverse=True):
         plan.layout = plan.layout.with_micro_batch(b)
-        plan.strategy["micro_batch_size"] = b
+        plan.strategy.micro_batch_size = b
         mem = memory_plan(plan)
         if mem["fits"] is None:
             chosen, why = per_rank, (f"no device memory to plan against ({mem['device_memory_source']}): the whole "
@@ -289,7 +289,7 @@ def _auto_micro_batch(plan: Plan, per_rank: int) -> None:
         chosen, why = (fit[0], "the largest that fits, within the plan's error of the limit (tight: it may run out "
                        "of memory)") if fit else (1, "none fits: the smallest (the memory plan says it does not fit)")
     plan.layout = plan.layout.with_micro_batch(chosen)
-    plan.strategy["micro_batch_size"] = chosen
+    plan.strategy.micro_batch_size = chosen
     plan.micro_batch_auto = {"key": "strategy.micro_batch_size", "chosen": chosen, "grad_accum": per_rank // chosen,
                              "per_rank_batch": per_rank, "reason": why, "tried": tried}
 
