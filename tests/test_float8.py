@@ -258,8 +258,8 @@ def test_fp8_plan_saves_the_converted_linears_inputs_in_one_byte():
     m, tokens = plan.model, plan.micro_batch_size * plan.model.seq_len
     per_layer = tokens * built_float8("model=llama3_1b")[1]  # 1 B saved per element of the converted inputs
     act = fp8["activations"]
-    assert act["float8_inputs_saving"] == m["n_layers"] * per_layer and bf16["activations"]["float8_inputs_saving"] == 0
-    less = m["n_layers"] * per_layer / 2**20
+    assert act["float8_inputs_saving"] == m.n_layers * per_layer and bf16["activations"]["float8_inputs_saving"] == 0
+    less = m.n_layers * per_layer / 2**20
     assert act["activations_mb"] == pytest.approx(bf16["activations"]["activations_mb"] - less, abs=0.1)
     assert layer_activation_bytes(plan, plan.micro_batch_size, get_spec("single").model_states(plan.run))[
         "float8_saved"] == per_layer

@@ -58,7 +58,7 @@ def test_config_gives_the_published_parameter_count(name):
 def test_presets_are_their_configs(name):
     hf = hf_plan(name).model
     preset = validate(cfg(f"model={PRESETS[name]}"), gpus=0).model
-    assert {k: preset[k] for k in SIZES} == {k: hf[k] for k in SIZES}
+    assert {k: getattr(preset, k) for k in SIZES} == {k: getattr(hf, k) for k in SIZES}
     assert total_params(preset) == PUBLISHED[name]  # built: test_config_gives_the_published_parameter_count
 
 
@@ -69,10 +69,10 @@ def test_config_file_folder_and_hub_name_in_the_local_cache(tmp_path, monkeypatc
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     hub = validate(cfg("model=hf", "model.hf_config=meta-llama/Llama-3.2-1B"), gpus=0).model
-    assert (hub["name"], hub["hf_config_file"]) == ("Llama-3.2-1B", "meta-llama/Llama-3.2-1B@4e20de36")
+    assert (hub.name, hub.hf_config_file) == ("Llama-3.2-1B", "meta-llama/Llama-3.2-1B@4e20de36")
     file = hf_plan("llama-3.2-1b/config.json").model
-    assert {k: file[k] for k in SIZES} == {k: hub[k] for k in SIZES} and file["name"] == "llama-3.2-1b"
-    assert hub["seq_len"] == 4096  # min(max_position_embeddings 131072, 4096)
+    assert {k: getattr(file, k) for k in SIZES} == {k: getattr(hub, k) for k in SIZES} and file.name == "llama-3.2-1b"
+    assert hub.seq_len == 4096  # min(max_position_embeddings 131072, 4096)
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -89,7 +89,7 @@ def test_transformers_autoconfig_reads_the_same_model(name):
 def test_overrides_win_over_the_config():
     m = hf_plan("llama-3.2-1b", "model.n_layers=2", "model.seq_len=64", "model.vocab_size=8000",
                 explicit=["model.n_layers", "model.seq_len", "model.vocab_size"]).model
-    assert (m["n_layers"], m["seq_len"], m["vocab_size"], m["n_kv_heads"], m["tie_embeddings"]) == (2, 64, 8000, 8, True)
+    assert (m.n_layers, m.seq_len, m.vocab_size, m.n_kv_heads, m.tie_embeddings) == (2, 64, 8000, 8, True)
 
 
 def test_qwen2_builds_its_qkv_biases_and_counts_them():
@@ -111,7 +111,7 @@ def test_qwen2_builds_its_qkv_biases_and_counts_them():
 def test_gemma_gates_with_tanh_gelu():
     """Gemma 2B: one key/value head, heads of 256, GeGLU (transformers runs tanh-GELU whatever its hidden_act says)."""
     m = hf_plan("gemma-2b").model
-    assert (m["mlp_act"], m["n_kv_heads"], m["tie_embeddings"], m["seq_len"]) == ("gelu_tanh", 1, True, 4096)
+    assert (m.mlp_act, m.n_kv_heads, m.tie_embeddings, m.seq_len) == ("gelu_tanh", 1, True, 4096)
     mlp = build_model(dataclasses.replace(m, n_layers=1, vocab_size=8, d_model=16, n_heads=2, n_kv_heads=1, d_ff=24),
                       0, "cpu").blocks["0"].mlp
     x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
@@ -131,7 +131,7 @@ def test_what_bench_cannot_build_is_refused_naming_the_field(tmp_path):
     e = _refusal("model=hf", "model.hf_config=tests/data/hf/mixtral-8x7b")
     assert e.key == "model.hf_config" and "num_local_experts=8" in str(e) and "mixture-of-experts" in str(e)
     # Mistral 7B v0.1's 4096-token window: the same as full attention up to 4096 tokens, refused beyond
-    assert hf_plan("mistral-7b-v0.1", "model.seq_len=4096").model["seq_len"] == 4096
+    assert hf_plan("mistral-7b-v0.1", "model.seq_len=4096").model.seq_len == 4096
     assert "sliding_window=4096" in str(_refusal("model=hf", "model.hf_config=tests/data/hf/mistral-7b-v0.1",
                                                  "model.seq_len=8192"))
     # Gemma 7B: 16 heads of 256 over hidden 3072, GeGLU
@@ -158,13 +158,13 @@ def test_a_width_set_alone_derives_d_ff_and_says_so(caplog):
     given = ["model.d_model", "model.n_layers", "model.n_heads"]
     m = validate(cfg("model=tiny", "model.d_model=2560", "model.n_layers=32", "model.n_heads=32"), gpus=0,
                  explicit=given).model
-    assert m["d_ff"] == 10240 and "derived model.d_ff=10240" in caplog.text and "--config-dir" in caplog.text
+    assert m.d_ff == 10240 and "derived model.d_ff=10240" in caplog.text and "--config-dir" in caplog.text
     # llama at 4096 wide: Llama 2 7B's published intermediate_size, 11008
     assert validate(cfg("model=llama_tiny", "model.d_model=4096", "model.n_heads=32"), gpus=0,
-                    explicit=given).model["d_ff"] == 11008
+                    explicit=given).model.d_ff == 11008
     # d_ff set too: it stays
     assert validate(cfg("model=tiny", "model.d_model=512", "model.d_ff=700"), gpus=0,
-                    explicit=["model.d_model", "model.d_ff"]).model["d_ff"] == 700
+                    explicit=["model.d_model", "model.d_ff"]).model.d_ff == 700
 
 
 def test_the_command_line_derives_it_too(tmp_path):

@@ -34,7 +34,7 @@ SMALL = dict(name="s", d_model=64, n_heads=4, n_layers=2, d_ff=176, vocab_size=3
 def compose_model(name: str, *overrides: str) -> dict:
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         c = compose("config", overrides=[f"model={name}", *overrides])
-    return validate(c, gpus=0).model
+    return validate(c, gpus=0).cfg["model"]  # the plain record: the tests build variants of it
 
 
 def llama_tiny(**over) -> dict:
@@ -50,7 +50,7 @@ def test_llama3_presets_have_the_published_parameter_count(name):
     assert m["arch"] == "llama" and m["seq_len"] == 2048 and m["global_batch"] == 8
     model = build_model(typed(ModelConfig, m), 0, "meta")  # shapes only: no 8B allocation
     n = sum(p.numel() for p in model.parameters())
-    assert n == flops.total_params(m)
+    assert n == flops.total_params(typed(ModelConfig, m))
     assert abs(n - PUBLISHED[name]) <= 0.01 * PUBLISHED[name], (n, PUBLISHED[name])
     assert n == PUBLISHED[name]  # in fact exact
     assert (model.head.weight is model.tok_emb.weight) == m["tie_embeddings"] == (name != "llama3_8b")

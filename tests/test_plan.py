@@ -156,7 +156,7 @@ def test_the_loss_holds_12_bytes_per_logit_and_megatron_6():
     tokens, V = p.micro_batch_size * p.model.seq_len, p.model.vocab_size
     assert activation_bytes(p, _lay(p))["logits"] == tokens * V * 12
     m = plan(*GPU, "strategy=megatron", gpus=1)
-    assert activation_bytes(m, _lay(m))["logits"] == m.micro_batch_size * m.model["seq_len"] * V * 6
+    assert activation_bytes(m, _lay(m))["logits"] == m.micro_batch_size * m.model.seq_len * V * 6
 
 
 def test_autocast_copies_of_the_weights_are_saved_for_backward():

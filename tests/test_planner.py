@@ -191,7 +191,7 @@ def test_an_offload_is_searched_where_nothing_fits_without_it_and_its_command_fi
 
     auto = resolved(replan([f for f in top["overrides"] if not f.startswith(("strategy.cpu_offload", "strategy.micro"))]
                            + ["strategy.micro_batch_size=auto"]), ["strategy.micro_batch_size"])
-    assert auto.strategy["cpu_offload"] is True and verdict_of(memory_plan(auto)) == "fits"
+    assert auto.strategy.cpu_offload is True and verdict_of(memory_plan(auto)) == "fits"
     top = offload_rows("zero", "strategy.offload_optimizer=cpu", tmp_path)[0]  # ZeRO's optimizer offload
     p = replan(top["overrides"])
     assert verdict_of(p.memory) == "fits" and p.strategy.offload_optimizer == "cpu"

@@ -332,7 +332,7 @@ def test_compiled_zero3_on_cuda_is_refused():
     with pytest.raises(ConfigError) as e:
         plan_of("strategy=zero", "strategy.zero_stage=3", "compile=true", "device=cuda", "precision=bf16", gpus=1)
     assert e.value.key == "compile" and "zero_stage 0-2" in str(e.value)
-    assert plan_of("strategy=zero", "strategy.zero_stage=2", "compile=true", "device=cuda", gpus=1).strategy["zero_stage"] == 2
+    assert plan_of("strategy=zero", "strategy.zero_stage=2", "compile=true", "device=cuda", gpus=1).strategy.zero_stage == 2
     assert plan_of("strategy=zero", "strategy.zero_stage=3", "compile=true", "device=cpu").cfg["compile"]
 
 

@@ -61,8 +61,8 @@ def test_two_nodes_megatron_tp8_keeps_tensor_parallelism_on_nvlink_and_pays_the_
     plan = plan_for(*base)
     two, one = terms(plan), terms(plan_for(*base, "hardware.gpus_per_node=16"))  # one node of 16, same NVLink
     m = plan.model
-    message = plan.micro_batch_size * m["seq_len"] * m["d_model"] * 2  # bf16 activation all-reduced per layer pass
-    passes = 4 * m["n_layers"] * plan.grad_accum  # two in forward, two in backward (Megatron's f / g)
+    message = plan.micro_batch_size * m.seq_len * m.d_model * 2  # bf16 activation all-reduced per layer pass
+    passes = 4 * m.n_layers * plan.grad_accum  # two in forward, two in backward (Megatron's f / g)
     assert two["activation_s"] == pytest.approx(passes * all_reduce_s(message, 8, 300.0), rel=1e-9)
     assert two["activation_s"] == pytest.approx(one["activation_s"], rel=1e-12)  # TP never goes over the network
     dp_s = lambda t: t["grad_reduce_s"] + t["param_gather_s"] + t["tail_s"]  # noqa: E731

@@ -78,8 +78,8 @@ def test_an_explicit_setting_wins_over_the_profile():
 
 
 def test_shorthands_zero_stage_and_microbatches():
-    assert plan("strategy=zero", "zero_stage=3", "world_size=2", "device=cpu").strategy["zero_stage"] == 3
-    assert plan("strategy=zero", "+zero_stage=2", "world_size=2", "device=cpu").strategy["zero_stage"] == 2
+    assert plan("strategy=zero", "zero_stage=3", "world_size=2", "device=cpu").strategy.zero_stage == 3
+    assert plan("strategy=zero", "+zero_stage=2", "world_size=2", "device=cpu").strategy.zero_stage == 2
     p = plan("strategy=pp", "strategy.impl=torch", "microbatches=p", "world_size=2", "device=cpu")
     assert (p.strategy.microbatches, p.grad_accum) == ("p", 2) and "microbatches" not in p.cfg
     for overrides, key in ((["strategy=single", "zero_stage=2"], "zero_stage"),
