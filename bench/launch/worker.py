@@ -32,6 +32,7 @@ from bench.metrics.memory import allocator_record
 from bench.metrics.nvml import NvmlSampler
 from bench.metrics.profile import profile_steps
 from bench.metrics.timing import phase
+from bench.parallel.compile import compile_counts, compile_record
 from bench.strategies.registry import get_spec, sweep_preloads
 from bench.run.config import plan_from_dict
 from bench.run.schema import FaultConfig, Plan
@@ -92,16 +93,6 @@ def measure_matmul_peak(device: torch.device, n: int = 8192, iters: int = 10) ->
     del a, b
     torch.cuda.empty_cache()
     return 2 * n**3 * iters / dt / 1e12
-
-
-def compile_counts() -> dict:
-    """torch.compile's work in this process so far: graphs built (a recompile builds one more) and
-    graph breaks, with the commonest reasons."""
-    from torch._dynamo.utils import counters
-
-    breaks = counters["graph_break"]
-    return {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(breaks.values()),
-            "graph_break_reasons": [r for r, _ in breaks.most_common(3)]}
 
 
 def inject_fault(fault: FaultConfig, rank: int, step: int) -> None:
@@ -250,17 +241,6 @@ def _timed_window(plan: Plan, strategy, rank: int, device, losses: list, skipped
     return {"step_times": step_times, "step_time_source": source, "window_s": window_s, **sampler.summary()}
 
 
-def _compile_record(plan: Plan, rank: int, graphs_after_warmup) -> dict | None:
-    """Graphs compiled inside the timed window mean it timed compilation too."""
-    if not plan.run.compile:
-        return None
-    rec = {**compile_counts(), "graphs_after_warmup": graphs_after_warmup}
-    if rec["graphs"] > graphs_after_warmup:
-        log.warning("rank %d: torch.compile built %d graph(s) during the timed window (recompiles); "
-                    "raise warmup_steps", rank, rec["graphs"] - graphs_after_warmup)
-    return rec
-
-
 def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int,
           teardown_deadline: bool = False) -> None:
     """One run on this rank: set up, warm up, the timed window, an optional profile, then the records.
@@ -271,7 +251,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
     skipped: list[bool] = []
     warm = _warmup(plan, strategy, rank, device, losses, skipped)
     timed = _timed_window(plan, strategy, rank, device, losses, skipped)
-    compiled = _compile_record(plan, rank, warm["graphs_after_warmup"])
+    compiled = compile_record(plan.run, rank, warm["graphs_after_warmup"])
     k = plan.run.metrics.profile_steps
     profile = profile_steps(strategy.step, range(plan.run.steps - k, plan.run.steps), device,
                             trace_path=run_dir / f"trace_rank{rank}.json.gz") if k else None

@@ -2,9 +2,19 @@
 a wrapper's hooks stay outside the graphs, and DTensor's dispatch is traced away."""
 from __future__ import annotations
 
+import logging
+
 import torch.nn as nn
 
 from bench.run.schema import BenchConfig
+
+log = logging.getLogger("bench.compile")
+
+# torch._dynamo's compile-time metrics worth a record: the forward's capture and compile (the backend's share in
+# it) and the backward's compile, which runs at the first backward
+COMPILE_PHASES = {"forward capture and compile": "_compile.compile_inner", "of it the backend": "OutputGraph.call_user_compiler",
+                  "backward compile": "compile_fx.<locals>.bw_compiler"}
+CACHES = {"inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss"), "aot_autograd": ("autograd_cache_hit", "autograd_cache_miss")}
 
 
 def compile_kwargs(run: BenchConfig) -> dict:
@@ -16,3 +26,29 @@ def apply_compile(model: nn.Module, run: BenchConfig) -> dict:
     for block in model.blocks.values():
         block.compile(**compile_kwargs(run))
     return {"compile": "each transformer block (torch.compile)"}
+
+
+def compile_counts() -> dict:
+    """torch.compile's work in this process so far: graphs built (a recompile builds one more), graph breaks with the
+    commonest reasons, Inductor's and AOTAutograd's on-disk cache hits and misses (a warm host reuses what an earlier
+    run compiled), and the seconds compiling took by phase."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    breaks = counters["graph_break"]
+    return {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(breaks.values()),
+            "graph_break_reasons": [r for r, _ in breaks.most_common(3)],
+            "cache": {k: counters[group][k] for group, keys in CACHES.items() for k in keys},
+            "compile_s": {name: round(sum(compilation_time_metrics.get(key, ())), 3)
+                          for name, key in COMPILE_PHASES.items()}}
+
+
+def compile_record(run: BenchConfig, rank: int, graphs_after_warmup) -> dict | None:
+    """The compile record of a run (None uncompiled); graphs compiled inside the timed window mean it timed
+    compilation too."""
+    if not run.compile:
+        return None
+    rec = {**compile_counts(), "graphs_after_warmup": graphs_after_warmup}
+    if rec["graphs"] > graphs_after_warmup:
+        log.warning("rank %d: torch.compile built %d graph(s) during the timed window (recompiles); "
+                    "raise warmup_steps", rank, rec["graphs"] - graphs_after_warmup)
+    return rec

@@ -70,7 +70,7 @@ def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
     # it); the MLP's intermediates and its last projection's input
     attn = e.attention * act / tp
     mlp = (e.mlp * act + e.mlp_down_input * lin) / tp
-    per_token = norms + inputs + attn + mlp
+    per_token = norms + inputs + attn + mlp + lay.extra_saved_per_token * act / tp
     saved = (0 if per_consumer else e.shared_inputs / sp + e.mlp_down_input / tp) * (act - lin)
     return {"per_token": per_token, "tokens": tokens, "bytes": tokens * per_token, "block_input": tokens * d * norm_in,
             "float8_saved": tokens * saved, "op_saved": tokens * op_saved_per_token(plan, act)}

@@ -64,7 +64,9 @@ class ModelStates:
     ones (FSDP2 with gradient sync off but on the last micro-batch: every parameter's gradient, upcast to the
     reduce dtype); ``extra_communicators``: NCCL communicators the implementation creates beyond one per layout
     dimension (bench/plan/memory_margins.py); ``cuda_graph_pool``: the step is captured in a CUDA graph whose private
-    pool holds the captured step's activations and temporaries beside the eager steps' cached blocks."""
+    pool holds the captured step's activations and temporaries beside the eager steps' cached blocks;
+    ``extra_saved_per_token``: elements a transformer layer of this implementation keeps for its backward per token
+    beyond what bench's own model's layer keeps (split over tp; the activation dtype)."""
 
     scheme: Scheme
     stage: int = 0
@@ -83,6 +85,7 @@ class ModelStates:
     accum_grad_bytes: int = 0
     extra_communicators: int = 0
     cuda_graph_pool: bool = False
+    extra_saved_per_token: float = 0.0
     note: str = ""
 
 

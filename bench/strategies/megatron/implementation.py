@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 
 from bench.run.layout_rules import build as build_layout, microbatches_setting
-from bench.run.schema import BenchConfig, ConfigError, Plan
+from bench.run.schema import BenchConfig, ConfigError, ModelConfig, Plan
 from bench.strategies.model_parallel import Implementation, register_implementation
 from bench.strategies.registry import FP32, MIXED, ModelStates, Scheme
 from bench.plan.traffic import all_gather, all_reduce, buckets, merge, param_tensors, pp_p2p, tp_activation
@@ -103,8 +103,21 @@ def model_states(run: BenchConfig) -> ModelStates:
                        # NVML used - reserved of one-GPU Megatron runs in results/ is 1.17 GiB above torch's: ~3
                        # communicators of its own parallel state (bench/plan/memory_margins.py NCCL_COMM_BYTES)
                        extra_communicators=3, cuda_graph_pool=bool(s.cuda_graph),
+                       extra_saved_per_token=layer_extra_saved(run.model),
                        note=f"megatron tp={lay.tp} pp={lay.pp}"
                             + (" distributed optimizer" if s.use_distributed_optimizer else ""))
+
+
+def layer_extra_saved(m: ModelConfig) -> float:
+    """Elements per token a megatron-core layer of bench's llama build keeps beyond bench's own layer: SDPA saves
+    the value as a view of the fused QKV projection's output, so the whole output stays alive beside the rotated
+    query and key (its q and k parts: d + kv_dim); its GLU adds ``glu_linear_offset`` (0.0) to the linear half,
+    a new ffn-sized tensor the product saves (megatron/core/transformer/mlp.py).  The GPT build (no rotary, no
+    GLU) saves what bench's does.  Checked on one H200 (results/2026-12-02-h200x1-megatron-memory)."""
+    if m.arch != "llama":
+        return 0.0
+    kv_dim = (m.n_kv_heads or m.n_heads) * (m.d_model // m.n_heads)
+    return m.d_model + kv_dim + m.d_ff
 
 
 def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
