@@ -10,8 +10,10 @@ from pathlib import Path
 
 
 def _overhead(m: dict) -> str:
-    """Fixed overhead of the run (launch -> first step + last step -> recorded), from job / status.json."""
-    o = (m.get("job") or {}).get("overhead_s")
+    """The run's time outside its steps (launch -> first step, the warm-up beyond its steps, last step -> recorded;
+    the fixed overhead alone in records older than job.outside_steps_s), from job / status.json."""
+    j = m.get("job") or {}
+    o = j.get("outside_steps_s", j.get("overhead_s"))
     return f"{o:5.1f}" if o is not None else f"{'-':>5}"
 
 
@@ -39,7 +41,7 @@ def main() -> None:
             m["run_dir"] = str(p.parent)
             rows.append(m)
     hdr = (f"{'run':64} {'status':9} {'tok/s':>10} {'step ms':>8} {'MFU':>6} {'MFUmeas':>7} {'alloc GiB':>9} "
-           f"{'pred GiB':>8} {'loss':>7} {'ovh s':>5} {'busy%':>5} {'comm':>5}")
+           f"{'pred GiB':>8} {'loss':>7} {'out s':>5} {'busy%':>5} {'comm':>5}")
     print(hdr)
     for m in rows:
         r, t, f = m["run"], m["throughput"], m["flops"]

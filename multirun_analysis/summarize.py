@@ -71,6 +71,8 @@ usable runs of each strategy (and impl) x world_size, median (max for the overhe
   teardown_s        = job.teardown_s: rank 0's last step -> results written (profiled steps,
                       gathering, process exit)
   fixed_overhead_s  = job.overhead_s = startup_s + teardown_s
+  outside_steps_s   = job.outside_steps_s = fixed_overhead_s + the warm-up's time beyond its steps at the
+                      timed median step (compilation, CUDA graph capture): what the run cost that was not steps
   setup_s           = rank0.setup_s: rank 0's strategy setup (part of startup_s)
   setup_phases      = the median of each named part of that setup (rank0.setup_phases_s.*) and of
                       start-up before it (rank0.startup_phases_s.*), largest first
@@ -113,6 +115,7 @@ MEASURES = {
     **{f"layout_{k}": (f"layout.{k}", False) for k in ("tp", "pp", "dp", "cp", "micro_batch_size", "grad_accum")},
     "startup_s": ("job.startup_s", False), "teardown_s": ("job.teardown_s", False),
     "fixed_overhead_s": ("job.overhead_s", True), "setup_s": ("rank0.setup_s", False),
+    "outside_steps_s": ("job.outside_steps_s", False),
     **breakdown.MEASURES,  # prof_<part>_ms: profiled runs' time breakdown (multirun_analysis/breakdown.py)
 }
 
@@ -280,12 +283,13 @@ def fixed_overhead(runs: pd.DataFrame) -> pd.DataFrame:
         over = _col(g, "job.overhead_s")
         rec.update(n_runs=len(g), startup_s=_col(g, "job.startup_s").median(),
                    teardown_s=_col(g, "job.teardown_s").median(), fixed_overhead_s=over.median(),
-                   fixed_overhead_s_max=over.max(), setup_s=_col(g, "rank0.setup_s").median(),
+                   fixed_overhead_s_max=over.max(), outside_steps_s=_col(g, "job.outside_steps_s").median(),
+                   setup_s=_col(g, "rank0.setup_s").median(),
                    device_type=_joined(g["device_type"]) if "device_type" in g else None)
         med = {c.split(".", 2)[2]: _col(g, c).median() for c in phases}
         med = sorted(((v, k) for k, v in med.items() if not math.isnan(v)), reverse=True)
         rec["setup_phases"] = ", ".join(f"{k} {v:.1f} s" for v, k in med) or None
         recs.append(rec)
-    cols = by + ["n_runs", "startup_s", "teardown_s", "fixed_overhead_s", "fixed_overhead_s_max", "setup_s",
-                 "setup_phases", "device_type"]
+    cols = by + ["n_runs", "startup_s", "teardown_s", "fixed_overhead_s", "fixed_overhead_s_max", "outside_steps_s",
+                 "setup_s", "setup_phases", "device_type"]
     return pd.DataFrame.from_records(recs, columns=cols)

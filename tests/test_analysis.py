@@ -129,6 +129,8 @@ def test_fixed_overhead_per_run(analysed, sweep):
         for table in (row(o, strategy, ws), row(s, strategy, ws)):
             assert table["fixed_overhead_s"] == pytest.approx(j["overhead_s"], rel=1e-9)
             assert table["startup_s"] == pytest.approx(j["startup_s"], rel=1e-9)
+            assert table["outside_steps_s"] == pytest.approx(j["outside_steps_s"], rel=1e-9)
+            assert j["outside_steps_s"] >= j["overhead_s"]
             assert table["setup_s"] == pytest.approx(r0["setup_s"], rel=1e-9)
         parts = row(o, strategy, ws)["setup_phases"]
         for name in ("bench model", "wrap", "optimizer", "device_and_process_group"):

@@ -266,3 +266,21 @@ def test_fsdp2_without_resharding_near_the_limit_is_planned_tight_where_the_allo
     retried = [r["memory"]["allocator"]["num_alloc_retries"] > 0 for r in runs]
     assert len(t) == len(runs) == 13 and 0 < sum(retried) < len(runs)
     assert list(t["predicted_tight"].astype(bool)) == retried
+
+
+def test_megatron_and_ddp_memory_plans_at_micro_batches_1_to_16_are_within_a_percent_of_the_measured_peak():
+    """megatron-core's llama layer keeps more than bench's own (its fused QKV output beside the rotated q and k, its
+    GLU's copy of the linear half: bench/strategies/megatron/implementation.py layer_extra_saved).  Re-planned by
+    today's code, the recorded one-GPU runs of Llama 3.2 1B at micro-batches 1-16 (128k and 152k vocabularies;
+    megatron-core with recompute none and selective, DDP) are within 1% of their measured allocated peaks: the
+    megatron-core shortfall that grew with the micro-batch (-2.8% at 1, -9.0% at 8 before) is gone."""
+    t = prediction_table([REPO / "results" / "2026-12-01-h200x1-typed-run",
+                          REPO / "results" / "2026-12-02-h200x1-megatron-memory"])
+    done = t[t["status"] == "completed"]
+    mg, ddp = done[done["strategy"] == "megatron"], done[done["strategy"] == "ddp"]
+    assert len(mg) >= 13 and set(mg["micro_batch_size"]) == {1, 2, 4, 8, 16}
+    assert {1, 4, 8, 16} <= set(ddp["micro_batch_size"])
+    runs = json.loads((REPO / "results" / "2026-12-02-h200x1-megatron-memory" / "runs.json").read_text())
+    assert {r["config"]["model"]["vocab_size"] for r in runs} == {128256, 151936}
+    both = done[done["strategy"].isin(["megatron", "ddp"])]
+    assert both["peak_error_pct"].abs().max() < 1.0, both[["strategy", "micro_batch_size", "peak_error_pct"]].to_string()

@@ -4,6 +4,7 @@ added to Hydra's search path, so one sweep holds exactly the runs we want."""
 from __future__ import annotations
 
 import json
+import statistics
 import os
 import re
 import signal
@@ -100,6 +101,10 @@ def test_sweep_isolates_failures_and_reports_them(first_sweep):
         assert 0 < st["startup_s"] < st["wall_s"] and 0 <= st["teardown_s"] < st["wall_s"]
         assert st["overhead_s"] == pytest.approx(st["startup_s"] + st["teardown_s"])
         assert jobs[c]["metrics"]["job"]["overhead_s"] == pytest.approx(st["overhead_s"])
+        # the time outside the steps adds what the warm-up took beyond its steps (rank 0's own record)
+        r0 = json.loads((jobs[c]["dir"] / "rank0.json").read_text())
+        beyond = r0["warmup_s"] - (len(r0["losses"]) - len(r0["step_times"])) * statistics.median(r0["step_times"])
+        assert st["outside_steps_s"] == pytest.approx(st["overhead_s"] + max(0.0, beyond))
     assert len(jobs["ok_ddp"]["metrics"]["ranks"]) == 2
     # the sweep's fork server imported torch._dynamo once, for every run's ranks
     for c in ("ok_single", "ok_ddp"):

@@ -16,12 +16,16 @@ never stops a sweep: the job returns its status.  Only an interrupted run (Ctrl-
 Fixed overhead per run (``job`` in metrics.json, and status.json): ``startup_s`` = job start
 (the task function) -> rank 0 starts its first step (process spawn, imports, process group,
 model build, strategy setup); ``teardown_s`` = rank 0 ends its last step -> the job has recorded
-everything (gather, metrics, process group teardown, process exit); ``overhead_s`` = both.
+everything (gather, metrics, process group teardown, process exit); ``overhead_s`` = both;
+``warmup_extra_s`` = the warm-up's time beyond its steps at the timed steps' median step (compilation, CUDA graph
+capture, the allocator's first growth); ``outside_steps_s`` = ``overhead_s`` + ``warmup_extra_s``: what a sweep
+spends on a run that is not steps.
 """
 from __future__ import annotations
 
 import logging
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -43,14 +47,22 @@ log = logging.getLogger("bench")
 
 
 def job_timing(run_dir: Path, t0: float, t_end: float) -> dict:
-    """Wall time and fixed overhead of a run (from rank 0's step timestamps, when it got that far)."""
+    """Wall time and fixed overhead of a run (from rank 0's step timestamps, when it got that far), and the time
+    outside the steps: the fixed overhead plus what the warm-up took beyond its steps at the timed steps' median
+    (compilation, CUDA graph capture, the allocator's first growth)."""
     r0 = read_json_dict(run_dir / "rank0.json") or {}
     start = r0.get("t_first_step")
     end = r0.get("t_loop_end")
     startup = start - t0 if start else None
     teardown = t_end - end if end else None
-    return {"wall_s": t_end - t0, "startup_s": startup, "teardown_s": teardown,
-            "overhead_s": startup + teardown if startup is not None and teardown is not None else None}
+    overhead = startup + teardown if startup is not None and teardown is not None else None
+    timed, warm_s = r0.get("step_times") or [], r0.get("warmup_s")
+    warm_extra = None
+    if timed and warm_s is not None:
+        warm_extra = max(0.0, warm_s - (len(r0.get("losses") or timed) - len(timed)) * statistics.median(timed))
+    return {"wall_s": t_end - t0, "startup_s": startup, "teardown_s": teardown, "overhead_s": overhead,
+            "warmup_extra_s": warm_extra,
+            "outside_steps_s": overhead + warm_extra if overhead is not None and warm_extra is not None else None}
 
 
 def finish(run_dir: Path, raw: dict, status: str, error: Optional[dict], failures: list, base: dict,
@@ -82,8 +94,11 @@ def finish(run_dir: Path, raw: dict, status: str, error: Optional[dict], failure
     if m["status"] == "completed" and vocab:  # where the loss is reported: why it does not fall
         log.info("loss: %s", loss_note(vocab))
     if timing["overhead_s"] is not None:
-        log.info("wall %.1f s, fixed overhead %.1f s (launch -> first step %.1f s, last step -> done %.1f s)",
-                 timing["wall_s"], timing["overhead_s"], timing["startup_s"], timing["teardown_s"])
+        log.info("wall %.1f s, fixed overhead %.1f s (launch -> first step %.1f s, last step -> done %.1f s)%s",
+                 timing["wall_s"], timing["overhead_s"], timing["startup_s"], timing["teardown_s"],
+                 "" if timing["outside_steps_s"] is None else
+                 f"; {timing['outside_steps_s']:.1f} s outside the steps with the warm-up's compile and capture "
+                 f"({timing['warmup_extra_s']:.1f} s)")
     loggers.log_run(run_dir, plan.cfg if plan else raw, m)  # the logger group: after the run's files are final
     return m["status"]
 

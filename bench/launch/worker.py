@@ -163,7 +163,7 @@ def _setup(plan: Plan, rank: int, local_rank: int, world_size: int):
     """Process group, device, strategy (set up), and the start-up phases: (ctx, strategy, record)."""
     spec = get_spec(plan.strategy.name)
     # imported before this rank's own code ran: by the fork server (start_method=forkserver)
-    preloaded = [m for m in sweep_preloads(plan.strategy) if m in sys.modules]
+    preloaded = [m for m in sweep_preloads(plan.run) if m in sys.modules]
     os.environ.update({**spec.process_env(plan), **rank_env(plan.run.allocator)})  # before CUDA starts
     startup: dict[str, float] = {}  # before setup (metrics.json ranks[].startup_phases_s)
     cpus = _pin_cpus(plan, local_rank)  # before any thread of this rank starts

@@ -28,7 +28,8 @@ peak allocated (what ``torch.cuda.max_memory_allocated`` measures: the largest r
   splits all but the norms' and projections' inputs (those too with sequence parallelism).  precision=fp8
   (compiled, tensorwise / rowwise): the Linear layers torchao converts save their inputs (q / k / v's and
   gate / up's shared ones, down's) as float8 casts, 1 B (``float8_input_bytes``; o_proj's is the attention
-  output, which the fused kernel keeps in bf16); rowwise_with_gw_hp's stay bf16.
+  output, which the fused kernel keeps in bf16); rowwise_with_gw_hp's stay bf16.  An implementation whose layer
+  keeps more says how much (``ModelStates.extra_saved_per_token``: megatron-core's fused QKV output and GLU copy).
   ``recompute=full`` keeps one block input per layer, and one layer is recomputed in backward; ``op`` keeps
   the block input and the saved ops' outputs (bench/models/model_spec.py ``op_saved_per_token``: q, v and the
   MLP's first projection's outputs, the down projection's too in eager, the attention output and its log-sum-exp),

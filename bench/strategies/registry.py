@@ -186,6 +186,10 @@ _discovered = False
 # None of these, nor a strategy's own (StrategySpec.preload), makes a CUDA call when imported,
 # so each forked rank still starts CUDA itself.
 SWEEP_PRELOAD = ("torch._dynamo",)
+# What a compiled run's first torch.compile imports (TorchInductor's compiler: 1.6 s on the CPU machine; most of the
+# 4.1 s an FSDP2 run's compile-wrapper phase took on one H200 on a host that had compiled its graphs before,
+# results/2026-12-02-h200x1-megatron-memory), for a sweep with a compiled run.
+COMPILE_PRELOAD = ("torch._inductor.compile_fx",)
 
 
 def specs() -> dict[str, StrategySpec]:
@@ -219,7 +223,8 @@ def strategy_knob(strategy: Any, key: str, default: Any = None) -> Any:
     return getattr(strategy, key, default)
 
 
-def sweep_preloads(strategy: Any) -> tuple[str, ...]:
-    """What a sweep's fork server imports for a run of this strategy (the worker records which of
-    them it found imported); ``strategy``: its section, typed or a plain dict (:func:`strategy_knob`)."""
-    return (*SWEEP_PRELOAD, *get_spec(strategy_knob(strategy, "name")).preload(strategy))
+def sweep_preloads(run: BenchConfig) -> tuple[str, ...]:
+    """What a sweep's fork server imports for this run (the worker records which of them it found imported):
+    every run's, a compiled run's, its strategy's."""
+    return (*SWEEP_PRELOAD, *(COMPILE_PRELOAD if run.compile else ()),
+            *get_spec(run.strategy.name).preload(run.strategy))

@@ -148,7 +148,7 @@ def declare_preloads(to_run: list[Job]) -> None:
     if len(forked) < 2:
         return
     for j in forked:
-        preload(sweep_preloads(j.plan.strategy))
+        preload(sweep_preloads(j.plan.run))
 
 
 def write_plans(sweep_dir: Path, jobs: Sequence[Job]) -> Path:

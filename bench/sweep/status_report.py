@@ -43,12 +43,14 @@ def summarize(sweep_dir: Path, manifest: Optional[dict] = None) -> dict:
             rows.append({**j, "status": status, "resumed": j["action"] == "skip",
                          "wall_s": (r.info.get("wall_s") if r else None),
                          "overhead_s": (r.info.get("overhead_s") if r else None),
+                         "outside_steps_s": (r.info.get("outside_steps_s") if r else None),
                          "reason": (r.info.get("reason") if r and r.info.get("reason") else j.get("reason"))})
     else:
         for r in scan(sweep_dir):
             rows.append({"num": None, "dir": r.dir.name, "key": r.key, "action": "run", "status": r.status,
                          "resumed": False, **{k: r.info.get(k) for k in ("model", "strategy", "world_size",
-                                                                         "wall_s", "overhead_s", "reason")}})
+                                                                         "wall_s", "overhead_s", "outside_steps_s",
+                                                                         "reason")}})
     counts = {s: 0 for s in ("completed", "invalid", "skipped", "failed", "oom", "timeout", "interrupted",
                              "pending", "unknown")}
     for row in rows:
@@ -61,11 +63,17 @@ def summarize(sweep_dir: Path, manifest: Optional[dict] = None) -> dict:
 
 def gpu_time(rows: list) -> dict:
     """Device-minutes this sweep's runs held (wall time x world size, resumed runs left out) and the part spent
-    outside the ranks' steps (start, set-up, compile before the first step, teardown: each run's overhead_s)."""
+    outside the ranks' steps (start, set-up, the warm-up's compile and capture, teardown: each run's
+    outside_steps_s, or its fixed overhead_s where the warm-up was not timed)."""
     ran = [r for r in rows if not r.get("resumed") and r.get("wall_s") and isinstance(r.get("world_size"), int)]
     total = sum(r["wall_s"] * r["world_size"] for r in ran) / 60
-    overhead = sum((r.get("overhead_s") or 0.0) * r["world_size"] for r in ran) / 60
+    overhead = sum(_outside(r) * r["world_size"] for r in ran) / 60
     return {"runs": len(ran), "device_minutes": round(total, 2), "overhead_minutes": round(overhead, 2)}
+
+
+def _outside(row: dict) -> float:
+    """A run's seconds outside its steps (0 where it never reached one)."""
+    return row.get("outside_steps_s") or row.get("overhead_s") or 0.0
 
 
 def exit_code_of(summary: dict, interrupted: bool) -> int:
@@ -120,7 +128,7 @@ def format_summary(s: dict, code: int) -> list[str]:
             continue
         ident = f"{r.get('model')}/{r.get('strategy')} ws={r.get('world_size')}"
         wall = f" {r['wall_s']:.1f} s" if r.get("wall_s") else ""
-        over = f" (overhead {r['overhead_s']:.1f} s)" if r.get("overhead_s") else ""
+        over = f" ({_outside(r):.1f} s outside the steps)" if _outside(r) else ""
         tag = " [resumed]" if r["resumed"] else ""
         lines.append(f"[sweep]   #{r.get('num')} {r.get('dir')}/ {r['status']:<11} {ident}{wall}{over}{tag}")
     lines += reason_lines([(r["status"], r.get("num"), r.get("reason")) for r in s["rows"]
@@ -130,7 +138,7 @@ def format_summary(s: dict, code: int) -> list[str]:
         share = g["overhead_minutes"] / g["device_minutes"] if g["device_minutes"] else 0.0
         lines.append(f"[sweep] device time: {g['device_minutes']:.1f} device-minutes over {g['runs']} runs (wall x "
                      f"world size), {g['overhead_minutes']:.1f} of them ({share:.0%}) outside the steps (start, "
-                     "set-up and compile before the first step, teardown)")
+                     "set-up, the warm-up's compile and capture, teardown)")
     lines.append(f"[sweep] results in {s['sweep_dir']}")
     return lines
 

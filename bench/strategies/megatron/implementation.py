@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
+from bench.models.model_spec import describe_model
 from bench.run.layout_rules import build as build_layout, microbatches_setting
 from bench.run.schema import BenchConfig, ConfigError, ModelConfig, Plan
 from bench.strategies.model_parallel import Implementation, register_implementation
@@ -114,10 +115,10 @@ def layer_extra_saved(m: ModelConfig) -> float:
     query and key (its q and k parts: d + kv_dim); its GLU adds ``glu_linear_offset`` (0.0) to the linear half,
     a new ffn-sized tensor the product saves (megatron/core/transformer/mlp.py).  The GPT build (no rotary, no
     GLU) saves what bench's does.  Checked on one H200 (results/2026-12-02-h200x1-megatron-memory)."""
-    if m.arch != "llama":
-        return 0.0
-    kv_dim = (m.n_kv_heads or m.n_heads) * (m.d_model // m.n_heads)
-    return m.d_model + kv_dim + m.d_ff
+    desc = describe_model(m)
+    rotated = desc.d + desc.kv_dim if desc.rotary else 0  # without rotary, q and k are views of that output too
+    glu_copy = desc.ff if desc.mlp_inputs == 2 else 0
+    return rotated + glu_copy
 
 
 def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
