@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from bench.machine.hardware import match as match_hardware
 from bench.jsonio import read_json_dict, write_json_atomic
-from bench.run.schema import BenchConfig, ModelConfig, fields_of, typed
+from bench.run.schema import BenchConfig, ModelConfig, fields_of, setting, typed
 from bench.units import count_text
 
 SHIPPED = Path(__file__).with_name("bests.json")
@@ -100,12 +100,6 @@ def stored_identity(spec, strategy: dict) -> dict:
     schema gains later leaves the stored entries as they are)."""
     fields = fields_of(spec.schema)
     return {"name": spec.name, **{k: v for k, v in identity(spec, strategy).items() if v != _default(fields[k])}}
-
-
-def _get(cfg: dict, dotted: str) -> Any:
-    for part in dotted.split("."):
-        cfg = cfg.get(part) if isinstance(cfg, dict) else None
-    return cfg
 
 
 def workload(run: BenchConfig, device: Optional[str], dp: int, micro_batch: int, fixed: bool) -> dict:
@@ -206,7 +200,7 @@ def entry(spec, base: dict, won: dict, tokens_per_s: float, fixed_micro_batch: b
         bcfg = {"strategy": {n: _default(f) for n, f in fields_of(spec.schema).items()},
                 **{n: _default(f) for n, f in fields_of(BenchConfig).items() if n != "strategy"}, **{
                     k: v for k, v in cfg.items() if k in ("model", "world_size", "precision")}}
-    settings = {k: _get(cfg, k) for k in keys if _get(cfg, k) != _get(bcfg, k)}
+    settings = {k: setting(cfg, k) for k in keys if setting(cfg, k) != setting(bcfg, k)}
     lay = ((base.get("memory") or {}).get("plan") or {}).get("layout") or {}
     devices = [d for d in ((won.get("provenance") or {}).get("devices") or []) if d]
     mem = won.get("memory") or {}

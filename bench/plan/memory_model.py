@@ -59,7 +59,6 @@ Predictions against every recorded run's measured peak: ``python -m multirun_ana
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
 from typing import Any, Optional
 
 from bench.machine.hardware import HardwareConfig, resolve as resolve_hardware
@@ -115,7 +114,7 @@ def gathered_param_bytes(plan: Plan, psi: float, lay: ModelStates) -> float:
 # ------------------------------------------------------------------------------ the plan
 def plan_hardware(plan: Plan) -> Optional[HardwareConfig]:
     """The plan's hardware preset with its overrides applied (bench/machine/hardware.py ``resolve``); None for auto."""
-    return resolve_hardware({"hardware": asdict(plan.run.hardware)})
+    return resolve_hardware(plan.run)
 
 
 def device_memory_gib(plan: Plan, gpu_memory_gib: Optional[float] = None) -> tuple[Optional[float], str]:

@@ -8,14 +8,13 @@ that does not fit gets no prediction: it cannot run, so no tokens/s is stated fo
 from __future__ import annotations
 
 import copy
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from bench.run.config import validate
 from bench.plan.memory_model import memory_plan
 from bench.plan.predict import device_hardware, predict, prediction_line
-from bench.run.schema import BenchConfig, ConfigError, Plan
+from bench.run.schema import BenchConfig, ConfigError, Plan, setting
 
 FITS, TIGHT, NO_FIT, UNKNOWN = "fits", "tight", "does not fit", "unknown"
 ORDER = {FITS: 0, TIGHT: 1, UNKNOWN: 2, NO_FIT: 3}  # a tight or over-budget layout never ranks above one that fits
@@ -60,21 +59,6 @@ def set_key(c: dict, dotted: str, value: Any) -> None:
     for p in parents:
         c = c.setdefault(p, {})
     c[leaf] = value
-
-
-def get_key(c: dict, dotted: str) -> Any:
-    for p in dotted.split("."):
-        c = c.get(p) if isinstance(c, dict) else None
-    return c
-
-
-def setting(run: BenchConfig, dotted: str) -> Any:
-    """A validated run's setting by its dotted key (``strategy.cp``, ``compile``); None where its sections lack it
-    (a knob another strategy's schema has)."""
-    x: Any = run
-    for p in dotted.split("."):
-        x = getattr(x, p, None) if dataclasses.is_dataclass(x) else x.get(p) if isinstance(x, dict) else None
-    return x
 
 
 class Evaluator:

@@ -23,8 +23,8 @@ from typing import Callable, Iterable, Optional
 from bench.run.config import FLOAT8_MIN_CC
 from bench.machine.hardware import resolve as resolve_hardware
 from bench.run.layout_rules import CP_CHUNK_ROWS
-from bench.planner.evaluate import FITS, NO_FIT, ORDER, Evaluator, Row, setting
-from bench.run.schema import BenchConfig, fields_of
+from bench.planner.evaluate import FITS, NO_FIT, ORDER, Evaluator, Row
+from bench.run.schema import BenchConfig, fields_of, setting
 from bench.strategies.registry import StrategySpec, get_spec
 
 TP = (1, 2, 4, 8)

@@ -5,7 +5,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from bench.planner.evaluate import Row, error_statement, get_key, job_cost, mfu
+from bench.planner.evaluate import Row, error_statement, job_cost, mfu
+from bench.run.schema import setting
 from bench.strategies.registry import get_spec
 
 
@@ -23,7 +24,7 @@ def command_overrides(row: Row, base: dict, common: list[str], strategy_set: boo
     and every key the search changed to a value other than the composed default."""
     own = [] if strategy_set else [f"strategy={row.strategy}"]
     for k, v in sorted(row.changes.items()):
-        if v != get_key(base, k):
+        if v != setting(base, k):
             own.append(f"{k}={fmt(v)}")
     return [*common, *own]
 
@@ -38,7 +39,7 @@ def knobs(row: Row, base: dict) -> str:
     (ZeRO's stage, FSDP2's reshard and unit size, offload, ...): what tells two rows of one layout apart."""
     always = set(get_spec(row.strategy).search_bases)  # ZeRO's stage: a row's identity even at its default
     own = [f"{k.split('.', 1)[-1]}={fmt(v)}" for k, v in sorted(row.changes.items())
-           if k not in SHOWN and (v != get_key(base, k) or k in always)]
+           if k not in SHOWN and (v != setting(base, k) or k in always)]
     return " ".join([row.strategy, *own])
 
 

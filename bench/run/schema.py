@@ -82,6 +82,15 @@ def check_whole(key: str, value: Any, allow_zero: bool = False) -> None:
 
 
 # --------------------------------------------------------------------------- typed sections
+def setting(config: Any, dotted: str) -> Any:
+    """A setting by its dotted key (``strategy.cp``, ``compile``) in a typed run description or a config's plain
+    containers; None where a section lacks it (a knob another strategy's schema has)."""
+    x = config
+    for part in dotted.split("."):
+        x = getattr(x, part, None) if dataclasses.is_dataclass(x) else x.get(part) if isinstance(x, dict) else None
+    return x
+
+
 class Section:
     """A section of the run description (model, strategy, hardware, ...): a dataclass, read by attribute only
     (bench/run/config.py ``describe_run`` builds it; tests/test_run_description.py keeps it so)."""
