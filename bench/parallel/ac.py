@@ -38,19 +38,20 @@ def _op_sets() -> tuple[set, set]:
 
 
 def op_policy():
-    """A fresh policy for one checkpointed forward of a block (its own matmul count): odd matmuls (1st, 3rd, ...)
-    and the ops of ``_op_sets`` saved, everything else recomputed.  torch calls the policy in the forward only and
-    replays its choices by position in the recomputation."""
+    """A fresh policy for one checkpointed forward of a block: odd matmuls (1st, 3rd, ...) and the ops of
+    ``_op_sets`` saved, everything else recomputed.  The forward and the recomputation count their matmuls apart:
+    torch 2.11 asks the policy again in the recomputation (``ctx.is_recompute``) and takes a saved output for each
+    op it says to save, so one count running on from the forward's would, after a block's 7 matmuls, hand the k
+    projection the q projection's output (seen on an H200); later torch replays the forward's choices instead."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     matmuls, saved = _op_sets()
-    count = 0
+    counts = {False: 0, True: 0}  # matmuls seen, by ctx.is_recompute
 
     def policy(ctx, func, *args, **kwargs):
-        nonlocal count
         if func in matmuls:
-            count += 1
-            keep = count % 2 == 1
+            counts[ctx.is_recompute] += 1
+            keep = counts[ctx.is_recompute] % 2 == 1
         else:
             keep = func in saved
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
