@@ -114,8 +114,8 @@ def model_states(run: BenchConfig) -> ModelStates:
 
 
 def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
-    """With resharding: the gathered units in flight, one unit's unsharded gradients, and the root's gathered
-    parameters (embedding, final norm, head: the root never reshards, bench/parallel/dp.py)."""
+    """With resharding: the gathered units in flight and the root's gathered parameters (embedding, final norm,
+    head: the root never reshards, bench/parallel/dp.py); a unit's unsharded gradients are phase_buffers()'s."""
     s = plan.strategy
     if not s.reshard_after_forward:
         return 0.0, ""  # the gathered parameters are model states (ModelStates.unsharded_params_live)
@@ -125,12 +125,12 @@ def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
     root = (psi - per_block * plan.model.n_layers / plan.pp) * (4 if cb == 4 else 2)  # the root gathers 16-bit
     # as many units as the stage has (one unit of every block has no next unit to gather)
     units = -(-plan.model.n_layers // (plan.pp * plan.layout.virtual_pipeline * s.blocks_per_unit))
-    return min(2 + s.prefetch, units) * unit * cb + unit * 4 + root, \
-        "FSDP2: gathered units (current + next + prefetch), one unit's unsharded gradients, the root's parameters"
+    return min(2 + s.prefetch, units) * unit * cb + root, \
+        "FSDP2: gathered units (current + next + prefetch), the root's parameters"
 
 
 def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, float], str]:
-    """Without resharding, in backward: the reduce-scatter of one unit's gradients, after that unit's backward.
+    """In backward: the reduce-scatter of one unit's gradients, after that unit's backward.
     FSDPParamGroup.post_backward (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py) first reshards the unit
     (reshard_after_backward, torch's default: its gathered parameters freed), then calls foreach_reduce
     (_fsdp_collectives.py), which allocates the reduce-scatter input, the unit's whole unsharded gradients in
@@ -140,16 +140,16 @@ def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, f
     the accumulated ones, already counted (ModelStates.accum_grad_bytes).  One unit's input at a time: post_backward
     waits on the previous unit's reduce-scatter event and drops its input before its own foreach_reduce
     (comm_ctx.reduce_scatter_state; newer torch: reduce_scatter_states, at most reduce_scatter_max_input_buffers, 1
-    unless set_reduce_scatter_max_input_buffers raises it, which bench does not).  With resharding buffers() holds
-    the same moment: two gathered units and one unit's gradients at 4 B, where the unit's gathered parameters are
-    freed and its input (4 B) and gradients (2 B) are alive beside the next unit's gathered ones."""
+    unless set_reduce_scatter_max_input_buffers raises it, which bench does not).  With resharding, buffers()' two
+    gathered units are the unit's and the next's: the unit's are freed as above.  Counted at that moment, with the
+    unit's blocks' activations freed, not beside all activations: over the recorded FSDP2 runs this took the plan's
+    median error from 2.5% to 0.7% and Llama-3 8B's resharded 8-block units from 8-18% high to 2.5-5.8%
+    (results/2026-12-02-h200x1-recompute-op)."""
     s, fp32 = plan.strategy, plan.run.precision == "fp32"
     reduce_bytes = 4 if fp32 or s.reduce_dtype == "fp32" else 2
     accumulated = plan.grad_accum > 1 and not s.sync_every_microbatch and not s.cpu_offload
     grad_bytes = 0 if accumulated else 4 if fp32 else 2
     end = _root_reduce(plan, psi, per_block, reduce_bytes + grad_bytes - (4 if fp32 else 2))
-    if s.reshard_after_forward:
-        return end, ""
     gathered = 4 if fp32 else (1 if fsdp_float8_all_gather(plan) else 2)  # as buffers() counts a gathered unit
     blocks = min(s.blocks_per_unit, plan.model.n_layers / (plan.pp * plan.layout.virtual_pipeline))
     return {"reduce": blocks * per_block * (reduce_bytes + grad_bytes - gathered), "reduce_blocks": blocks, **end}, \
