@@ -13,7 +13,7 @@ def _overhead(m: dict) -> str:
     """The run's time outside its steps (launch -> first step, the warm-up beyond its steps, last step -> recorded;
     the fixed overhead alone in records older than job.outside_steps_s), from job / status.json."""
     j = m.get("job") or {}
-    o = j.get("outside_steps_s", j.get("overhead_s"))
+    o = j.get("outside_steps_s") or j.get("overhead_s")  # as the sweep's summary (bench/sweep/status_report.py)
     return f"{o:5.1f}" if o is not None else f"{'-':>5}"
 
 

@@ -12,9 +12,11 @@ log = logging.getLogger("bench.compile")
 
 # torch._dynamo's compile-time metrics worth a record: the forward's capture and compile (the backend's share in
 # it) and the backward's compile, which runs at the first backward
-COMPILE_PHASES = {"forward capture and compile": "_compile.compile_inner", "of it the backend": "OutputGraph.call_user_compiler",
+COMPILE_PHASES = {"forward capture and compile": "_compile.compile_inner",
+                  "of it the backend": "OutputGraph.call_user_compiler",
                   "backward compile": "compile_fx.<locals>.bw_compiler"}
-CACHES = {"inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss"), "aot_autograd": ("autograd_cache_hit", "autograd_cache_miss")}
+CACHES = {"inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss"),
+          "aot_autograd": ("autograd_cache_hit", "autograd_cache_miss")}
 
 
 def compile_kwargs(run: BenchConfig) -> dict:
