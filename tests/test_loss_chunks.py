@@ -1,7 +1,9 @@
 """loss_chunks=k (the loss over k checkpointed chunks of tokens, bench/models/model.py ``Head``): real gloo runs of
 llama_tiny whose fp32 losses equal the whole-logits loss of strategy=single, under DDP, FSDP2 (with full
 recompute), ZeRO-3 and torch TP, untied and with a tied head (the embedding's weight, which FSDP2 and ZeRO-3 gather
-with the embedding).  One sweep (tests/conftest.py case_sweep)."""
+with the embedding).  Two of them also offload every block's saved tensors to host memory (offload_activations,
+bench/parallel/ac.py), once over full recompute: that changes where tensors wait, not the loss, and the record
+says it ran.  One sweep (tests/conftest.py case_sweep)."""
 from __future__ import annotations
 
 from bench.metrics.flops import hardware_flops_per_token
@@ -13,16 +15,16 @@ TIED = ("model.tie_embeddings=true",)
 RUNS = {  # run name -> (its overrides, the reference run)
     "single": (("strategy=single",), None),
     "single_tied": (("strategy=single", *TIED), None),
-    "ddp_chunks": (("strategy=ddp", "world_size=2", "loss_chunks=4"), "single"),
-    "fsdp_chunks_recompute_tied": (("strategy=fsdp", "world_size=2", "loss_chunks=4", "recompute=full", *TIED),
-                                   "single_tied"),
+    "ddp_chunks_offload": (("strategy=ddp", "world_size=2", "loss_chunks=4", "offload_activations=true"), "single"),
+    "fsdp_chunks_recompute_offload_tied": (("strategy=fsdp", "world_size=2", "loss_chunks=4", "recompute=full",
+                                            "offload_activations=true", *TIED), "single_tied"),
     "zero3_chunks": (("strategy=zero", "zero_stage=3", "world_size=2", "loss_chunks=4"), "single"),
     "zero3_chunks_tied": (("strategy=zero", "zero_stage=3", "world_size=2", "loss_chunks=3", *TIED), "single_tied"),
     "tp_chunks": (("strategy=tp", "strategy.impl=torch", "world_size=2", "loss_chunks=4"), "single"),
 }
 
 
-def test_chunked_loss_equals_the_whole_logits_loss_under_every_strategy_that_takes_it(tmp_path):
+def test_chunked_loss_and_offloaded_activations_equal_the_whole_logits_loss_under_every_strategy(tmp_path):
     dirs = case_sweep(tmp_path, {name: o for name, (o, _) in RUNS.items()}, *LLAMA)
     runs = {name: metrics_of(d) for name, d in dirs.items()}
     for name, m in runs.items():
@@ -34,6 +36,8 @@ def test_chunked_loss_equals_the_whole_logits_loss_under_every_strategy_that_tak
         assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5, (name, got, want)
         k = int(dict(o.split("=", 1) for o in overrides)["loss_chunks"])
         assert runs[name]["layout"]["loss_chunks"] == k, (name, runs[name]["layout"])
+        offloaded = "offload_activations=true" in overrides
+        assert bool(runs[name]["layout"].get("activation_offload")) == offloaded, (name, runs[name]["layout"])
         # the record's hardware FLOPs count the head's forward again (tests/test_flops_reference.py checks the count)
         f, c = runs[name]["flops"], runs[name]["config"]
         assert f["flops_per_token"] == runs[ref]["flops"]["flops_per_token"]

@@ -11,7 +11,7 @@ MB = 2**20
 
 def allocator_record(device, nvml_used_peak_mb: Optional[float] = None) -> dict:
     """This rank's torch.cuda.memory_stats() at the end of the run: the reserved peak, cudaMalloc retries, OOMs,
-    the inactive split bytes (fragmentation) at their peak, and NVML's used peak minus the reserved peak (device
+    the inactive split bytes (fragmentation) at their peak, the pinned host allocator's peaks, and NVML's used peak minus the reserved peak (device
     memory outside PyTorch's allocator: context, NCCL, graphs' own); ``conf``: PYTORCH_CUDA_ALLOC_CONF as this rank
     ran (config ``allocator``, bench/machine/allocator.py)."""
     if getattr(device, "type", "cpu") != "cuda":
@@ -20,10 +20,14 @@ def allocator_record(device, nvml_used_peak_mb: Optional[float] = None) -> dict:
 
     s = torch.cuda.memory_stats(device)
     reserved = s.get("reserved_bytes.all.peak", 0) / MB
+    host = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
     return {"reserved_peak_mb": reserved, "num_alloc_retries": s.get("num_alloc_retries", 0),
             "num_ooms": s.get("num_ooms", 0),
             "inactive_split_peak_mb": s.get("inactive_split_bytes.all.peak", 0) / MB,
             "outside_allocator_mb": None if nvml_used_peak_mb is None else nvml_used_peak_mb - reserved,
+            # pinned host memory (offload_activations, optimizer offload): the host allocator's blocks, rounded
+            "host_pinned_peak_mb": host["allocated_bytes.peak"] / MB if "allocated_bytes.peak" in host else None,
+            "host_pinned_active_peak_mb": host["active_bytes.peak"] / MB if "active_bytes.peak" in host else None,
             "conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
 
 
@@ -34,7 +38,8 @@ def summarize(ranks: list[dict], own: Optional[dict] = None) -> dict:
     scope = "all ranks"
     if not recs and own is not None and "reason" not in own:
         recs, scope = [own], "rank 0 only (the ranks' records have no allocator field)"
-    keys = ("reserved_peak_mb", "num_alloc_retries", "num_ooms", "inactive_split_peak_mb", "outside_allocator_mb")
+    keys = ("reserved_peak_mb", "num_alloc_retries", "num_ooms", "inactive_split_peak_mb", "outside_allocator_mb",
+            "host_pinned_peak_mb", "host_pinned_active_peak_mb")
     if not recs:
         reason = (own or {}).get("reason") or next((r["allocator"]["reason"] for r in ranks
                                                      if isinstance(r.get("allocator"), dict)), "not recorded")

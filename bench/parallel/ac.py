@@ -14,6 +14,11 @@
   recomputes the rest (norms, RoPE, activations, casts) from them in backward.  Every second matmul
   of a block is recomputed too (torchtitan's trade: half the matmul outputs kept, a third of the
   block's matmul FLOPs again); attention is never run twice.
+
+``offload_activations`` (apart from the mode, composing with it): each block's saved tensors (its
+activations, autocast's weight copies it saves; under ``full`` only its input) go to pinned host memory
+in the forward and come back for its backward (torch's ``offload_wrapper``, ``save_on_cpu``).  The copies
+run on the compute stream, so their time is not hidden: the device's memory for the host link's time.
 """
 from __future__ import annotations
 
@@ -65,7 +70,24 @@ def _op_context():
     return create_selective_checkpoint_contexts(op_policy())
 
 
-def apply_ac(model: nn.Module, mode: str, every: int = 1) -> dict:
+OFFLOAD_DESCRIPTION = ("each transformer block's saved tensors to pinned host memory in the forward, back in its "
+                       "backward (torch offload_wrapper / save_on_cpu, on the compute stream)")
+
+
+def apply_ac(model: nn.Module, layout) -> dict:
+    """The layout's ``recompute`` (every ``recompute_every``-th block under full), then ``offload_activations``
+    around each block (outermost, so that a checkpointed block's input is what travels)."""
+    info = _apply_recompute(model, layout.recompute, layout.recompute_every)
+    if layout.offload_activations:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import offload_wrapper
+
+        for k, block in list(model.blocks.items()):
+            model.blocks[k] = offload_wrapper(block)
+        info["activation_offload"] = OFFLOAD_DESCRIPTION
+    return info
+
+
+def _apply_recompute(model: nn.Module, mode: str, every: int) -> dict:
     if mode == "none":
         return {}
     if mode in ("full", "op"):

@@ -139,6 +139,10 @@ def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str,
         at_loss = head_copy + (copies - head_copy) * (layers - ck) / layers
     else:
         ck, per_mb, recomputed, at_loss = 0.0, layers * layer["bytes"], 0.0, copies
+    offloaded = 0.0
+    if plan.layout.offload_activations:  # every block's saved tensors on the host, the weights its matmuls save too
+        offloaded = per_mb + (layers - ck) / layers * ranks["blocks"] * (4 if plan.run.precision == "fp32" else 2)
+        per_mb, recomputed = 0.0, max(recomputed, layer["bytes"])  # backward: one block's back at a time, at most
     saved = k * (layers - ck) * layer["float8_saved"]  # the float8-saved inputs' share (not of checkpointed blocks)
     vocab = m.vocab_size / (plan.tp if lay.tp_splits_vocab else 1)
     chunked = loss_chunk_bytes(plan, lay, layer["tokens"], vocab * lay.loss_bytes_per_logit, ranks["head"]) \
@@ -147,7 +151,8 @@ def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str,
     ring = {"cp_ring": cp_ring_bytes(plan)} if plan.cp > 1 else {}
     fwd_end = forward_end_bytes(plan, copies, logits / lay.loss_bytes_per_logit) + chunked.get("input", 0.0)
     return {"layers_on_rank": layers, "microbatches_in_flight": k, "per_layer_per_microbatch": layer["bytes"],
-            "recompute": mode, "activations": k * per_mb,
+            "recompute": mode, "activations": k * per_mb, "offloaded_per_microbatch": offloaded,
+            "host_activations": k * offloaded,
             "logits": logits + chunked.get("input", 0.0) + chunked.get("head_grad", 0.0),
             "weight_copies": at_loss, "recomputed_layer": recomputed, "float8_inputs_saving": saved,
             "forward_end": fwd_end, **ring, **({"loss_chunks": chunked} if chunked else {})}

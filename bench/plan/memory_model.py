@@ -197,6 +197,8 @@ def rank_peak(plan: Plan, spec, lay: ModelStates, stage: Optional[str] = None) -
     psi = ranks["params"]
     device, host = model_state_bytes(plan, psi, lay)
     act = activation_bytes(plan, lay, ranks)
+    if act["host_activations"]:  # offload_activations: pinned host memory for the blocks' saved tensors
+        host["activations"] = act["host_activations"]
     per_block = ranks["blocks"] / max(1, plan.model.n_layers / plan.pp)
     buf, buf_note = spec.buffers(plan, psi, per_block)
     phase, phase_note = spec.phase_buffers(plan, psi, per_block)
@@ -232,7 +234,7 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
                + (f" of {mem_gib:.0f} GiB" if mem_gib else "")
                + (f" - tight: within the plan's {round(100 * TIGHT)}% error of the limit, it may run out of memory"
                   if v["tight"] else f" - tight: {crowd}" if crowd else "")
-               + (f"; host {host_needed / GIB:.1f} GiB for offloaded states of {host_gib:.0f} GiB"
+               + (f"; host {host_needed / GIB:.1f} GiB for what is offloaded, of {host_gib:.0f} GiB"
                   if host_fits is not None else ""))
     return {
         "parameters": describe_model(plan.model).total_params(), "parameters_on_rank": round(psi),
@@ -240,7 +242,8 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
         "layout": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp_size, "micro_batch_size": plan.micro_batch_size,
                    "microbatches": plan.grad_accum, "recompute": plan.layout.recompute,
                    **({"cp": plan.cp} if plan.cp > 1 else {}),
-                   **({"loss_chunks": plan.layout.loss_chunks} if plan.layout.loss_chunks > 1 else {})},
+                   **({"loss_chunks": plan.layout.loss_chunks} if plan.layout.loss_chunks > 1 else {}),
+                   **({"offload_activations": True} if plan.layout.offload_activations else {})},
         "model_states": {"scheme": lay.scheme.name, "stage": lay.stage, "note": lay.note,
                          "bytes_per_param": lay.scheme.bytes,
                          "device_mb": {k: mib(v) for k, v in device.items()},
@@ -263,7 +266,7 @@ def memory_plan(plan: Plan, gpu_memory_gib: Optional[float] = None) -> dict:
 def fits(mem: dict, plan: Plan) -> Optional[str]:
     """None when the plan fits (or there is nothing to check), else the skip reason."""
     if mem.get("host_fits") is False:
-        return (f"predicted host OOM (offloaded states need {mem['host_needed_mb'] / 1024:.3g} GiB of the host's "
+        return (f"predicted host OOM (what is offloaded needs {mem['host_needed_mb'] / 1024:.3g} GiB of the host's "
                 f"{mem['host_memory_gib']:.3g} GiB, {int(100 * HOST_USABLE)}% usable): {mem['summary']}; "
                 "force_run=true runs it anyway")
     if mem.get("fits") is not False:

@@ -175,8 +175,14 @@ def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, fl
     device["flops"] += traffic.get("extra_flops", 0.0)
     return {**device, **_host_terms(plan, traffic),
             **{f"{k}_s": v for k, v in topo.seconds(traffic).items()},
-            "offload_s": traffic.get("offload", 0.0) / (HOST_LINK_GBPS * 1e9), **measured_link(hw, traffic),
+            "offload_s": _host_link_bytes(plan, traffic, mem) / (HOST_LINK_GBPS * 1e9), **measured_link(hw, traffic),
             "collectives": traffic.get("collectives", 0.0) + traffic.get("scalar_collectives", 0.0)}
+
+
+def _host_link_bytes(plan: Plan, traffic: dict, mem: dict) -> float:
+    """Bytes over the host link in a step: the strategy's offloaded states, and offload_activations' saved tensors
+    of every micro-batch, out in the forward and back in the backward, on the compute stream (not hidden)."""
+    return traffic.get("offload", 0.0) + 2 * mem["activations"]["offloaded_per_microbatch"] * plan.grad_accum
 
 
 def measured_link(hw: HardwareConfig, traffic: dict) -> dict[str, float]:

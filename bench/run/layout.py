@@ -61,6 +61,7 @@ class Layout:
     recompute: str = "none"
     recompute_every: int = 1
     loss_chunks: int = 1  # the loss over this many checkpointed chunks of tokens (bench/models/model.py Head)
+    offload_activations: bool = False  # each block's saved tensors in host memory (bench/parallel/ac.py)
 
     def __post_init__(self):
         for k in ("tp", "pp", "dp", "cp", "dp_replicate", "virtual_pipeline", "micro_batch_size", "grad_accum",

@@ -38,7 +38,8 @@ def build(c: BenchConfig) -> Layout:
             mbs, n_micro = _microbatch_count(m, s, pp, dp)
     return Layout(tp=tp, pp=pp, dp=dp, cp=cp, dp_replicate=_replicas(s, ws, tp, pp, dp), virtual_pipeline=v,
                   schedule=sched, micro_batch_size=mbs, grad_accum=n_micro, recompute=c.recompute,
-                  recompute_every=_recompute_every(c), loss_chunks=_loss_chunks(c, pp, cp))
+                  recompute_every=_recompute_every(c), loss_chunks=_loss_chunks(c, pp, cp),
+                  offload_activations=c.offload_activations)
 
 
 CP_CHUNK_ROWS = 32  # measured: a 16-row chunk fails in torch 2.11's ring merge (fp32, memory-efficient kernel)

@@ -244,6 +244,11 @@ class BenchConfig(Section):
                             "128k vocabulary at 8k tokens a rank, 11.7 GiB -> 1/k), one more head matmul a token "
                             "(1: the whole logits at once); bench's model's loss (not megatron-core's), no pipeline; the "
                             "planner tries 8 where nothing fits without it", fallback=(1, 8), added=True)
+    offload_activations: bool = knob(False, "each transformer block's saved tensors (activations; autocast's weight "
+                                     "copies; under recompute=full only its input) to pinned host memory in the "
+                                     "forward, back for its backward (torch's offload_wrapper): copies on the compute "
+                                     "stream, not hidden; bench's model (not megatron-core's); the planner tries it "
+                                     "where nothing fits without it", fallback=(False, True), added=True)
     tf32: bool = knob(False, "allow TF32 matmuls when precision=fp32 on GPU")
     tuning: str = knob("default", "default: every knob as set | best: the strategy's best measured settings "
                        "(its profile; explicit settings win, knobs that cannot apply are skipped and recorded)",

@@ -142,6 +142,7 @@ class TorchParallel(Strategy):
                "optimizer": f"torch.optim.AdamW(fused={self.fused})"
                             + (" over each rank's local shards" if self.local_shards else ""),
                "recompute": p.layout.recompute, "compile": None, "dp_reduction": None,
+               "activation_offload": None,
                "token_rule": CP_TOKEN_RULE if self.layout.cp > 1 else
                              TOKEN_RULE if p.tp > 1 or p.pp > 1 else "sum over data-parallel ranks"}
         if self.mesh is not None:

@@ -95,7 +95,7 @@ class Zero(Strategy):
         self.ds_version = deepspeed.__version__
         with self.setup_phase("bench model"):
             model = build_model(p.model, run.seed, dev)
-        self.ac = apply_ac(model, p.layout.recompute, p.layout.recompute_every)
+        self.ac = apply_ac(model, p.layout)
         self.loss_info = apply_loss_chunks(model, p.layout.loss_chunks)
         self.ds_config = build_ds_config(p)
         o = run.optim
@@ -189,6 +189,7 @@ class Zero(Strategy):
             "torch_cuda_arch_list_rewritten": getattr(self, "arch_fix", None),
             "torch_extensions_dir": getattr(self, "extensions_dir", None),
             "recompute": getattr(self, "ac", {}).get("recompute", p.layout.recompute),
+            **{k: v for k, v in getattr(self, "ac", {}).items() if k == "activation_offload"},
             "token_rule": "sum over data-parallel ranks",
             **getattr(self, "loss_info", {}),
         }

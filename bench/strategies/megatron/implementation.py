@@ -63,6 +63,9 @@ def rules(plan: Plan) -> None:
         raise ConfigError("recompute", "op", "torch's op-level selective checkpointing is not megatron-core's: it "
                           "offers recompute=full (whole layers) and recompute=selective (its core attention); use one "
                           f"of those, or {fix}")
+    if plan.layout.offload_activations:
+        raise ConfigError("offload_activations", True, "megatron-core's activation offload (cpu_offloading) runs "
+                          f"through Transformer Engine, which bench does not run; use offload_activations=false, or {fix}")
     if c.precision == "fp8":
         raise ConfigError("strategy.impl", impl, "megatron-core's float8 needs Transformer Engine, which bench "
                           "does not run; precision=fp8 (torchao) runs with strategy.impl=torch, or strategy=fsdp "
