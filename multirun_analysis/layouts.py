@@ -42,8 +42,15 @@ def from_plan_layout(cfg: dict, lay: dict) -> dict:
     """The layout of a dry run's plan (its memory plan's ``layout``) or of a re-planned run."""
     return {"variant": variant(cfg.get("strategy") or {}), "tp": lay.get("tp"), "pp": lay.get("pp"),
             "dp": lay.get("dp"), "cp": lay.get("cp", 1), "micro_batch_size": lay.get("micro_batch_size"),
-            "grad_accum": lay.get("microbatches"), "recompute": lay.get("recompute") or cfg.get("recompute"),
+            "grad_accum": lay.get("microbatches"),
+            "recompute": _offloaded(lay.get("recompute") or cfg.get("recompute"), lay.get("offload_activations")),
             "precision": precision_of(cfg)}
+
+
+def _offloaded(recompute, offload) -> Optional[str]:
+    """The recompute column, ``+offload`` where the blocks' saved tensors went to host memory (offload_activations):
+    what a layout keeps of its activations, and where."""
+    return f"{recompute}+offload" if offload and recompute is not None else recompute
 
 
 def from_record(m: dict, plan=None) -> dict:
@@ -60,7 +67,8 @@ def from_record(m: dict, plan=None) -> dict:
             "cp": cp,
             "micro_batch_size": _first(lay.get("micro_batch_size"), getattr(plan, "micro_batch_size", None)),
             "grad_accum": _first(lay.get("grad_accum"), lay.get("microbatches"), getattr(plan, "grad_accum", None)),
-            "recompute": _first(cfg.get("recompute"), str(lay.get("recompute") or "").split(":")[0] or None),
+            "recompute": _offloaded(_first(cfg.get("recompute"), str(lay.get("recompute") or "").split(":")[0] or None),
+                                    cfg.get("offload_activations")),
             "precision": precision_of(cfg) or (m.get("run") or {}).get("precision")}
 
 

@@ -69,6 +69,9 @@ def test_ddp_plan_splits_batch_and_accumulates():
     (["compile=true", "compile_mode=fast"], 0, "compile_mode"),
     (["compile_mode=reduce-overhead"], 0, "compile_mode"),  # without compile=true
     (["allocator=expandable_segments", "device=cpu"], 0, "allocator"),  # a CUDA allocator setting on CPU
+    (["offload_activations=true", "compile=true"], 0, "offload_activations"),  # the compiled backward checks strides
+    (["offload_activations=true", "strategy=megatron", "hardware=h200_141gb", "dry_run=true"], 0,
+     "offload_activations"),  # megatron-core's offload needs Transformer Engine
 ])
 def test_validation_errors_name_key_value_and_fix(overrides, gpus, key):
     with pytest.raises(ConfigError) as e:

@@ -47,35 +47,42 @@ class HardwareConfig(Section):
     nic_gbps: Optional[float] = knob(None, "bandwidth of one network adapter, one direction (GB/s; 400 Gb/s = 50)")
     host_memory_gib: Optional[float] = knob(None, "host memory of one node (GiB): offloaded states are checked "
                                             "against it")
+    host_link_gbps: Optional[float] = knob(None, "the GPU's link to host memory, one direction, on the wire (GB/s; "
+                                           "PCIe 5.0 x16: 63, 4.0 x16: 31.5): offload_activations' copies; null: "
+                                           "PCIe 4.0's")
     probe: Dict[str, Any] = knob(None, "a probe's record: date, device, what was measured and how, the raw curves "
                                  "(collective bus bandwidth per message size), host cost per kernel launch / hook",
                                  factory=dict)
 
 
 def _gpu(name: str, gpu: str, memory_gib: float, cc: float, peaks: tuple, hbm: float, link: str, intra: float,
-         inter: float, per_node: int, host: float) -> HardwareConfig:
+         inter: float, per_node: int, host: float, host_link: float) -> HardwareConfig:
     fp32, tf32, bf16, fp8 = peaks
     return HardwareConfig(name=name, gpu=gpu, memory_gib=memory_gib, compute_capability=cc,
                           peak_tflops={"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": bf16, "fp8": fp8},
                           hbm_gbps=hbm, intra_node_gbps=intra, intra_node_link=link, inter_node_gbps=inter,
-                          gpus_per_node=per_node, host_memory_gib=host, source="datasheet")
+                          gpus_per_node=per_node, host_memory_gib=host, host_link_gbps=host_link, source="datasheet")
 
 
 # GPU to GPU over PCIe 4.0 x16 without NVLink: 31.5 GB/s a direction on the wire (16 GT/s x 16 lanes x 128/130); NCCL
 # all-reduce bus bandwidth reached up to 21 GB/s among 8 PCIe 4.0 A100s with P2P on (github.com/NVIDIA/nccl/issues/841)
 PCIE_P2P_GBPS = 20.0
+# the GPU's own link to the host, one direction on the wire: PCIe 5.0 x16 (32 GT/s x 16 lanes x 128/130) and 4.0 x16
+PCIE5_GBPS, PCIE4_GBPS = 63.0, 31.5
 # (fp32, tf32, bf16 = fp16, fp8) dense TFLOP/s; fp8 None: no float8 tensor cores
 PRESETS: dict[str, HardwareConfig] = {p.name: p for p in (
     _gpu("h100_sxm_80gb", "NVIDIA H100 80GB HBM3", 79.2, 9.0, (66.9, 494.7, 989.4, 1978.9), 3350, "nvlink", 450,
-         50, 8, 2048),
-    _gpu("h200_141gb", "NVIDIA H200", 139.8, 9.0, (66.9, 494.7, 989.4, 1978.9), 4800, "nvlink", 450, 50, 8, 2048),
+         50, 8, 2048, PCIE5_GBPS),
+    _gpu("h200_141gb", "NVIDIA H200", 139.8, 9.0, (66.9, 494.7, 989.4, 1978.9), 4800, "nvlink", 450, 50, 8, 2048,
+         PCIE5_GBPS),
     _gpu("a100_80gb", "NVIDIA A100-SXM4-80GB", 79.2, 8.0, (19.5, 156.0, 312.0, None), 2039, "nvlink", 300, 25, 8,
-         2048),
+         2048, PCIE4_GBPS),
     _gpu("a100_40gb", "NVIDIA A100-SXM4-40GB", 39.4, 8.0, (19.5, 156.0, 312.0, None), 1555, "nvlink", 300, 25, 8,
-         1024),
-    _gpu("l40s", "NVIDIA L40S", 44.4, 8.9, (91.6, 183.0, 362.1, 733.0), 864, "pcie", PCIE_P2P_GBPS, 12.5, 8, 1024),
+         1024, PCIE4_GBPS),
+    _gpu("l40s", "NVIDIA L40S", 44.4, 8.9, (91.6, 183.0, 362.1, 733.0), 864, "pcie", PCIE_P2P_GBPS, 12.5, 8, 1024,
+         PCIE4_GBPS),
     _gpu("rtx_a6000", "NVIDIA RTX A6000", 47.4, 8.6, (38.7, 77.4, 154.8, None), 768, "pcie", PCIE_P2P_GBPS, 12.5, 4,
-         256),
+         256, PCIE4_GBPS),
 )}
 
 # further device names MFU knows (no preset: plan with memory_gib=); first match wins, specific names first
@@ -159,7 +166,7 @@ REQUIRED = ("memory_gib", "peak_tflops", "hbm_gbps", "intra_node_gbps", "intra_n
             "host_memory_gib")
 PEER_FIELDS = ("intra_node_gbps", "intra_node_link")
 POSITIVE = ("memory_gib", "hbm_gbps", "intra_node_gbps", "inter_node_gbps", "gpus_per_node", "host_memory_gib",
-            "compute_capability", "nics_per_node", "nic_gbps")  # null allowed where not REQUIRED
+            "compute_capability", "nics_per_node", "nic_gbps", "host_link_gbps")  # null allowed where not REQUIRED
 WHOLE = ("gpus_per_node", "nics_per_node")
 # shm / socket / ib: what NCCL used when it was kept off peer-to-peer (bench/machine/link_regime.py): host shared memory, the
 # network stack, InfiniBand

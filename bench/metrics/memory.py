@@ -27,7 +27,6 @@ def allocator_record(device, nvml_used_peak_mb: Optional[float] = None) -> dict:
             "outside_allocator_mb": None if nvml_used_peak_mb is None else nvml_used_peak_mb - reserved,
             # pinned host memory (offload_activations, optimizer offload): the host allocator's blocks, rounded
             "host_pinned_peak_mb": host["allocated_bytes.peak"] / MB if "allocated_bytes.peak" in host else None,
-            "host_pinned_active_peak_mb": host["active_bytes.peak"] / MB if "active_bytes.peak" in host else None,
             "conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
 
 
@@ -39,7 +38,7 @@ def summarize(ranks: list[dict], own: Optional[dict] = None) -> dict:
     if not recs and own is not None and "reason" not in own:
         recs, scope = [own], "rank 0 only (the ranks' records have no allocator field)"
     keys = ("reserved_peak_mb", "num_alloc_retries", "num_ooms", "inactive_split_peak_mb", "outside_allocator_mb",
-            "host_pinned_peak_mb", "host_pinned_active_peak_mb")
+            "host_pinned_peak_mb")
     if not recs:
         reason = (own or {}).get("reason") or next((r["allocator"]["reason"] for r in ranks
                                                      if isinstance(r.get("allocator"), dict)), "not recorded")

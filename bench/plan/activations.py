@@ -72,8 +72,13 @@ def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
     mlp = (e.mlp * act + e.mlp_down_input * lin) / tp
     per_token = norms + inputs + attn + mlp + lay.extra_saved_per_token * act / tp
     saved = (0 if per_consumer else e.shared_inputs / sp + e.mlp_down_input / tp) * (act - lin)
+    # offload_activations packs every saved reference apart: a shared input once per projection that saves it, and
+    # the attention output again as the output projection's input (a view of it; H200 pinned peaks, torch 2.11)
+    h = describe_model(m)
+    aliases = (0 if per_consumer else (e.projection_inputs - e.shared_inputs) * lin / sp) + h.heads * h.head_dim * act / tp
     return {"per_token": per_token, "tokens": tokens, "bytes": tokens * per_token, "block_input": tokens * d * norm_in,
-            "float8_saved": tokens * saved, "op_saved": tokens * op_saved_per_token(plan, act)}
+            "float8_saved": tokens * saved, "op_saved": tokens * op_saved_per_token(plan, act),
+            "packed_aliases": tokens * aliases}
 
 
 def op_saved_per_token(plan: Plan, act: int) -> float:
@@ -141,8 +146,11 @@ def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str,
         ck, per_mb, recomputed, at_loss = 0.0, layers * layer["bytes"], 0.0, copies
     offloaded = 0.0
     if plan.layout.offload_activations:  # every block's saved tensors on the host, the weights its matmuls save too
-        offloaded = per_mb + (layers - ck) / layers * ranks["blocks"] * (4 if plan.run.precision == "fp32" else 2)
-        per_mb, recomputed = 0.0, max(recomputed, layer["bytes"])  # backward: one block's back at a time, at most
+        # (autocast's copies: freed on the device when autocast exits, after the loss); backward brings one
+        # block's back at a time, at most
+        offloaded = per_mb + (layers - ck) * (layer["packed_aliases"] + ranks["blocks"] / layers
+                                             * (4 if plan.run.precision == "fp32" else 2))
+        per_mb, recomputed, at_loss = 0.0, max(recomputed, layer["bytes"]), head_copy
     saved = k * (layers - ck) * layer["float8_saved"]  # the float8-saved inputs' share (not of checkpointed blocks)
     vocab = m.vocab_size / (plan.tp if lay.tp_splits_vocab else 1)
     chunked = loss_chunk_bytes(plan, lay, layer["tokens"], vocab * lay.loss_bytes_per_logit, ranks["head"]) \

@@ -78,6 +78,10 @@ from bench.plan.traffic import BYTE_KINDS, local_tokens
 CALIBRATION = Path(__file__).with_name("calibration.json")
 OPTIMIZER_PASSES = 1.75  # fused AdamW: reads params, grads, m, v, writes params, m, v: 7 of 4 state parts
 HOST_LINK_GBPS = 25.0  # host <-> device over PCIe (offload), one direction, achieved
+# offload_activations' pinned copies on the compute stream reach this share of the host link's wire rate (PCIe's
+# packet headers and flow control: 55.3 of 63 GB/s both ways on an H200, benchmarks/host_link.py,
+# results/2026-12-02-h200x1-activation-offload); a profile or preset without the link: PCIe 4.0's
+PINNED_COPY_SHARE, DEFAULT_HOST_LINK_GBPS = 0.88, 31.5
 COLLECTIVE_LATENCY_S = 20e-6  # one NCCL collective's start-up inside a node (small-message latency)
 # measured / datasheet bf16 matmul peak (an 8192^3 matmul, bench/launch/worker.py measure_matmul_peak): set by hand to the
 # median over the recorded runs' rank 0 (metrics.json flops.matmul_peak_tflops_measured; their range on the day it
@@ -175,14 +179,17 @@ def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, fl
     device["flops"] += traffic.get("extra_flops", 0.0)
     return {**device, **_host_terms(plan, traffic),
             **{f"{k}_s": v for k, v in topo.seconds(traffic).items()},
-            "offload_s": _host_link_bytes(plan, traffic, mem) / (HOST_LINK_GBPS * 1e9), **measured_link(hw, traffic),
+            "offload_s": _host_link_s(plan, hw, traffic, mem), **measured_link(hw, traffic),
             "collectives": traffic.get("collectives", 0.0) + traffic.get("scalar_collectives", 0.0)}
 
 
-def _host_link_bytes(plan: Plan, traffic: dict, mem: dict) -> float:
-    """Bytes over the host link in a step: the strategy's offloaded states, and offload_activations' saved tensors
-    of every micro-batch, out in the forward and back in the backward, on the compute stream (not hidden)."""
-    return traffic.get("offload", 0.0) + 2 * mem["activations"]["offloaded_per_microbatch"] * plan.grad_accum
+def _host_link_s(plan: Plan, hw: HardwareConfig, traffic: dict, mem: dict) -> float:
+    """Seconds on the host link in a step, not hidden: the strategy's offloaded states (at HOST_LINK_GBPS, as its
+    library moves them), and offload_activations' saved tensors of every micro-batch, out in the forward and back
+    in the backward, pinned copies at PINNED_COPY_SHARE of the GPU's host link."""
+    pinned = PINNED_COPY_SHARE * (hw.host_link_gbps or DEFAULT_HOST_LINK_GBPS) * 1e9
+    return (traffic.get("offload", 0.0) / (HOST_LINK_GBPS * 1e9)
+            + 2 * mem["activations"]["offloaded_per_microbatch"] * plan.grad_accum / pinned)
 
 
 def measured_link(hw: HardwareConfig, traffic: dict) -> dict[str, float]:

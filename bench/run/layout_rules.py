@@ -39,7 +39,7 @@ def build(c: BenchConfig) -> Layout:
     return Layout(tp=tp, pp=pp, dp=dp, cp=cp, dp_replicate=_replicas(s, ws, tp, pp, dp), virtual_pipeline=v,
                   schedule=sched, micro_batch_size=mbs, grad_accum=n_micro, recompute=c.recompute,
                   recompute_every=_recompute_every(c), loss_chunks=_loss_chunks(c, pp, cp),
-                  offload_activations=c.offload_activations)
+                  offload_activations=_offload_activations(c))
 
 
 CP_CHUNK_ROWS = 32  # measured: a 16-row chunk fails in torch 2.11's ring merge (fp32, memory-efficient kernel)
@@ -82,6 +82,17 @@ def _loss_chunks(c: BenchConfig, pp: int, cp: int) -> int:
         raise ConfigError("loss_chunks", k, f"with strategy.cp={cp} is not enabled: context parallelism runs on CUDA "
                           "only and the chunked loss has not been checked loss-equal under it; use loss_chunks=1")
     return k
+
+
+def _offload_activations(c: BenchConfig) -> bool:
+    """offload_activations: eager only.  torch's save_on_cpu brings saved tensors back contiguous, and a compiled
+    backward asserts the strides it saved them with (llama3_1b on an H200, torch 2.11: "expected size 8==8, stride
+    131072==64 at dim=1")."""
+    if c.offload_activations and c.compile:
+        raise ConfigError("offload_activations", True, "with compile=true fails in the compiled backward: torch's "
+                          "save_on_cpu returns saved tensors contiguous and the compiled graph checks their strides; "
+                          "use compile=false with it, or offload_activations=false")
+    return c.offload_activations
 
 
 def _micro_batch(m: ModelConfig, s: Any, dp: int, ws: int) -> tuple[int, int]:
