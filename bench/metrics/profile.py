@@ -12,7 +12,8 @@ Each profiled step runs inside a ``ProfilerStep#<n>`` annotation (``n``: its glo
 Given a ``trace_path`` (the worker passes ``<run folder>/trace_rank{r}.json.gz``), the rank's
 Chrome/Perfetto trace is written there, gzipped, and its compute / communication / overlapped /
 idle breakdown per step is added (``trace_file``, ``breakdown_ms_per_step``, ``breakdown_source``;
-definitions: bench/metrics/trace.py).
+definitions: bench/metrics/trace.py).  On CUDA, ``memory_at_peak``: what is alive at the profiled steps' allocated
+peak and where it was allocated (bench/metrics/memory_history.py).
 """
 from __future__ import annotations
 
@@ -98,8 +99,11 @@ def profile_steps(step: Callable[[int], object], indices: Iterable[int], device:
     also write the trace there (gzipped Chrome trace JSON) and add its time breakdown."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    from bench.metrics import memory_history
+
     indices = list(indices)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    before = memory_history.start(device)  # the allocator's history over the same steps: what is alive at the peak
     with profile(activities=acts) as prof:
         t0 = time.perf_counter()
         for n in indices:
@@ -109,6 +113,7 @@ def profile_steps(step: Callable[[int], object], indices: Iterable[int], device:
             torch.cuda.synchronize(device)
         wall_s = time.perf_counter() - t0
     out = summarize(prof.events(), len(indices), wall_s)
+    out["memory_at_peak"] = memory_history.stop(device, before)
     if trace_path is not None:
         out.update(trace_and_breakdown(prof, Path(trace_path), len(indices)))
     return out
