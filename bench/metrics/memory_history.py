@@ -41,14 +41,17 @@ def stop(device, before: Optional[float]) -> Optional[dict]:
 
 def _where(frames: list[dict]) -> str:
     """The allocating line: the innermost frame in bench's code, else the innermost Python frame."""
+    if not frames:
+        return "no Python frame (autograd's backward, a compiled graph's buffers)"
     mine = [f for f in frames if "/bench/" in f.get("filename", "")]
-    f = (mine or frames or [{}])[0]
+    f = (mine or frames)[0]
     name = f.get("filename", "?").rsplit("/", 2)
     return f"{'/'.join(name[-2:])}:{f.get('line', '?')} {f.get('name', '?')}"
 
 
 def at_peak(events: list[dict], before: float) -> dict:
-    """Replay alloc / free events to the largest sum of live blocks; group those alive then by where."""
+    """Replay alloc / free events to the largest sum of live blocks (blocks from before the history freed on the way
+    lower it); group those alive then by where."""
     live: dict[int, tuple[int, str]] = {}
     now = peak = 0
     at: dict[int, tuple[int, str]] = {}
@@ -59,8 +62,8 @@ def at_peak(events: list[dict], before: float) -> dict:
             now += size
             if now > peak:
                 peak, at = now, dict(live)
-        elif action == "free_completed" and addr in live:
-            now -= live.pop(addr)[0]
+        elif action == "free_completed":  # a block from before the history (last step's gradients) counts too
+            now -= live.pop(addr)[0] if addr in live else size
     groups: dict[str, float] = defaultdict(float)
     for size, where in at.values():
         groups[where] += size
