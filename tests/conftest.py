@@ -215,8 +215,11 @@ def bench_run(tmp_path):
 
 
 def pytest_collection_modifyitems(config, items):
+    """GPU tests skipped without GPUs; the ``slow`` ones first, so that pytest-xdist, which hands tests out in this
+    order, starts the longest early and does not end on one of them alone."""
     import torch
 
+    items.sort(key=lambda item: "slow" not in item.keywords)  # stable: the rest keep their order
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
         if "gpu" in item.keywords and n < 1:

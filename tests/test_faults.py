@@ -168,6 +168,7 @@ def test_ctrl_c_mid_sweep_then_resume_completes_every_run(tmp_path, conf):
 
 
 # ------------------------------------------------------------------------------ two sweeps on one folder
+@pytest.mark.slow
 def test_two_resuming_sweeps_on_one_folder_run_each_job_once(tmp_path, conf):
     """Two sweeps started at once on one hydra.sweep.dir with resume=true (after a first sweep
     completed q1): every job runs exactly once (the two share the work, each waits for the other's

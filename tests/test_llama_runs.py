@@ -6,6 +6,8 @@ fork server for all of them, each run the one its own command line gives), check
 module fixture shared by several tests would be recomputed on every xdist worker that runs one."""
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 from tests.conftest import CPU_FAST, case_sweep, metrics_of
@@ -51,6 +53,7 @@ def _is_its_run(name: str, m: dict) -> None:
             assert str(c["strategy"][key]) == want[f"strategy.{key}"], (name, key, c["strategy"][key])
 
 
+@pytest.mark.slow
 def test_llama_tiny_under_every_cpu_strategy_matches_single(tmp_path):
     """The runs of RUNS, one sweep; each group checked in turn (a failure names its run)."""
     dirs = case_sweep(tmp_path, RUNS, *LLAMA)

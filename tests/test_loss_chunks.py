@@ -6,6 +6,8 @@ bench/parallel/ac.py), once over full recompute: that changes where tensors wait
 says it ran.  One sweep (tests/conftest.py case_sweep)."""
 from __future__ import annotations
 
+import pytest
+
 from bench.metrics.flops import hardware_flops_per_token
 from bench.run.schema import ModelConfig, typed
 from tests.conftest import CPU_FAST, case_sweep, metrics_of
@@ -24,6 +26,7 @@ RUNS = {  # run name -> (its overrides, the reference run)
 }
 
 
+@pytest.mark.slow
 def test_chunked_loss_and_offloaded_activations_equal_the_whole_logits_loss_under_every_strategy(tmp_path):
     dirs = case_sweep(tmp_path, {name: o for name, (o, _) in RUNS.items()}, *LLAMA)
     runs = {name: metrics_of(d) for name, d in dirs.items()}

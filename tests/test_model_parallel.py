@@ -59,6 +59,7 @@ RUNS = {  # id -> (overrides, expected layout fields)
 }
 
 
+@pytest.mark.slow
 def test_torch_native_matches_single(single_cpu, tmp_path):
     """Every layout of RUNS, one sweep (one Hydra process, the runs one after another): each run checked in turn."""
     dirs = case_sweep(tmp_path, {run_id: tuple(overrides) for run_id, (overrides, _) in RUNS.items()}, *CPU_FAST)

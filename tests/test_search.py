@@ -154,6 +154,7 @@ def test_a_budget_of_no_gpu_minutes_is_refused_before_any_run(tmp_path, budget):
     assert not list((tmp_path / "sweep").glob("*/status.json"))  # refused before anything was planned
 
 
+@pytest.mark.slow
 def test_budget_stops_the_search_and_resume_goes_on(tmp_path):
     sweep = tmp_path / "sweep"
     # a budget of 0.001 GPU-minutes: the first run starts (nothing spent yet), none after it

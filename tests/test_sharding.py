@@ -206,6 +206,7 @@ def _check_grad_accum(name: str, strategy: tuple[str, ...], m: dict, baseline: d
         assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 1, 4)
 
 
+@pytest.mark.slow
 def test_every_second_block_checkpointed_matches_single(tmp_path_factory, baseline):
     """recompute=full recompute_every=2: blocks 0 and 2 of the 4 checkpointed, the same losses as single's
     (FSDP2 and ZeRO-2: one sweep, each checked in turn)."""
@@ -243,6 +244,7 @@ def test_zero_offload_matches_single(tmp_path_factory, baseline):
         assert m["memory"]["plan"]["model_states"]["host_mb"]["optimizer"] > 0, name
 
 
+@pytest.mark.slow
 def test_zero_autocast_follows_single_bf16(tmp_path_factory):
     """strategy.autocast=true is DeepSpeed's torch_autocast: fp32 weights and the forward under
     torch.autocast, as in `single`. On one rank the losses are single's bit for bit; on two, Linear

@@ -128,6 +128,7 @@ def test_sweep_isolates_failures_and_reports_them(first_sweep):
     print(f"first sweep: {elapsed:.1f} s")
 
 
+@pytest.mark.slow
 def test_resume_runs_nothing_new_and_rerun_failed_only_the_failed(first_sweep):
     conf, sweep, _, _ = first_sweep
     jobs = _jobs(sweep)
@@ -263,13 +264,17 @@ def test_resumed_sweep_reports_the_status_of_a_run_in_a_numeric_looking_folder(t
     number to Hydra (observed on a GPU host: the run went into ``167436339/``, the sweep read the pending
     status of ``1_67436339/`` and counted a completed run not_run).  Every status the sweep reports (the
     ``ended`` line, summary.json) is the one in the run folder's metrics.json."""
+    from bench.run.runs import run_key
+
     sweep, dry = tmp_path / "multirun", tmp_path / "dry"
-    # which seed gives such a key: the sweeper's own plan of each (a dry run records every job's key)
-    p = _sweep(conf_dir, dry, "seed=range(2,160)", "hydra.sweeper.dry_run=true", cases=("ok_single",))
+    # which seed gives such a key: the sweeper's own plan of one job (a dry run records its configuration and key),
+    # then that configuration's key at other seeds (the sweep below checks the folder it really gets)
+    p = _sweep(conf_dir, dry, "seed=2", "hydra.sweeper.dry_run=true", cases=("ok_single",))
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    plans = json.loads((dry / "plans.json").read_text())
-    seeds = [j["config"]["seed"] for j in plans if _numeric_looking(f"1_{j['key'][:8]}")]
-    assert seeds, "no seed in 2..159 whose run key starts like a number"
+    job = json.loads((dry / "plans.json").read_text())[0]
+    assert run_key(job["config"]) == job["key"]
+    seeds = [n for n in range(2, 2000) if _numeric_looking(f"1_{run_key({**job['config'], 'seed': n})[:8]}")]
+    assert seeds, "no seed in 2..1999 whose run key starts like a number"
     p = _sweep(conf_dir, sweep, "seed=0,1", cases=("ok_single",))
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     p = _sweep(conf_dir, sweep, f"seed=0,{seeds[0]}", "resume=true", cases=("ok_single",))
