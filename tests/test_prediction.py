@@ -306,3 +306,17 @@ def test_offloaded_activations_are_planned_on_the_device_and_the_host_as_an_h200
         planned = replan(r)[1]["activations"]["host_activations"] / 2**20
         pinned = r["memory"]["allocator"]["host_pinned_peak_mb"]
         assert abs(planned / pinned - 1) < 0.02, (r["config"]["strategy"]["name"], r["config"]["recompute"], planned, pinned)
+
+
+def test_the_allocator_history_replayed_reaches_the_allocators_own_peak():
+    """metrics.profile_steps on CUDA replays the caching allocator's history over the profiled step to its peak
+    (bench/metrics/memory_history.py ``memory_at_peak``): in the recorded H200 runs (FSDP2 compiled, fp8 and bf16)
+    that peak is torch.cuda.max_memory_allocated's within 2 MB, and what it groups by line sums to it."""
+    runs = json.loads((REPO / "results" / "2026-12-02-h200x1-memory-at-peak" / "runs.json").read_text())
+    assert {r["config"]["precision"] for r in runs} == {"fp8", "bf16"}
+    for r in runs:
+        at = r["profile"][0]["memory_at_peak"]
+        assert abs(at["peak_allocated_mb"] - r["memory"]["max_allocated_mb"]) < 2, (at, r["memory"]["max_allocated_mb"])
+        # the blocks from before the history that the step freed (the last step's fp32 gradients, 4.7 GB) lower it
+        freed = at["before_mb"] + sum(at["by_where_mb"].values()) - at["peak_allocated_mb"]
+        assert 0 <= freed <= at["before_mb"], at

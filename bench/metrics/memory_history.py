@@ -2,7 +2,8 @@
 (``torch.cuda.memory._record_memory_history``) over the profiled steps (``metrics.profile_steps``), replayed to its
 peak.  The memory plan's terms are checked against this where a measured peak and the plan disagree (fp8, say):
 each group names the allocating line of bench's code (else the innermost Python frame) and its MiB at the peak.
-Allocations made before the profiled steps (the model states) have no history: ``before_mb``."""
+Allocations made before the profiled steps (the model states, the last step's gradients) have no history:
+``before_mb``, of which ``before_freed_mb`` were freed by the peak."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -53,7 +54,7 @@ def at_peak(events: list[dict], before: float) -> dict:
     """Replay alloc / free events to the largest sum of live blocks (blocks from before the history freed on the way
     lower it); group those alive then by where."""
     live: dict[int, tuple[int, str]] = {}
-    now = peak = 0
+    now = peak = freed = freed_at_peak = 0
     at: dict[int, tuple[int, str]] = {}
     for e in events:
         action, addr, size = e.get("action"), e.get("addr"), e.get("size", 0)
@@ -61,13 +62,17 @@ def at_peak(events: list[dict], before: float) -> dict:
             live[addr] = (size, _where(e.get("frames") or []))
             now += size
             if now > peak:
-                peak, at = now, dict(live)
+                peak, at, freed_at_peak = now, dict(live), freed
         elif action == "free_completed":  # a block from before the history (last step's gradients) counts too
-            now -= live.pop(addr)[0] if addr in live else size
+            if addr in live:
+                now -= live.pop(addr)[0]
+            else:
+                now, freed = now - size, freed + size
     groups: dict[str, float] = defaultdict(float)
     for size, where in at.values():
         groups[where] += size
     top = sorted(groups.items(), key=lambda kv: -kv[1])[:TOP]
-    return {"before_mb": round(before / MB, 1), "step_peak_mb": round(peak / MB, 1),
+    return {"before_mb": round(before / MB, 1), "before_freed_mb": round(freed_at_peak / MB, 1),
+            "step_peak_mb": round(peak / MB, 1),
             "peak_allocated_mb": round((before + peak) / MB, 1),
             "by_where_mb": {k: round(v / MB, 1) for k, v in top}, "events": len(events)}
