@@ -5,7 +5,9 @@ PY    := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 ARGS  ?=
 # test processes (pytest-xdist): most tests start 2-4 rank processes of their own and much of the suite waits on
-# them; on the 2-core CI machine 3 workers ran the suite in 21m55s against 24m19s with 2 (2026-11-27)
+# them; on the 2-core CI machine 3 workers ran the suite in 21m55s against 24m19s with 2 (2026-11-27).
+# --maxschedchunk=1: tests are handed out one at a time in collection order, the slow ones first
+# (tests/conftest.py), so no worker is left with a queue of them at the end
 WORKERS ?= 3
 
 .PHONY: run test setup clean
@@ -21,7 +23,7 @@ run: setup
 	$(PY) -m bench $(ARGS)
 
 test: setup
-	$(PY) -m pytest -q -n $(WORKERS) $(ARGS)
+	$(PY) -m pytest -q -n $(WORKERS) --maxschedchunk=1 $(ARGS)
 
 clean:
 	rm -rf outputs multirun .pytest_cache

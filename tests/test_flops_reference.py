@@ -51,6 +51,7 @@ def test_checkpointing_every_second_block_recomputes_half_as_much_as_pytorchs_fl
     Megatron's recompute does: 1.23M against 1.58M FLOPs a token per block here.)"""
     from bench.metrics.flops import hardware_flops_per_token
     from bench.parallel.ac import apply_ac
+    from bench.run.layout import Layout
 
     m = model_cfg("model=llama_tiny")
     spec = typed(ModelConfig, m)  # bench/metrics/flops.py reads a ModelConfig
@@ -58,7 +59,7 @@ def test_checkpointing_every_second_block_recomputes_half_as_much_as_pytorchs_fl
     for every in (0, 1, 2):
         model = build_model(typed(ModelConfig, m), 0, "cpu")
         if every:
-            apply_ac(model, "full", every)
+            apply_ac(model, Layout(1, 1, 1, recompute="full", recompute_every=every))
         x = torch.randint(0, m["vocab_size"], (2, m["seq_len"] + 1))
         with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
             lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
@@ -78,6 +79,7 @@ def test_op_level_checkpointing_recomputes_the_matmuls_pytorchs_flop_counter_cou
 
     from bench.metrics.flops import hardware_flops_per_token
     from bench.parallel.ac import apply_ac
+    from bench.run.layout import Layout
 
     class AttentionCalls(TorchDispatchMode):
         calls = 0
@@ -93,7 +95,7 @@ def test_op_level_checkpointing_recomputes_the_matmuls_pytorchs_flop_counter_cou
     counted, attention = {}, {}
     for mode in ("none", "op"):
         model = build_model(typed(ModelConfig, m), 0, "cpu")
-        apply_ac(model, mode)
+        apply_ac(model, Layout(1, 1, 1, recompute=mode))
         with FlopCounterMode(display=False) as counter, AttentionCalls() as calls:
             lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
         counted[mode], attention[mode] = counter.get_total_flops() / (b * s), calls.calls
