@@ -1,8 +1,10 @@
 """Shared helpers: run bench as a user would (a subprocess of `python -m bench`)."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,7 +18,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # a knob search records its winners in the user's store of measured bests (bench/plan/bests.py): the tests' go elsewhere
-os.environ["BENCH_BESTS"] = os.path.join(tempfile.mkdtemp(prefix="bench-bests-"), "bests.json")
+_BESTS_DIR = tempfile.mkdtemp(prefix="bench-bests-")
+os.environ["BENCH_BESTS"] = os.path.join(_BESTS_DIR, "bests.json")
+atexit.register(shutil.rmtree, _BESTS_DIR, ignore_errors=True)  # each process that made one removes it
 
 # Small, fast, exact: fp32 on CPU, a few steps.
 CPU_FAST = ["device=cpu", "precision=fp32", "steps=4", "warmup_steps=1"]
