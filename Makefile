@@ -6,8 +6,10 @@ TORCH ?= torch==2.13.0
 ARGS  ?=
 # test processes (pytest-xdist): most tests start 2-4 rank processes of their own and much of the suite waits on
 # them; on the 2-core CI machine 3 workers ran the suite in 21m55s against 24m19s with 2 (2026-11-27).
-# --maxschedchunk=1: tests are handed out one at a time in collection order, the slow ones first
-# (tests/conftest.py), so no worker is left with a queue of them at the end
+# --dist loadgroup: tests are handed out one at a time in collection order, the slow ones first, and a module's
+# tests that share a module-scoped fixture as one unit (tests/conftest.py): no worker is left with a queue of slow
+# tests at the end, and no sweep fixture runs on several workers.  One at a time, slow first, without the groups:
+# 30m14s on the 2-core machine, module fixtures recomputed on each worker (2026-12-02)
 WORKERS ?= 3
 
 .PHONY: run test setup clean
@@ -23,7 +25,7 @@ run: setup
 	$(PY) -m bench $(ARGS)
 
 test: setup
-	$(PY) -m pytest -q -n $(WORKERS) --maxschedchunk=1 $(ARGS)
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup $(ARGS)
 
 clean:
 	rm -rf outputs multirun .pytest_cache

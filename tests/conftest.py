@@ -218,12 +218,22 @@ def bench_run(tmp_path):
     return _run
 
 
+def _uses_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs)
+
+
 def pytest_collection_modifyitems(config, items):
-    """GPU tests skipped without GPUs; the ``slow`` ones first, so that pytest-xdist, which hands tests out in this
-    order, starts the longest early and does not end on one of them alone."""
+    """GPU tests skipped without GPUs; the ``slow`` ones first, so that pytest-xdist (``--dist loadgroup``: make
+    test), which hands tests out one at a time in this order, starts the longest early and does not end on one of
+    them alone; the tests of a module with a module-scoped fixture (a sweep they all read) stay on one worker, so
+    that the fixture runs once."""
     import torch
 
     items.sort(key=lambda item: "slow" not in item.keywords)  # stable: the rest keep their order
+    for item in items:
+        if _uses_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
         if "gpu" in item.keywords and n < 1:
