@@ -58,7 +58,8 @@ def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
     ``float8_saved``: what precision=fp8's float8-saved Linear inputs take off them (0 otherwise)."""
     m, tp = plan.model, plan.tp
     d = m.d_model
-    e = describe_model(m).saved_per_token(bool(plan.run.compile))  # elements, by kind (bench/models/model_spec.py)
+    desc = describe_model(m)
+    e = desc.saved_per_token(bool(plan.run.compile))  # elements, by kind (bench/models/model_spec.py)
     act, norm_in, per_consumer = _act_dtypes(plan, lay)
     lin = float8_input_bytes(plan, act, per_consumer)  # a converted Linear's saved input: q/k/v, gate/up, down
     tokens = b * m.seq_len // plan.cp  # the rank's shard of each sequence under context parallelism
@@ -74,8 +75,8 @@ def layer_activation_bytes(plan: Plan, b: int, lay) -> dict[str, float]:
     saved = (0 if per_consumer else e.shared_inputs / sp + e.mlp_down_input / tp) * (act - lin)
     # offload_activations packs every saved reference apart: a shared input once per projection that saves it, and
     # the attention output again as the output projection's input (a view of it; H200 pinned peaks, torch 2.11)
-    h = describe_model(m)
-    aliases = (0 if per_consumer else (e.projection_inputs - e.shared_inputs) * lin / sp) + h.heads * h.head_dim * act / tp
+    aliases = ((0 if per_consumer else (e.projection_inputs - e.shared_inputs) * lin / sp)
+               + desc.heads * desc.head_dim * act / tp)
     return {"per_token": per_token, "tokens": tokens, "bytes": tokens * per_token, "block_input": tokens * d * norm_in,
             "float8_saved": tokens * saved, "op_saved": tokens * op_saved_per_token(plan, act),
             "packed_aliases": tokens * aliases}
