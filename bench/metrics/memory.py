@@ -11,9 +11,9 @@ MB = 2**20
 
 def allocator_record(device, nvml_used_peak_mb: Optional[float] = None) -> dict:
     """This rank's torch.cuda.memory_stats() at the end of the run: the reserved peak, cudaMalloc retries, OOMs,
-    the inactive split bytes (fragmentation) at their peak, the pinned host allocator's peaks, and NVML's used peak minus the reserved peak (device
-    memory outside PyTorch's allocator: context, NCCL, graphs' own); ``conf``: PYTORCH_CUDA_ALLOC_CONF as this rank
-    ran (config ``allocator``, bench/machine/allocator.py)."""
+    the inactive split bytes (fragmentation) at their peak, the pinned host allocator's peak, and NVML's used peak
+    minus the reserved peak (device memory outside PyTorch's allocator: context, NCCL, graphs' own); ``conf``:
+    PYTORCH_CUDA_ALLOC_CONF as this rank ran (config ``allocator``, bench/machine/allocator.py)."""
     if getattr(device, "type", "cpu") != "cuda":
         return {"reason": "not a CUDA device: no caching allocator"}
     import torch

@@ -149,8 +149,7 @@ def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str,
     if plan.layout.offload_activations:  # every block's saved tensors on the host, the weights its matmuls save too
         # (autocast's copies: freed on the device when autocast exits, after the loss); backward brings one
         # block's back at a time, at most
-        offloaded = per_mb + (layers - ck) * (layer["packed_aliases"] + ranks["blocks"] / layers
-                                             * (4 if plan.run.precision == "fp32" else 2))
+        offloaded = per_mb + (layers - ck) * (layer["packed_aliases"] + ranks["blocks"] / layers * compute_bytes(plan))
         per_mb, recomputed, at_loss = 0.0, max(recomputed, layer["bytes"]), head_copy
     saved = k * (layers - ck) * layer["float8_saved"]  # the float8-saved inputs' share (not of checkpointed blocks)
     vocab = m.vocab_size / (plan.tp if lay.tp_splits_vocab else 1)

@@ -189,7 +189,7 @@ class Zero(Strategy):
             "torch_cuda_arch_list_rewritten": getattr(self, "arch_fix", None),
             "torch_extensions_dir": getattr(self, "extensions_dir", None),
             "recompute": getattr(self, "ac", {}).get("recompute", p.layout.recompute),
-            **{k: v for k, v in getattr(self, "ac", {}).items() if k == "activation_offload"},
+            "activation_offload": getattr(self, "ac", {}).get("activation_offload"),
             "token_rule": "sum over data-parallel ranks",
             **getattr(self, "loss_info", {}),
         }
