@@ -25,7 +25,7 @@ run: setup
 	$(PY) -m bench $(ARGS)
 
 test: setup
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup $(ARGS)
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup --no-loadscope-reorder $(ARGS)
 
 clean:
 	rm -rf outputs multirun .pytest_cache

@@ -223,16 +223,18 @@ def _uses_module_fixture(item) -> bool:
     return info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
-    """GPU tests skipped without GPUs; the ``slow`` ones first, so that pytest-xdist (``--dist loadgroup``: make
-    test), which hands tests out one at a time in this order, starts the longest early and does not end on one of
-    them alone; the tests of a module with a module-scoped fixture (a sweep they all read) stay on one worker, so
-    that the fixture runs once."""
+    """GPU tests skipped without GPUs. The tests of a module that read a module-scoped fixture (a sweep) are one
+    unit for pytest-xdist (``--dist loadgroup``: make test), so that the fixture runs once. Work is handed out
+    in this order (``--no-loadscope-reorder``): the ``slow`` tests, then those units, then the rest, so that
+    the longest start early and the suite does not end on one of them alone."""
     import torch
 
-    items.sort(key=lambda item: "slow" not in item.keywords)  # stable: the rest keep their order
+    grouped = {item.nodeid for item in items if _uses_module_fixture(item)}
+    items.sort(key=lambda item: 0 if "slow" in item.keywords else 1 if item.nodeid in grouped else 2)  # stable
     for item in items:
-        if _uses_module_fixture(item):
+        if item.nodeid in grouped:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:

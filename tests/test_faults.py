@@ -33,7 +33,7 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def conf(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("fault_conf") / "conf"
     (d / "case").mkdir(parents=True)

@@ -75,7 +75,7 @@ def assert_one_step_per_global_batch(m: dict) -> None:
 
 
 # --------------------------------------------------------------------------- runs (module-scoped)
-@pytest.fixture(scope="module")
+@pytest.fixture
 def baseline(single_cpu):
     """strategy=single with CPU_FAST: the session's run (tests/conftest.py), shared with the other files."""
     return metrics_of(single_cpu)
@@ -247,8 +247,10 @@ def test_zero_offload_matches_single(tmp_path_factory, baseline):
 @pytest.mark.slow
 def test_zero_autocast_follows_single_bf16(tmp_path_factory):
     """strategy.autocast=true is DeepSpeed's torch_autocast: fp32 weights and the forward under
-    torch.autocast, as in `single`. On one rank the losses are single's bit for bit; on two, Linear
-    gradients are all-reduced in bf16, which moves the loss by far less than bf16's resolution."""
+    torch.autocast, as in `single`. On one rank the losses are single's (bit for bit on the dev machine; CI
+    once measured 3e-5 after the first update: CPU bf16 kernels are not bit-reproducible across processes);
+    on two, Linear gradients are all-reduced in bf16, which moves the loss by far less than bf16's
+    resolution (0.06 at a loss of 9)."""
     bf16 = [o for o in CPU_FAST if not o.startswith("precision=")] + ["precision=bf16"]
 
     # one sweep (one Hydra process): single, ZeRO on one rank, ZeRO-0/2/3 on two, all bf16
@@ -262,7 +264,8 @@ def test_zero_autocast_follows_single_bf16(tmp_path_factory):
     ref = runs["single_bf16"]["loss"]["per_step"]
     one = runs["zero0_autocast"]
     assert one["config"]["world_size"] == 1 and one["config"]["strategy"]["zero_stage"] == 0
-    assert one["loss"]["per_step"] == ref
+    one_diffs = [abs(a - b) for a, b in zip(one["loss"]["per_step"], ref)]
+    assert len(one_diffs) == STEPS and max(one_diffs) <= 1e-4, one_diffs
     lay = one["layout"]
     assert lay["ds_config"]["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"} and "bf16" not in lay["ds_config"]
     assert lay["autocast"] is True and one["memory"]["plan"]["model_states"]["scheme"] == "fp32"

@@ -93,6 +93,9 @@ class Zero(Strategy):
             import deepspeed
 
         self.ds_version = deepspeed.__version__
+        if dev.type == "cpu":  # its shared-memory all-reduce serves inference_all_reduce (AutoTP inference) only,
+            # which training never calls; unmarked, deepspeed.initialize JIT-builds it on a fresh host (86 s)
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         with self.setup_phase("bench model"):
             model = build_model(p.model, run.seed, dev)
         self.ac = apply_ac(model, p.layout)
