@@ -227,15 +227,20 @@ def _uses_module_fixture(item) -> bool:
 def pytest_collection_modifyitems(config, items):
     """GPU tests skipped without GPUs. The tests of a module that read a module-scoped fixture (a sweep) are one
     unit for pytest-xdist (``--dist loadgroup``: make test), so that the fixture runs once. Work is handed out
-    in this order (``--no-loadscope-reorder``): the ``slow`` tests, then those units, then the rest, so that
-    the longest start early and the suite does not end on one of them alone."""
+    in this order (``--no-loadscope-reorder``): the ``slow`` tests (and the units holding one), then the other
+    units, then the rest, so that the longest start early and the suite does not end on one of them alone; a
+    unit's tests keep their file order (a later test may read what an earlier one left in the sweep)."""
     import torch
 
-    grouped = {item.nodeid for item in items if _uses_module_fixture(item)}
-    items.sort(key=lambda item: 0 if "slow" in item.keywords else 1 if item.nodeid in grouped else 2)  # stable
+    unit = {item.nodeid: item.module.__name__ if _uses_module_fixture(item) else item.nodeid for item in items}
+    rank: dict[str, int] = {}  # a unit's place: 0 slow (a unit with a slow test), 1 a module's unit, 2 the rest
     for item in items:
-        if item.nodeid in grouped:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        u = unit[item.nodeid]
+        rank[u] = min(rank.get(u, 2), 0 if "slow" in item.keywords else 1 if u != item.nodeid else 2)
+    items.sort(key=lambda item: rank[unit[item.nodeid]])  # stable: a unit's tests keep their file order
+    for item in items:
+        if unit[item.nodeid] != item.nodeid:
+            item.add_marker(pytest.mark.xdist_group(unit[item.nodeid]))
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
         if "gpu" in item.keywords and n < 1:

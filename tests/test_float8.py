@@ -90,8 +90,9 @@ def test_converted_model_trains_on_cpu():
 
     from bench.models.model import lm_loss
 
-    m, _, plan = converted("model=llama_tiny", "model.d_model=64", "model.n_heads=4", "model.n_kv_heads=2",
-                           "model.d_ff=176")
+    m, info, plan = converted("model=llama_tiny", "model.d_model=64", "model.n_heads=4", "model.n_kv_heads=2",
+                              "model.d_ff=176")
+    assert info["gemm"] == "torch._scaled_mm"  # planned for an H100: the matmul a GPU run makes
     before = m.blocks["0"].mlp.up_proj.weight.detach().clone()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
     x = torch.randint(0, plan.model.vocab_size, (2, 33), generator=torch.Generator().manual_seed(0))
@@ -131,7 +132,7 @@ def _tp_fsdp_worker(rank: int, world: int) -> None:
     from bench.parallel.float8 import apply_float8, precompute_scales
     from bench.parallel.tp import apply_tp
 
-    plan = SimpleNamespace(run=SimpleNamespace(precision="fp8", fp8_recipe="tensorwise"), tp=2,
+    plan = SimpleNamespace(run=SimpleNamespace(precision="fp8", fp8_recipe="tensorwise"), tp=2, device="cpu",
                            strategy=SimpleNamespace(fp8_all_gather=True, fp8_precompute_scale=True))
     tiny = typed(ModelConfig, TINY_LLAMA)
     whole, tp = build_model(tiny, 0, "cpu"), build_model(tiny, 0, "cpu")
@@ -142,7 +143,8 @@ def _tp_fsdp_worker(rank: int, world: int) -> None:
     assert abs(_fp8_loss(tp).item() - _fp8_loss(whole).item()) < 1e-2
     _fp8_loss(tp).backward()
     fsdp = build_model(tiny, 0, "cpu")
-    assert apply_float8(fsdp, plan)["float8"]["fsdp_float8_all_gather"]
+    info = apply_float8(fsdp, plan)["float8"]
+    assert info["fsdp_float8_all_gather"] and info["gemm"] == "emulated (torch.mm in fp32)"  # a CPU run's plan
     apply_fsdp(fsdp, init_device_mesh("cpu", (world,), mesh_dim_names=("dp",)), "fp8",
                SimpleNamespace(reduce_dtype="fp32", blocks_per_unit=1, reshard_after_forward=True, prefetch=0), False,
                "cpu")

@@ -97,7 +97,7 @@ def _count_step(rank: int, world: int, plan_dict: dict, out: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("overrides", [
     # float8 styles (the MLP's input cast once), float8 all-gather, resharding, 2 micro-batches; 2 blocks of 32
-    # tokens: float8's matmuls are emulated on the CPU (10 min at 4 blocks of 128 tokens on the 2-core CI machine)
+    # tokens (on the CPU float8's matmuls run as torchao's emulation: bench/parallel/float8.py)
     ("precision=fp8", "compile=true", "strategy.micro_batch_size=2", "model.n_layers=2", "model.seq_len=32"),
     # bf16: llama's gate and up each all-reduce their input gradient; no resharding, units of 2 blocks
     ("precision=bf16", "strategy.reshard_after_forward=false", "strategy.blocks_per_unit=2"),

@@ -83,6 +83,9 @@ def apply_float8(model: nn.Module, plan) -> dict:
     gather = fsdp_float8_all_gather(plan)
     if gather:
         config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+    if plan.device == "cpu":  # torchao's emulation: the float8 values' product by torch.mm in fp32 (exact products,
+        # fp32 sums as the GPU's); the CPU's own torch._scaled_mm is a reference kernel 100x slower
+        config = dataclasses.replace(config, emulate=True)
     left: dict[str, str] = {}
 
     def convert(module: nn.Module, fqn: str) -> bool:
@@ -96,6 +99,7 @@ def apply_float8(model: nn.Module, plan) -> dict:
     return {"float8": {
         "library": f"torchao {torchao.__version__} convert_to_float8_training", "recipe": recipe,
         "converted_count": len(converted), "converted": converted, "left_in_bf16": left,
+        "gemm": "emulated (torch.mm in fp32)" if config.emulate else "torch._scaled_mm",
         "fsdp_float8_all_gather": gather, "precompute_scale": precomputes_scales(plan),
         "rest": "bf16 (autocast or FSDP2 MixedPrecisionPolicy), fp32 master weights and optimizer states"}}
 
