@@ -4,7 +4,7 @@
     python -m bench.calibrate --frozen results/<folder> [...]     # score runs recorded after it, no refit
     python -m bench.calibrate --by-regime results/                # each link regime held out whole, its error
 
-Reads every ``<folder>/runs.json`` under the given directories (bench/plan/calibration_runs.py), fits the prediction's
+Reads every ``<folder>/runs.json`` under the given directories (bench/run/recorded.py), fits the prediction's
 constants (scipy.optimize.least_squares on log step time, Huber loss at HUBER, with a weak pull towards
 predict.DEFAULTS) and writes them with the error measured leave-one-results-folder-out: each folder's runs are
 predicted by constants fitted without that folder, so the error is what a new session's runs would see.  The same
@@ -26,12 +26,12 @@ residuals and the plain square on the prior's, passed as a callable (``Problem.l
 to every residual: with loss="huber" on all, the prior turns linear beyond HUBER and the fit ended at a higher value
 of this objective and a worse held-out error.
 
-Set by hand, not fitted: bench/plan/traffic.py DTENSOR_LAYER_HOST, ZeRO's FETCH_OPS and PARAM_OPS, Megatron's PARAM_OPS,
+Set by hand, not fitted: bench/costs/traffic.py DTENSOR_LAYER_HOST, ZeRO's FETCH_OPS and PARAM_OPS, Megatron's PARAM_OPS,
 predict.COLLECTIVE_LATENCY_S and predict.HOST_LINK_GBPS.  Each was halved and doubled, refitted and held out by
 folder: no move improved the held-out error on steps >= 100 ms by more than a tenth of a point, and the one that
 lowered the fit cost most (Megatron's PARAM_OPS halved) worsened it: the runs do not pin these better than their
 measured evidence (comments at each), and fitting them would mean one host-count term per strategy in the traffic
-dicts, a larger model.  The pipeline's 4 hooks per micro-batch (bench/plan/traffic.py) and OPTIMIZER_PASSES (bytes
+dicts, a larger model.  The pipeline's 4 hooks per micro-batch (bench/costs/traffic.py) and OPTIMIZER_PASSES (bytes
 counted, not fitted) were not varied.
 
 The matmuls are fitted against a measured peak (predict.peak_ratio), so that a probe's profile needs no refit.  Each
@@ -54,7 +54,7 @@ from scipy.optimize import least_squares
 
 from bench.plan.calibration_error import (agreement, by_case, error_statement, error_table, per_folder, report,  # noqa: F401
                                      write_docs)
-from bench.plan.calibration_runs import device_name, load_runs, replan, result_folders  # noqa: F401 - also read here
+from bench.run.recorded import device_name, load_runs, replan, result_folders  # noqa: F401 - also read here
 from bench.plan.predict import BOUNDED, CALIBRATION, DEFAULTS, ROOFLINE, combine, load_calibration
 
 HUBER = 0.10  # residuals (log step) beyond 10% weigh linearly: noisy trials do not steer the fit

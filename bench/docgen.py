@@ -2,8 +2,8 @@
 README.md and docs/*.md quote from a record (QUOTES).
 
 Why: every default, valid choice, knob-search candidate and one-line explanation already lives in
-the schemas (bench/run/schema.py, and each strategy's module, found through the strategy registry),
-declared with ``bench.run.schema.knob``. A hand-kept table drifts from them; a generated one cannot, and
+the schemas (bench/spec/schema.py, and each strategy's module, found through the strategy registry),
+declared with ``bench.spec.schema.knob``. A hand-kept table drifts from them; a generated one cannot, and
 tests/test_docs.py fails when the committed file differs from what :func:`render` returns.
 
     python -m bench.docgen            # (re)write docs/knobs.md and every quoted number
@@ -29,11 +29,11 @@ from omegaconf import MISSING
 
 from bench.machine.hardware import PRESETS, HardwareConfig
 from bench.strategies.registry import specs
-from bench.run.schema import BenchConfig
+from bench.spec.schema import BenchConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "knobs.md"
-ALIAS = re.compile(r"^\$\{bench_alias:(\w+),(.*)\}$")  # a default written by bench.run.schema.alias_default
+ALIAS = re.compile(r"^\$\{bench_alias:(\w+),(.*)\}$")  # a default written by bench.spec.schema.alias_default
 HEAD = ["| key | default | valid choices | search candidates | what it does |", "|---|---|---|---|---|"]
 
 
@@ -89,7 +89,7 @@ def render() -> str:
     strategies = dict(sorted(specs().items()))
     md = ["# Configuration keys (generated)", "",
           "Every key bench reads: its default, its valid choices, the candidates the knob search "
-          "(`+experiment=tune`) tries, and what it does. Generated from the schemas in `bench/run/schema.py` and "
+          "(`+experiment=tune`) tries, and what it does. Generated from the schemas in `bench/spec/schema.py` and "
           "`bench/strategies/` by `python -m bench.docgen`; do not edit by hand. Set a key as a Hydra override "
           "(`python -m bench key=value`). The trade-offs and measurements behind the strategy knobs are in "
           "[strategies.md](strategies.md). `(preset)`: set by the chosen `model=` preset or config group.",

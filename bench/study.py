@@ -33,7 +33,7 @@ def _tokens_per_s(preset: str, arm: str, model: str, world_size: int) -> Optiona
 
     from bench.run.config import register_configs, validate
     from bench.plan.predict import predict
-    from bench.run.schema import ConfigError
+    from bench.spec.schema import ConfigError
 
     register_configs()
     overrides = [f"+experiment={preset}", f"+experiment/arm={arm}", f"model={model}", f"world_size={world_size}",

@@ -25,7 +25,7 @@
   step times, a busy host) keeps its place by its number but says so, and where the winner is flagged the
   fastest strategy whose best is not flagged is named beside it.
 * The winner's command: the command it ran with (provenance), as the ``python -m bench ...`` that runs
-  its setting once (bench.run.runs.rerun_command: without the sweep's or search's machinery).
+  its setting once (bench.spec.commands.rerun_command: without the sweep's or search's machinery).
 """
 from __future__ import annotations
 
@@ -35,10 +35,10 @@ from typing import Optional
 
 import pandas as pd
 
-from bench.run.runs import rerun_command
+from bench.spec.commands import rerun_command
 from bench.units import count_text
 from bench.strategies.registry import knob_text, specs
-from bench.run.schema import BenchConfig, fields_of
+from bench.spec.schema import BenchConfig, fields_of
 from multirun_analysis import layouts
 from multirun_analysis.tables import devices_word, fmt_value, key_columns, plain
 
@@ -161,7 +161,7 @@ def ties_with(r: pd.Series, w: pd.Series) -> bool:
 
 
 def command_line(cmd: Optional[str]) -> Optional[str]:
-    """A run's recorded command as ``python -m bench ...`` that runs its setting once (bench.run.runs.rerun_command:
+    """A run's recorded command as ``python -m bench ...`` that runs its setting once (bench.spec.commands.rerun_command:
     no interpreter path, no sweep or search machinery)."""
     if not cmd or not isinstance(cmd, str):
         return None

@@ -24,7 +24,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from bench.run.runs import STATUSES, with_added_defaults
-from bench.run.schema import BenchConfig, fields_of
+from bench.spec.schema import BenchConfig, fields_of
 
 SHORTHANDS = {n for n, f in fields_of(BenchConfig).items() if f.metadata.get("alias")}
 from multirun_analysis import breakdown, trust

@@ -39,8 +39,8 @@ def _plan_records(paths: Iterable) -> list[tuple[dict, str]]:
 
 def command(d: dict) -> Optional[str]:
     """The command that runs a planned layout for real: its overrides (a sweep's record) or its recorded command
-    (a single dry run), without ``dry_run`` and the sweep's machinery (bench.run.runs.rerun_command)."""
-    from bench.run.runs import override_key, rerun_command
+    (a single dry run), without ``dry_run`` and the sweep's machinery (bench.spec.commands.rerun_command)."""
+    from bench.spec.commands import override_key, rerun_command
 
     words = d.get("overrides")
     if not isinstance(words, list):

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from bench.plan import bests
 from bench.run.config import register_configs, validate
 from bench.plan.memory_model import memory_plan
-from bench.run.schema import ConfigError
+from bench.spec.schema import ConfigError
 from bench.strategies.registry import get_spec
 from tests.conftest import CPU_FAST, REPO, metrics_of, run_bench
 

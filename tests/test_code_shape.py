@@ -101,7 +101,35 @@ def test_the_cycle_check_finds_a_cycle():
     with __import__("pytest").raises(graphlib.CycleError):
         tuple(graphlib.TopologicalSorter({"a": {"b"}, "b": {"a"}}).static_order())
     graph = import_graph()
-    assert "bench.run.schema" in graph["bench.run.config"]  # a real edge is read
+    assert "bench.spec.schema" in graph["bench.run.config"]  # a real edge is read
+
+
+def package_of(module: str) -> str:
+    """The folder a module lives in, as one unit: ``bench.<package>`` (or a top-level module of bench), or
+    ``multirun_analysis``."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "bench" and len(parts) > 1 else parts[0]
+
+
+def package_graph() -> dict[str, set[str]]:
+    """The import graph with each folder folded into one node (imports inside a folder dropped)."""
+    out: dict[str, set[str]] = {}
+    for name, targets in import_graph().items():
+        out.setdefault(package_of(name), set()).update(package_of(t) for t in targets)
+    return {p: deps - {p} for p, deps in out.items()}
+
+
+def test_the_folders_are_layers():
+    """No folder imports back a folder that imports it (docs/development.md lists them top down): a module that
+    both sits below others and imports above them belongs in another folder."""
+    import graphlib
+
+    graph = package_graph()
+    assert "bench.spec" in graph["bench.run"] and "bench.costs" in graph["bench.strategies"]  # real edges are read
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as e:
+        raise AssertionError(f"folders import each other: {' -> '.join(e.args[1])}") from None
 
 
 def test_no_module_over_400_lines():
@@ -141,11 +169,11 @@ def test_the_arch_check_finds_comparisons():
 
 # ------------------------------------------------------------------------------ the layout, read as one object
 # The layout knobs a strategy's schema may have, and the top-level one: validation reads them into plan.layout
-# (bench/run/layout_rules.py ``build``); generic code reads the layout object, never the knobs again.
+# (bench/spec/layout_rules.py ``build``); generic code reads the layout object, never the knobs again.
 STRATEGY_LAYOUT_KEYS = {"tp", "pp", "microbatches", "virtual_pipeline", "schedule", "dp_replicate"}
 CONFIG_LAYOUT_KEYS = {"recompute"}
 LAYOUT_READERS_ALLOWED = {
-    "bench/run/layout_rules.py": "builds plan.layout from the knobs",
+    "bench/spec/layout_rules.py": "builds plan.layout from the knobs",
     # whether the user set strategy.microbatches (the layout holds the resolved count): before there is a plan,
     # and of recorded runs' configurations
     "bench/run/tuning_profiles.py": "before there is a plan",
@@ -211,7 +239,7 @@ def test_generic_code_reads_the_layout_object_not_the_knobs():
         if rel.startswith("bench/strategies/") or rel in LAYOUT_READERS_ALLOWED:
             continue
         found += [f"{rel}:{line} reads {key!r}" for line, key in layout_reads(path.read_text())]
-    assert not found, "read these from plan.layout (bench/run/layout.py Layout):\n" + "\n".join(found)
+    assert not found, "read these from plan.layout (bench/spec/layout.py Layout):\n" + "\n".join(found)
 
 
 def test_the_layout_read_check_finds_reads():

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench.run.layout import Coord, Layout
+from bench.spec.layout import Coord, Layout
 from tests.conftest import loss_curve, metrics_of
 
 LLAMA = ["model=llama_tiny"]  # sequence 128: 4 chunks of 32 rows at cp=2
@@ -86,7 +86,7 @@ def test_cp_shards_the_states_over_dp_x_cp_and_holds_a_quarter_of_each_sequence(
     """Four ranks as cp=4 (dp=1) against dp=4: the same sharded states (FSDP2 over dp x cp), each micro-batch's
     activations and logits a quarter (seq_len / cp tokens), plus the ring's K / V beside them."""
     from bench.plan.memory_model import memory_plan
-    from bench.plan.traffic import kv_bytes
+    from bench.costs.traffic import kv_bytes
 
     cp4, dp4 = plan_for(*LLAMA8B_32K, "strategy.cp=4"), plan_for(*LLAMA8B_32K)
     assert (cp4.layout.dp, cp4.layout.cp, cp4.layout.state_shards) == (1, 4, 4) and dp4.layout.state_shards == 4
@@ -103,7 +103,7 @@ def test_cp_shards_the_states_over_dp_x_cp_and_holds_a_quarter_of_each_sequence(
 def test_cp_exchanges_k_and_v_over_the_cp_group_and_fsdp_over_dp_x_cp():
     from bench.plan.predict import plan_topology, terms
     from bench.strategies.registry import get_spec
-    from bench.plan.traffic import kv_bytes
+    from bench.costs.traffic import kv_bytes
 
     p = plan_for(*LLAMA8B_32K, "strategy.cp=4")
     t = get_spec("fsdp").traffic(p, 8e9)

@@ -12,7 +12,7 @@ pytest.importorskip("torchao")
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from bench.run.config import ConfigError, register_configs, validate  # noqa: E402
-from bench.run.schema import ModelConfig, typed  # noqa: E402
+from bench.spec.schema import ModelConfig, typed  # noqa: E402
 from tests.conftest import REPO, loss_curve, metrics_of, spawn_ranks  # noqa: E402
 
 register_configs()
@@ -251,7 +251,7 @@ def test_fp8_plan_saves_the_converted_linears_inputs_in_one_byte():
     """torchao's Float8Linear, compiled, keeps a float8 cast of its input for backward (tensorwise, rowwise): the
     q/k/v and gate/up inputs (one shared tensor each) and down's input at 1 B, not 2; rowwise_with_gw_hp's weight
     gradient reads the bf16 input, and full recompute keeps only block inputs: no saving there."""
-    from bench.plan.activations import layer_activation_bytes
+    from bench.costs.activations import layer_activation_bytes
     from bench.strategies.registry import get_spec
 
     bf16, _ = _planned("precision=bf16")

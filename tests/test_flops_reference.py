@@ -14,10 +14,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench.run.config import register_configs
-from bench.run.schema import ModelConfig, typed
+from bench.spec.schema import ModelConfig, typed
 from bench.metrics.flops import flops_per_token, total_params
 from bench.models.model import build_model, lm_loss
-from bench.run.schema import ModelConfig, typed
+from bench.spec.schema import ModelConfig, typed
 from tests.conftest import REPO
 
 register_configs()
@@ -51,7 +51,7 @@ def test_checkpointing_every_second_block_recomputes_half_as_much_as_pytorchs_fl
     Megatron's recompute does: 1.23M against 1.58M FLOPs a token per block here.)"""
     from bench.metrics.flops import hardware_flops_per_token
     from bench.parallel.ac import apply_ac
-    from bench.run.layout import Layout
+    from bench.spec.layout import Layout
 
     m = model_cfg("model=llama_tiny")
     spec = typed(ModelConfig, m)  # bench/metrics/flops.py reads a ModelConfig
@@ -79,7 +79,7 @@ def test_op_level_checkpointing_recomputes_the_matmuls_pytorchs_flop_counter_cou
 
     from bench.metrics.flops import hardware_flops_per_token
     from bench.parallel.ac import apply_ac
-    from bench.run.layout import Layout
+    from bench.spec.layout import Layout
 
     class AttentionCalls(TorchDispatchMode):
         calls = 0

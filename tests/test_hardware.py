@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from bench.run.config import register_configs, validate
 from bench.machine.hardware import PRESETS
 from bench.plan.memory_model import fits, memory_plan
-from bench.run.schema import ConfigError
+from bench.spec.schema import ConfigError
 from tests.conftest import REPO, run_bench
 
 register_configs()

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from bench.run.config import ConfigError, register_configs, validate
 from bench.metrics.flops import total_params
 from bench.models.model import build_model, lm_loss
-from bench.run.schema import ModelConfig, typed
+from bench.spec.schema import ModelConfig, typed
 from tests.conftest import REPO, run_bench
 
 register_configs()

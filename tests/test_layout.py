@@ -1,4 +1,4 @@
-"""bench.run.layout: rank -> (dp, pp, tp) in Megatron's order, token accounting, micro-batches,
+"""bench.spec.layout: rank -> (dp, pp, tp) in Megatron's order, token accounting, micro-batches,
 pipeline stages, and the whole layout a composed plan carries (plan.layout).  No processes."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from bench.run.layout import Coord, Layout, local_stages, resolve_microbatches, resolve_schedule, stage_layers
-from bench.run.schema import Plan
+from bench.spec.layout import Coord, Layout, local_stages, resolve_microbatches, resolve_schedule, stage_layers
+from bench.spec.schema import Plan
 
 
 def groups(lay: Layout, kind: str) -> list[list[int]]:

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from bench.machine import link_regime as lr
 from bench.run.config import register_configs, validate
-from bench.run.schema import LINK_REGIMES, ConfigError
+from bench.spec.schema import LINK_REGIMES, ConfigError
 from tests.conftest import CPU_FAST, REPO, run_bench
 
 register_configs()

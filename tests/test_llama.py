@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from bench.run.config import register_configs, validate
-from bench.run.schema import ConfigError, ModelConfig, typed
+from bench.spec.schema import ConfigError, ModelConfig, typed
 from bench.metrics import flops
 from bench.models.model import GPT, apply_rope, build_model, lm_loss, rope_cos_sin, sdpa_kv
 from tests.conftest import REPO

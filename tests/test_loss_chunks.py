@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from bench.metrics.flops import hardware_flops_per_token
-from bench.run.schema import ModelConfig, typed
+from bench.spec.schema import ModelConfig, typed
 from tests.conftest import CPU_FAST, case_sweep, metrics_of
 
 LLAMA = [*CPU_FAST, "model=llama_tiny", "steps=2", "model.seq_len=64"]

@@ -151,7 +151,7 @@ def test_ddp_accumulation_and_autocasts_forward_end_against_the_tracker():
     """Gemma-2B's 256k vocabulary, 4 of its 18 blocks at 1024 tokens, DDP with bucket views, accumulation 2 and full
     recompute (results/2026-11-28-h100x4-slow-links-planner's DDP run, smaller): the plan counts the first micro-batch's
     own gradients beside the bucket views (bench/strategies/ddp.py phase_buffers) and, at the forward's end, autocast's
-    cached copies of every weight beside the loss' forward buffers (bench/plan/forward_end.py); the tracker's peak
+    cached copies of every weight beside the loss' forward buffers (bench/costs/forward_end.py); the tracker's peak
     is there.  Without the two terms this plan was 15% short of the tracker."""
     over = ["device=cpu", "model=hf", f"model.hf_config={REPO / 'tests/data/hf/gemma-2b'}", "model.n_layers=4",
             "model.seq_len=1024", "model.global_batch=8", "strategy=ddp", "world_size=4", "precision=bf16",

@@ -6,7 +6,7 @@ import torch
 from bench.models.data import SyntheticStream, global_batch
 from bench.metrics import flops
 from bench.models.model import GPT, build_model
-from bench.run.schema import ModelConfig, typed
+from bench.spec.schema import ModelConfig, typed
 
 TINY = dict(name="tiny", d_model=64, n_heads=4, n_layers=2, d_ff=256, vocab_size=500, seq_len=16, global_batch=8)
 TINY_MODEL = typed(ModelConfig, TINY)

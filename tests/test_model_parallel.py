@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from bench.run.config import ConfigError, register_configs, validate
-from bench.run.schema import ModelConfig, OptimConfig, typed
+from bench.spec.schema import ModelConfig, OptimConfig, typed
 from tests.conftest import CPU_FAST, REPO, c10d_threads_left, case_sweep, loss_curve, metrics_of, run_bench, spawn_ranks
 
 register_configs()

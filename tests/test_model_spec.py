@@ -8,7 +8,7 @@ import torch
 
 from bench.models.model import build_model
 from bench.models.model_spec import describe_model
-from bench.run.schema import ConfigError, ModelConfig, typed
+from bench.spec.schema import ConfigError, ModelConfig, typed
 
 SMALL = dict(d_model=64, n_heads=4, n_layers=3, d_ff=192, vocab_size=500, seq_len=16)
 FAMILIES = [dict(SMALL), dict(SMALL, tie_embeddings=True),

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from bench.run.config import register_configs, validate
 from bench.plan.memory_model import memory_plan
 from bench.metrics.flops import total_params
-from bench.run.schema import ModelConfig, typed
+from bench.spec.schema import ModelConfig, typed
 from tests.conftest import CPU_FAST, REPO, run_bench
 
 register_configs()
@@ -105,7 +105,7 @@ def test_the_plans_parts_follow_the_layout():
 
 
 # ------------------------------------------------------------------------------ the plan's terms, formula by formula
-from bench.plan.activations import activation_bytes, layer_activation_bytes, params_per_rank  # noqa: E402
+from bench.costs.activations import activation_bytes, layer_activation_bytes, params_per_rank  # noqa: E402
 from bench.plan.memory_model import CUBLAS_WORKSPACE_BYTES, PROBE_BYTES  # noqa: E402
 from bench.metrics.flops import param_groups  # noqa: E402
 from bench.strategies.registry import get_spec  # noqa: E402

@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # the builder: the composed config's plain containers are read by key here, to build and validate the description
 # and to key and record a run from its plain form
-BUILDER = {"bench/run/config.py", "bench/run/schema.py", "bench/run/tuning_profiles.py", "bench/run/runs.py",
+BUILDER = {"bench/run/config.py", "bench/spec/schema.py", "bench/run/tuning_profiles.py", "bench/run/runs.py",
            "bench/models/hf_config.py"}
 # a plan's configuration: plan.cfg (its plain record), plan.run and its sections, and their aliases on the plan
 CONFIG = re.compile(r"(^|\.)(plan|run)\.(cfg|run|model|strategy|hardware|optim|metrics|fault|logger)$|\.cfg$")
@@ -91,13 +91,13 @@ def test_no_module_reads_a_plans_configuration_by_key():
 
 
 def test_strategies_read_their_layout_from_the_layout():
-    from bench.run.schema import LAYOUT_KNOBS
+    from bench.spec.schema import LAYOUT_KNOBS
 
     knobs = (*LAYOUT_KNOBS, "micro_batch_size")
     bad = []
     for path in _modules("bench/strategies", "bench/parallel"):
         bad += [f"{path.relative_to(REPO)}:{line}: {text}" for line, text in layout_knob_reads(path.read_text(), knobs)]
-    assert not bad, "read plan.layout (built once by bench/run/layout_rules.py):\n" + "\n".join(bad)
+    assert not bad, "read plan.layout (built once by bench/spec/layout_rules.py):\n" + "\n".join(bad)
 
 
 def test_the_checks_find_what_they_look_for():

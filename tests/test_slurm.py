@@ -52,7 +52,7 @@ def test_a_failure_on_several_nodes_names_the_node():
     """The root cause's lost connection names the node it pointed to, and whether that node's ranks left
     any record; a peer at a loopback address says how to fix it; one node, or a root cause that is not a
     lost connection, adds nothing (tests/test_slurm_two_nodes.py runs it on two real SLURM nodes)."""
-    from bench.launch.placement import node_note
+    from bench.machine.placement import node_note
 
     at = {0: "10.0.0.1", 1: "10.0.0.1", 2: "10.0.0.2", 3: "10.0.0.2"}
     nodes = {r: {"node": f"n{1 + r // 2}", "addresses": [a, "172.17.0.1"]} for r, a in at.items()}  # docker0: on both
@@ -96,7 +96,7 @@ def test_time_limit_warning_that_could_come_at_the_start_is_refused():
     earlier: with a limit that short it can come at the job's start, before bench's handler is in place,
     and end the tasks (USR2's default action).  bench refuses such a job, naming the keys."""
     from bench.launch.slurm.resources import check_warning_time
-    from bench.run.schema import ConfigError
+    from bench.spec.schema import ConfigError
 
     with pytest.raises(ConfigError) as e:
         check_warning_time(1, 120)
@@ -157,7 +157,7 @@ def test_a_run_submitted_to_slurm_is_planned_for_the_preset_on_a_machine_without
     from bench.machine.hardware_rules import planned_device_name
     from bench.plan.memory_model import memory_plan
     from bench.plan.predict import terms
-    from bench.run.schema import ConfigError
+    from bench.spec.schema import ConfigError
 
     monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
     c = _cfg("submit=slurm", "hardware=a100_80gb", "strategy=ddp", "world_size=2", "tuning=best")
@@ -178,7 +178,7 @@ def test_a_run_submitted_to_slurm_is_planned_for_the_preset_on_a_machine_without
 @pytest.mark.skipif(_gpu_visible(), reason="the login node of this test has no GPU")
 def test_a_gpu_run_submitted_without_hardware_from_a_machine_without_gpus_is_refused(monkeypatch):
     from bench.run.config import validate
-    from bench.run.schema import ConfigError
+    from bench.spec.schema import ConfigError
 
     monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
     with pytest.raises(ConfigError) as e:

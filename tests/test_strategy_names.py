@@ -11,7 +11,7 @@ import ast
 import re
 from pathlib import Path
 
-from bench.run.layout import Layout
+from bench.spec.layout import Layout
 from bench.strategies.registry import specs
 from tests.ast_checks import compares_key_with_text
 
@@ -25,7 +25,7 @@ LAYOUT_DIMS = {f for f in Layout.__dataclass_fields__}
 # file it may appear in, or "*"}.  A string that is exactly a strategy's name is never allowed.
 ALLOWED = {
     # the top-level shorthand for strategy.zero_stage, and its knob's documentation
-    **dict.fromkeys(("zero_stage", "strategy.zero_stage", "strategy=zero", "zero_stage=3"), "bench/run/schema.py"),
+    **dict.fromkeys(("zero_stage", "strategy.zero_stage", "strategy=zero", "zero_stage=3"), "bench/spec/schema.py"),
     # the library, as provenance and teardown record it
     **dict.fromkeys(("megatron.core", "megatron-core", "megatron_core"), "*"),
     # torch's data-parallel wrappers, which the policies of several strategies apply
@@ -39,7 +39,7 @@ ALLOWED = {
                      "SINGLE_RUN_EXIT", "hydra_plugins.bench_plugins.callbacks.SingleRunSweepCallback",
                      "single-device"), "*"),
     # advice in the messages of the torch-native layout rules, which the tp / pp family and fsdp share
-    **dict.fromkeys(("strategy=fsdp", "strategy.impl=megatron"), "bench/run/layout_rules.py"),
+    **dict.fromkeys(("strategy=fsdp", "strategy.impl=megatron"), "bench/spec/layout_rules.py"),
 }
 _PART = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 _TOKEN = re.compile(r"[\w.=/-]+")
@@ -138,7 +138,7 @@ def test_the_check_finds_a_name():
     assert found == ["'zero'", "'fsdp_mixed'", "'megatron_mixed'", "'MegatronModelParallel'",
                      "'strategy.impl=megatron'", "'megatron'"], found
     # an allowance holds in its own file only
-    assert offences_in('m = "strategy=fsdp"', "bench/run/layout_rules.py", words) == []
+    assert offences_in('m = "strategy=fsdp"', "bench/spec/layout_rules.py", words) == []
     assert offences_in('m = "strategy=fsdp"', "bench/run/config.py", words) == ["bench/run/config.py:1: 'strategy=fsdp'"]
 
 

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 
 from bench.run.config import register_configs, validate
-from bench.run.layout import Layout
+from bench.spec.layout import Layout
 from bench.models.model import build_model
 from bench.parallel.mesh import build_mesh, hsdp_mesh
 from bench.plan.predict import plan_topology, predict, terms

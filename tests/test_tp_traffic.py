@@ -1,6 +1,6 @@
 """torch-native TP under FSDP2: the collectives one training step issues, counted on a real 4-rank gloo run by torch's
 own CommDebugMode (torch.distributed.tensor.debug), against what bench's traffic model counts for the same layout
-(bench/plan/traffic.py ``torch_tp``, bench/strategies/fsdp.py ``_gathered``): the bytes each rank sends per kind
+(bench/costs/traffic.py ``torch_tp``, bench/strategies/fsdp.py ``_gathered``): the bytes each rank sends per kind
 (TP activation all-reduces, FSDP2's parameter all-gathers and gradient reduce-scatters, ring bytes) and the TP
 all-reduce calls (float8's amax all-reduces among them).  bench's model and steps run as a run builds them
 (bench/strategies/torch_native.py), eager on CPU; precision=fp8 is planned for an H100 and built on CPU."""
@@ -20,7 +20,7 @@ KIND = {"all_reduce": "activation", "_allgather_base_": "param_gather", "_reduce
 
 
 def _sent(op: str, n: int, nbytes: list[int]) -> float:
-    """Ring bytes one rank sends (bench/plan/traffic.py's convention): all-reduce 2 B (n-1)/n of its tensor, an
+    """Ring bytes one rank sends (bench/costs/traffic.py's convention): all-reduce 2 B (n-1)/n of its tensor, an
     all-gather / reduce-scatter B (n-1)/n of the whole (the larger of its two buffers)."""
     if op == "all_reduce":
         return 2 * nbytes[0] * (n - 1) / n
@@ -104,7 +104,7 @@ def _count_step(rank: int, world: int, plan_dict: dict, out: str) -> None:
 ], ids=["fp8-reshard-accum", "bf16-units"])
 def test_traffic_model_counts_what_commdebugmode_counts(tmp_path, overrides):
     from bench.plan.memory_model import memory_plan
-    from bench.plan.traffic import torch_tp
+    from bench.costs.traffic import torch_tp
     from bench.strategies.registry import get_spec
 
     plan = plan_of("dry_run=true", "hardware=h100_sxm_80gb", *TINY, *overrides)

@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from bench.run.config import register_configs, validate
-from bench.run.schema import ConfigError
+from bench.spec.schema import ConfigError
 from tests.conftest import CPU_FAST, REPO, loss_curve, metrics_of, run_bench
 
 register_configs()

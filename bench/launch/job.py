@@ -40,7 +40,7 @@ from bench.models.data import loss_note
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.metrics import STATUSES, identity
 from bench.run.runs import holds_completed, read_failures, run_key, write_status
-from bench.run.schema import ConfigError, Plan
+from bench.spec.schema import ConfigError, Plan
 from bench.units import count_text
 
 log = logging.getLogger("bench")
@@ -105,7 +105,7 @@ def finish(run_dir: Path, raw: dict, status: str, error: Optional[dict], failure
 
 def _placement(run_dir: Path) -> Optional[dict]:
     """Where the ranks of a run that did not complete ran, from what they wrote at their start (SLURM tasks)."""
-    from bench.launch.placement import read_placements, summary
+    from bench.machine.placement import read_placements, summary
 
     found = read_placements(run_dir)
     return summary([found.get(r) for r in range(max(found) + 1)]) if found else None

@@ -15,7 +15,7 @@ from typing import Optional
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.launch.outcome import Outcome, from_failures, timeout_error
 from bench.run.runs import read_failures
-from bench.run.schema import BenchConfig, Plan
+from bench.spec.schema import BenchConfig, Plan
 from bench.launch.teardown import failed_teardown_s
 
 log = logging.getLogger("bench.launch")

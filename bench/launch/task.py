@@ -11,9 +11,9 @@ from typing import Callable, Optional
 
 from bench.jsonio import read_json_dict
 from bench.launch.outcome import Outcome, from_failures, timeout_error
-from bench.launch.placement import node_note, read_placements, write_placement
+from bench.machine.placement import node_note, read_placements, write_placement
 from bench.run.runs import read_failures
-from bench.run.schema import BenchConfig, Plan
+from bench.spec.schema import BenchConfig, Plan
 from bench.launch.teardown import failed_teardown_s
 
 log = logging.getLogger("bench.launch")

@@ -45,7 +45,7 @@ import types
 import warnings
 from pathlib import Path
 
-from bench.run.schema import BenchConfig
+from bench.spec.schema import BenchConfig
 
 # the names c10d's native threads give themselves (/proc/<pid>/task/<tid>/comm)
 C10D_THREAD_PREFIXES = ("pt_gloo", "gloo_", "pt_tcpstore", "pt_nccl")

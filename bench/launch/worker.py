@@ -25,7 +25,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from bench import metrics
 from bench.models.data import loss_note
 from bench.jsonio import write_json_atomic
-from bench.launch.placement import placement
+from bench.machine.placement import placement
 from bench.machine.allocator import rank_env
 from bench.metrics import provenance
 from bench.metrics.memory import allocator_record
@@ -35,7 +35,7 @@ from bench.metrics.timing import phase
 from bench.parallel.compile import compile_counts, compile_record
 from bench.strategies.registry import get_spec, sweep_preloads
 from bench.run.config import plan_from_dict
-from bench.run.schema import FaultConfig, Plan
+from bench.spec.schema import FaultConfig, Plan
 from bench.strategies.base import DistContext
 from bench.launch.teardown import arm_teardown_deadline, exit_without_finalizing, failed_teardown_s, release_process_groups
 
@@ -272,7 +272,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
         "allocator": allocator_record(device, timed.get("nvml_mem_used_peak_mb")),  # bench/metrics/memory.py
         "host_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "cpus": start["cpus"],  # the CPUs this rank's threads may run on (config cpu_affinity)
-        "placement": placement(),  # its node, addresses and the master address (bench/launch/placement.py)
+        "placement": placement(),  # its node, addresses and the master address (bench/machine/placement.py)
         "profile": profile,
     }
     write_json_atomic(run_dir / f"rank{rank}.json", rec)

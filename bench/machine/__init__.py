@@ -1,1 +1,1 @@
-"""The hardware: presets and profiles, their rules, and NCCL's environment per link regime."""
+"""The hardware: presets and profiles, their rules, NCCL's environment per link regime, and where each rank runs."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from bench.run.schema import ConfigError
+from bench.spec.schema import ConfigError
 
 VAR = "PYTORCH_CUDA_ALLOC_CONF"
 SETTINGS = {"default": None, "expandable_segments": "expandable_segments:True"}

@@ -20,7 +20,7 @@ import platform
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Dict, Optional
 
-from bench.run.schema import ConfigError, Section, knob
+from bench.spec.schema import ConfigError, Section, knob
 
 
 @dataclass

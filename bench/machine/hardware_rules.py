@@ -16,7 +16,7 @@ import socket
 from typing import Optional
 
 from bench.machine.hardware import HardwareConfig, PRESETS, cpu_name, match, resolve
-from bench.run.schema import BenchConfig, ConfigError
+from bench.spec.schema import BenchConfig, ConfigError
 
 
 def cuda_device_count() -> int:

@@ -16,9 +16,9 @@ import re
 from pathlib import Path
 from typing import Iterable, Optional
 
-from bench.run.schema import LINK_REGIMES, ConfigError
+from bench.spec.schema import LINK_REGIMES, ConfigError
 
-# name -> (NCCL variables, what it stands for); the names are bench/run/schema.py's link_regime choices
+# name -> (NCCL variables, what it stands for); the names are bench/spec/schema.py's link_regime choices
 REGIMES: dict[str, tuple[dict[str, str], str]] = {
     "default": ({}, "NCCL's own choice (on an NVLink node: peer-to-peer over NVLink)"),
     "p2p_off": ({"NCCL_P2P_DISABLE": "1"}, "no peer-to-peer: GPU to GPU through host shared memory (SHM), a "
@@ -29,7 +29,7 @@ REGIMES: dict[str, tuple[dict[str, str], str]] = {
     "few_channels": ({"NCCL_MAX_NCHANNELS": "2"}, "NCCL's own link, at most 2 channels (a fraction of its "
                      "bandwidth: fewer SMs and rings move data)"),
 }
-assert tuple(REGIMES) == LINK_REGIMES, "bench/run/schema.py LINK_REGIMES and REGIMES must name the same regimes"
+assert tuple(REGIMES) == LINK_REGIMES, "bench/spec/schema.py LINK_REGIMES and REGIMES must name the same regimes"
 
 REGIME_VAR = "BENCH_LINK_REGIME"  # the regime a process runs under, for its record
 # the NCCL log lines that name a connection's transport, e.g. "Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read",

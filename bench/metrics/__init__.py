@@ -9,9 +9,9 @@ import math
 from typing import Any, Optional
 
 from bench.metrics import flops as _flops
-from bench.launch.placement import summary as placement_summary
+from bench.machine.placement import summary as placement_summary
 from bench.metrics.timing import step_time_stats
-from bench.run.schema import BenchConfig, ModelConfig, Plan
+from bench.spec.schema import BenchConfig, ModelConfig, Plan
 
 SCHEMA_VERSION = 1
 # a run's final statuses; skipped: not launched, the memory plan predicted an out-of-memory (force_run=true runs it)
@@ -58,7 +58,7 @@ def skeleton(cfg: dict, status: str, error: Optional[dict] = None) -> dict:
         "energy": {"joules": None, "joules_per_token": None},
         "profile": None,  # metrics.profile_steps > 0: per rank, bench/metrics/profile.py
         "ranks": None,
-        "placement": None,  # {"nodes": {node: [ranks]}, "master_addr", "master_port"} (bench/launch/placement.py)
+        "placement": None,  # {"nodes": {node: [ranks]}, "master_addr", "master_port"} (bench/machine/placement.py)
         "config": cfg,
         "provenance": None,
     }

@@ -18,7 +18,7 @@ from typing import Optional
 
 from bench.machine.hardware import peak_table
 from bench.models.model_spec import describe_model
-from bench.run.schema import ModelConfig
+from bench.spec.schema import ModelConfig
 
 FORMULA = "flops_per_token = 6*N + 12*L*d*seq"
 N_COUNTS = ("parameters of the L transformer blocks (q/k/v/o, MLP, biases, norms), the final norm and "
@@ -52,7 +52,7 @@ def hardware_flops_per_token(model: ModelConfig, recompute: str, every: int = 1,
     """FLOPs the device executes per token, recomputed forward included (HFU's numerator; MFU's excludes it);
     ``every``: recompute_every (every k-th block checkpointed); ``loss_chunks`` > 1: the head's checkpointed
     matmul runs again in backward."""
-    from bench.run.layout import checkpointed_blocks
+    from bench.spec.layout import checkpointed_blocks
 
     share = checkpointed_blocks(recompute, every, model.n_layers) / model.n_layers if recompute == "full" else 1.0
     spec = describe_model(model)
@@ -62,7 +62,7 @@ def hardware_flops_per_token(model: ModelConfig, recompute: str, every: int = 1,
 def executed_flops_per_token(model: ModelConfig, recompute: str, every: int = 1, loss_chunks: int = 1) -> int:
     """FLOPs the device actually runs per token: the hardware FLOPs less what the causal attention kernel skips
     (bench/models/model_spec.py ``causal_skipped_flops_per_token``): what the prediction times, not what MFU counts."""
-    from bench.run.layout import checkpointed_blocks
+    from bench.spec.layout import checkpointed_blocks
 
     share = checkpointed_blocks(recompute, every, model.n_layers) / model.n_layers if recompute == "full" else 1.0
     return hardware_flops_per_token(model, recompute, every, loss_chunks) \

@@ -35,7 +35,7 @@ Grouping.  A sweep (``--multirun``) is one group; a single run is a group of its
   ``wandb sync <dir>`` uploads later), files in ``<logger.dir or sweep dir or run dir>/wandb/``.
 
 A logger does not change what a run measures: ``logger`` is left out of the run key
-(volatile in bench/run/schema.py), so a sweep folder resumes whatever logger it ran with.  The
+(volatile in bench/spec/schema.py), so a sweep folder resumes whatever logger it ran with.  The
 packages are the optional extra ``loggers`` (``pip install -e .[loggers]``);
 :func:`check` (called by bench.run.config.validate) refuses a logger whose package is missing
 before anything is launched.
@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from bench.run.schema import LoggerConfig, typed
+from bench.spec.schema import LoggerConfig, typed
 
 log = logging.getLogger("bench.loggers")
 
@@ -71,7 +71,7 @@ def _installed(module: str) -> bool:
 
 def check(c: Optional[dict]) -> None:
     """Config rules of ``logger`` beyond its choices (raises ConfigError): its package is installed."""
-    from bench.run.schema import ConfigError
+    from bench.spec.schema import ConfigError
 
     if not c:
         return

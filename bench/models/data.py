@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from bench.run.schema import ModelConfig
+from bench.spec.schema import ModelConfig
 
 _STREAM_SALT = 0x5EED_BA7C  # keeps batch seeds apart from the model-init seed
 

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from bench.run.schema import ConfigError
+from bench.spec.schema import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def _schema_defaults() -> dict[str, Any]:
     """ModelConfig's defaults (UNSET where it has none)."""
     import dataclasses
 
-    from bench.run.schema import ModelConfig, fields_of
+    from bench.spec.schema import ModelConfig, fields_of
 
     return {k: UNSET if f.default is dataclasses.MISSING or f.default == UNSET else f.default
             for k, f in fields_of(ModelConfig).items()}

@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.utils.checkpoint
 import torch.nn.functional as F
 
-from bench.run.schema import ModelConfig
+from bench.spec.schema import ModelConfig
 
 # precision name -> the dtype of a run's 16-bit compute (or fp32): one table for every strategy; fp8: bf16, the
 # dtype of everything but the float8 matmuls (bench/parallel/float8.py)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from bench.run.schema import ConfigError, ModelConfig
+from bench.spec.schema import ConfigError, ModelConfig
 
 
 class SavedPerToken(NamedTuple):

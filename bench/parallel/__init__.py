@@ -3,7 +3,7 @@
 The torch-native strategies (single, ddp, fsdp, and tp / pp with ``strategy.impl=torch``) build
 bench's model once and apply, in torchtitan's order, only the steps their layout needs:
 
-    mesh.build_mesh   one DeviceMesh (pp, dp, tp) in Megatron's rank order (bench/run/layout.py)
+    mesh.build_mesh   one DeviceMesh (pp, dp, tp) in Megatron's rank order (bench/spec/layout.py)
     float8.apply_float8  precision=fp8: torchao Float8Linear for the blocks' Linear layers (before TP)
     tp.apply_tp       DTensor Colwise / Rowwise plan on every block
     pp.split_stages   this rank's pipeline stages (chunks of the same model class)

@@ -6,7 +6,7 @@ import logging
 
 import torch.nn as nn
 
-from bench.run.schema import BenchConfig
+from bench.spec.schema import BenchConfig
 
 log = logging.getLogger("bench.compile")
 

@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch.nn as nn
 
-from bench.run.schema import BenchConfig
+from bench.spec.schema import BenchConfig
 
 HEAD = "head"  # bench.models.model.GPT's output projection
 ALIGN = 16  # torch._scaled_mm: both matmul dimensions a multiple of 16

@@ -1,18 +1,18 @@
-"""One DeviceMesh for the whole layout, in Megatron's rank order (bench/run/layout.py)."""
+"""One DeviceMesh for the whole layout, in Megatron's rank order (bench/spec/layout.py)."""
 from __future__ import annotations
 
-from bench.run.layout import DIMS, Layout
+from bench.spec.layout import DIMS, Layout
 
 
 def build_mesh(layout: Layout, device_type: str, rank: int):
-    """DeviceMesh of the layout's shape, dims named ``DIMS``; checked against bench.run.layout's coordinates."""
+    """DeviceMesh of the layout's shape, dims named ``DIMS``; checked against bench.spec.layout's coordinates."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device_type, layout.mesh_shape, mesh_dim_names=DIMS)
     c = layout.coords(rank)
     if list(mesh.get_coordinate()) != [getattr(c, d) for d in DIMS]:
         raise RuntimeError(f"DeviceMesh coordinate {mesh.get_coordinate()} of rank {rank} differs from "
-                           f"bench.run.layout's {c}")
+                           f"bench.spec.layout's {c}")
     return mesh
 
 

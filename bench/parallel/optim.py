@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from bench.parallel.tp import local_tensor, sharded_dims
-from bench.run.schema import OptimConfig
+from bench.spec.schema import OptimConfig
 
 
 def adamw(params: list[torch.Tensor], optim: OptimConfig, fused: bool) -> torch.optim.AdamW:

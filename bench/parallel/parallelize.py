@@ -53,7 +53,7 @@ def parallelize(model: nn.Module, plan, mesh, policy: DataParallel, pp_rank: int
     with phase("recompute, loss chunks and compile wrappers"):
         for chunk in chunks:
             info.update(apply_ac(chunk, plan.layout))
-        if plan.layout.loss_chunks > 1:  # no pipeline (bench/run/layout_rules.py): the one chunk is the whole model
+        if plan.layout.loss_chunks > 1:  # no pipeline (bench/spec/layout_rules.py): the one chunk is the whole model
             info.update(apply_loss_chunks(chunks[0], plan.layout.loss_chunks))
         if run.compile and not whole:  # per block, after TP (DTensor dispatch traced away)
             for chunk in chunks:

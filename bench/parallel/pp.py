@@ -14,7 +14,7 @@ import inspect
 import torch
 import torch.nn as nn
 
-from bench.run.layout import local_stages, stage_layers
+from bench.spec.layout import local_stages, stage_layers
 from bench.models.model import GPT, lm_loss
 
 

@@ -1,1 +1,1 @@
-"""The memory plan and the throughput prediction: traffic on the topology, measured bests and the calibration."""
+"""The memory plan and the throughput prediction over every strategy's terms: the topology, measured bests and the calibration's error."""

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from bench.machine.hardware import match as match_hardware
 from bench.jsonio import read_json_dict, write_json_atomic
-from bench.run.schema import BenchConfig, ModelConfig, fields_of, setting, typed
+from bench.spec.schema import BenchConfig, ModelConfig, fields_of, setting, typed
 from bench.units import count_text
 
 SHIPPED = Path(__file__).with_name("bests.json")
@@ -258,7 +258,7 @@ def _winner(trials: list[dict], recorded: Optional[dict]) -> Optional[tuple[dict
 
 def from_tune(tune: dict, find: Callable[[str, str, Optional[str]], Optional[dict]], source: str) -> list[dict]:
     """Entries of every base of a tune.json with a winner; ``find(sub, dir, run key)`` gives a run's metrics."""
-    from bench.run.runs import override_key, rerun_command
+    from bench.spec.commands import override_key, rerun_command
     from bench.strategies.registry import get_spec
 
     out = []

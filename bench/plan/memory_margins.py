@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from bench.run.schema import Plan
+from bench.spec.schema import Plan
 
 GIB = 2**30
 # the plan over-predicts a measured peak rarely and by little (it under-predicts more often, by more): measured

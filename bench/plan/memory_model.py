@@ -38,7 +38,7 @@ peak allocated (what ``torch.cuda.max_memory_allocated`` measures: the largest r
   same prediction as none.  Pipelines: 1F1B min(m, pp) micro-batches on the first stage, one on the last;
   GPipe all m.
 * Autocast's 16-bit copies of the fp32 matmul weights (2 B per parameter): each Linear saves its copy for backward
-  (full recompute: the head's); all are cached to the forward's end, beside the loss' (bench/plan/forward_end.py).
+  (full recompute: the head's); all are cached to the forward's end, beside the loss' (bench/costs/forward_end.py).
 * Logits: b x s x vocab per micro-batch on the stage with the head, what the loss holds when its backward
   runs (``ModelStates.loss_bytes_per_logit``): torch's fp32 cross entropy 12 B (log-softmax output, its
   gradient, the fp32 logits' gradient), Megatron's in-place vocab-parallel one 6.
@@ -66,9 +66,9 @@ from bench.plan.memory_margins import (CONTEXT_BYTES, FRAGMENTATION, TIGHT, grap
                                   outside_allocator_bytes, verdict)
 from bench.models.model_spec import describe_model
 from bench.parallel.float8 import fsdp_float8_all_gather
-from bench.plan.activations import activation_bytes, params_per_rank
+from bench.costs.activations import activation_bytes, params_per_rank
 from bench.strategies.registry import FP32, ModelStates, get_spec
-from bench.run.schema import Plan
+from bench.spec.schema import Plan
 
 GIB, MB = 2**30, 2**20
 # torch's default cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG=:4096:8), from the caching allocator

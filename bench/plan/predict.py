@@ -25,7 +25,7 @@ One optimizer step of the slowest rank, in seconds::
              link' = a datasheet link x link_eff (fitted: NCCL's share of the datasheet, and NVLink's losses at
              a step's message sizes); a link given as NCCL's bus bandwidth (a probe's, a PCIe preset's) as it
              is, at the step's typical message size on the probe's all-reduce curve (measured_link_factor)
-             bytes per kind from the strategy (StrategySpec.traffic, bench/plan/traffic.py); the link is the bus
+             bytes per kind from the strategy (StrategySpec.traffic, bench/costs/traffic.py); the link is the bus
              bandwidth of the group each kind travels over (bench/plan/topology.py: TP inside a node, a data-parallel
              group across nodes costed hierarchically, HSDP's gradient and parameter traffic over its shard group and
              the replicas' all-reduce over its replicate group, pipeline sends at the network share once they
@@ -70,10 +70,10 @@ from bench.plan.memory_model import MB, memory_plan, plan_hardware
 from bench.models.model_spec import describe_model
 from bench.metrics.flops import (executed_flops_per_token, float8_cast_elements_per_layer_token, float8_matmul_params,
                                 flops_per_token)
-from bench.run.schema import Plan
+from bench.spec.schema import Plan
 from bench.strategies.registry import get_spec
 from bench.plan.topology import Topology, topology
-from bench.plan.traffic import BYTE_KINDS, local_tokens
+from bench.costs.traffic import BYTE_KINDS, local_tokens
 
 CALIBRATION = Path(__file__).with_name("calibration.json")
 OPTIMIZER_PASSES = 1.75  # fused AdamW: reads params, grads, m, v, writes params, m, v: 7 of 4 state parts
@@ -98,7 +98,7 @@ BACKWARD_SHARE = 2.0 / 3.0
 
 # The fitted constants (values: bench/plan/calibration.json), each with its physical reading and what checks it; here the
 # fit's starting point.  Set by hand, not fitted (python -m bench.calibrate's docstring says why): OPTIMIZER_PASSES,
-# HOST_LINK_GBPS, COLLECTIVE_LATENCY_S above; the strategies' host-operation counts (bench/plan/traffic.py
+# HOST_LINK_GBPS, COLLECTIVE_LATENCY_S above; the strategies' host-operation counts (bench/costs/traffic.py
 # DTENSOR_LAYER_HOST and the pipeline's 4 hooks per micro-batch, ZeRO's FETCH_OPS / PARAM_OPS, Megatron's PARAM_OPS).
 DEFAULTS = {
     # device: matmuls, memory-bound work, links

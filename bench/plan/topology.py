@@ -1,7 +1,7 @@
 """Where a plan's parallel groups live on nodes, and the bandwidth a collective over each group gets.
 
 Ranks fill nodes in blocks (node k holds ranks k x gpus_per_node and up: torchrun's node ranks, SLURM's block
-distribution, bench/launch/slurm), and the layout's rank order (bench/run/layout.py, Megatron-core's default
+distribution, bench/launch/slurm), and the layout's rank order (bench/spec/layout.py, Megatron-core's default
 tp-cp-dp-pp) puts tensor parallelism innermost, then context parallelism, then data parallelism, then pipeline stages
 outermost: a TP group stays inside a node unless tp > gpus_per_node, a CP group next (tp x cp ranks in a row); data
 parallelism spans nodes before pipeline stages do.
@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from typing import Optional
 
 from bench.machine.hardware import HardwareConfig
-from bench.run.layout import Layout
+from bench.spec.layout import Layout
 
 DEFAULT_LINK_GBPS = 25.0  # a preset without link figures (a bare hardware.name): what the prediction assumed before
 # each group kind by the rank coordinates its members differ in (the data-parallel one: replica and shard)
 VARIES = {"tp": ("tp",), "dp": ("dp_replicate", "dp_shard", "cp"), "pp": ("pp",), "dp_shard": ("dp_shard", "cp"),
           "dp_replicate": ("dp_replicate",), "cp": ("cp",)}
 HSDP_GROUPS = ("dp_shard", "dp_replicate")  # named in the plan only where there are replicas
-# what each kind of bytes (bench/plan/traffic.py BYTE_KINDS) travels over; offload goes to the host, not a group
+# what each kind of bytes (bench/costs/traffic.py BYTE_KINDS) travels over; offload goes to the host, not a group
 KIND_GROUP = {"grad_reduce": "dp_shard", "grad_replicate": "dp_replicate", "param_gather": "dp_shard", "tail": "dp",
               "activation": "tp", "p2p": "pp", "context": "cp", "embedding_grad": "pp"}
 # the prediction's term a kind is part of: the replicas' all-reduce is issued in backward like the reduce-scatter
@@ -83,11 +83,11 @@ class Topology:
         return (n - 1) / n / seconds
 
     def kind_bytes_per_s(self, kind: str) -> float:
-        """Bytes/s at which the bytes of a traffic kind (bench/plan/traffic.py) move."""
+        """Bytes/s at which the bytes of a traffic kind (bench/costs/traffic.py) move."""
         return self.bus_gbps(KIND_GROUP[kind]) * 1e9
 
     def seconds(self, traffic: dict) -> dict[str, float]:
-        """Seconds of a strategy's traffic (bench/plan/traffic.py) per prediction term, each kind at its group's speed."""
+        """Seconds of a strategy's traffic (bench/costs/traffic.py) per prediction term, each kind at its group's speed."""
         out: dict[str, float] = {}
         for kind in KIND_GROUP:
             term = KIND_TERM.get(kind, kind)

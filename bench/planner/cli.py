@@ -11,8 +11,8 @@ from bench.planner.evaluate import FITS, Evaluator
 from bench.planner.job import Question, common_overrides, compose, job_overrides, parse
 from bench.planner.search import search
 from bench.planner.table import lines, record, same_setting, write
-from bench.run.runs import override_key
-from bench.run.schema import ConfigError, ModelConfig, typed
+from bench.spec.commands import override_key
+from bench.spec.schema import ConfigError, ModelConfig, typed
 from bench.units import count_text
 from bench.strategies.registry import specs
 

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from bench.run.config import validate
 from bench.plan.memory_model import memory_plan
 from bench.plan.predict import device_hardware, predict, prediction_line
-from bench.run.schema import BenchConfig, ConfigError, Plan, setting
+from bench.spec.schema import BenchConfig, ConfigError, Plan, setting
 
 FITS, TIGHT, NO_FIT, UNKNOWN = "fits", "tight", "does not fit", "unknown"
 ORDER = {FITS: 0, TIGHT: 1, UNKNOWN: 2, NO_FIT: 3}  # a tight or over-budget layout never ranks above one that fits

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from bench.machine.hardware import resolve as resolve_hardware
-from bench.run.runs import override_key
-from bench.run.schema import ConfigError
+from bench.spec.commands import override_key
+from bench.spec.schema import ConfigError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30,

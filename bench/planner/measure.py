@@ -18,7 +18,8 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from bench.run.runs import override_key, read_result, rerun_command
+from bench.run.runs import read_result
+from bench.spec.commands import override_key, rerun_command
 
 SUBDIR = "measure"
 

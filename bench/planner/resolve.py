@@ -20,7 +20,7 @@ from bench.planner.evaluate import NO_FIT, Evaluator, Row
 from bench.planner.search import (MICRO_BATCH, best_micro_batch, fallbacks, improve_knobs, recomputes,
                                   tunable_knobs)
 from bench.plan.predict import device_hardware
-from bench.run.schema import BenchConfig, Plan, setting
+from bench.spec.schema import BenchConfig, Plan, setting
 from bench.strategies.registry import get_spec
 from bench.run.tuning_profiles import with_search
 

@@ -3,7 +3,7 @@ then the strategy's own knobs on the leaders.
 
 Bounded by construction: tp in 1, 2, 4, 8 (inside a node), pp in 1, 2, 4, cp (context parallelism, for a strategy
 whose schema has it) over the divisors of world_size / tp that cut the sequence into 2 x cp chunks, without a
-pipeline (what bench/run/layout_rules.py refuses), the micro-batch over the divisors of
+pipeline (what bench/spec/layout_rules.py refuses), the micro-batch over the divisors of
 the per-rank batch (the best one of each group is kept: a group is one row), and a strategy's knobs (their
 ``tune`` candidates in the schema) tried one at a time, only on the ``LEADERS`` best rows; on a job that spans
 nodes, a knob whose schema says ``tune_nodes`` (HSDP's replicas) is then tried at the number of nodes on each
@@ -22,9 +22,9 @@ from typing import Callable, Iterable, Optional
 
 from bench.run.config import FLOAT8_MIN_CC
 from bench.machine.hardware import resolve as resolve_hardware
-from bench.run.layout_rules import CP_CHUNK_ROWS
+from bench.spec.layout_rules import CP_CHUNK_ROWS
 from bench.planner.evaluate import FITS, NO_FIT, ORDER, Evaluator, Row
-from bench.run.schema import BenchConfig, fields_of, setting
+from bench.spec.schema import BenchConfig, fields_of, setting
 from bench.strategies.registry import StrategySpec, get_spec
 
 TP = (1, 2, 4, 8)

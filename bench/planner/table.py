@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from bench.planner.evaluate import Row, error_statement, job_cost, mfu
-from bench.run.schema import setting
+from bench.spec.schema import setting
 from bench.strategies.registry import get_spec
 
 

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from bench.machine.hardware import check
 from bench.probe.comm import link_gbps
-from bench.run.schema import ConfigError
+from bench.spec.schema import ConfigError
 
 
 def _r(x: Optional[float], digits: int = 4) -> Optional[float]:

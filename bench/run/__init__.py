@@ -1,1 +1,1 @@
-"""What a run is and its checks: the config schema, validation, the layout and its rules, tuning profiles, the output folder and run records."""
+"""A run composed and checked: Hydra's config groups and validation (config.py), tuning profiles, the output folder, run keys and records, recorded runs re-planned."""

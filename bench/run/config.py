@@ -1,6 +1,6 @@
 """The one place where a configuration is checked: Hydra's schema registration and ``validate``.
 
-Hydra composes ``conf/`` over the dataclasses of bench/run/schema.py and of each strategy's module
+Hydra composes ``conf/`` over the dataclasses of bench/spec/schema.py and of each strategy's module
 (registered in the ConfigStore: a strategy's schema is its config group option, so its defaults
 live in one place), so an unknown key or a wrong type fails at composition.  ``validate`` then
 applies every cross-field rule and returns a :class:`Plan`: the shared rules here, the layout
@@ -21,10 +21,10 @@ from bench.machine.allocator import check as check_allocator
 from bench.machine.hardware import HardwareConfig, check as check_hardware, preset_nodes
 from bench.machine.hardware_rules import compute_capability, cuda_device_count, planned_device_name, planned_gpus
 from bench.models.hf_config import resolve_model
-from bench.run.layout_rules import build as build_layout
+from bench.spec.layout_rules import build as build_layout
 from bench.metrics.loggers import check as check_logger
 from bench.models.model_spec import describe_model
-from bench.run.schema import (BenchConfig, ConfigError, LoggerConfig, ModelConfig, Plan, check_choice, check_positive,
+from bench.spec.schema import (BenchConfig, ConfigError, LoggerConfig, ModelConfig, Plan, check_choice, check_positive,
                               fields_of, typed)
 from bench.strategies.registry import StrategySpec, get_spec, specs
 
@@ -101,8 +101,8 @@ def _check_known_keys(values: dict, schema: type, prefix: str = "") -> None:
 
 
 def _check_choices(c: dict, spec: StrategySpec) -> None:
-    """Every knob declared with ``choices`` (bench/run/schema.py knob), in every section."""
-    from bench.run.schema import FaultConfig, MetricsConfig
+    """Every knob declared with ``choices`` (bench/spec/schema.py knob), in every section."""
+    from bench.spec.schema import FaultConfig, MetricsConfig
 
     sections = [("", BenchConfig, c), ("model.", ModelConfig, c["model"]), ("metrics.", MetricsConfig, c["metrics"]),
                 ("fault.", FaultConfig, c["fault"]), ("logger.", LoggerConfig, c.get("logger") or {}),
@@ -246,14 +246,14 @@ def describe_run(c: dict, spec: Optional[StrategySpec] = None) -> BenchConfig:
 
 def plan_from_dict(d: dict) -> Plan:
     """A Plan from its plain containers (Plan.to_dict, as the ranks receive it), its run description typed again."""
-    from bench.run.layout import Layout
+    from bench.spec.layout import Layout
 
     run = {k: v for k, v in d["run"].items() if k != "_command"}
     return Plan(**{**d, "run": describe_run(run), "layout": Layout(**d["layout"])})
 
 
 def _layout(c: dict, spec: StrategySpec, device: str) -> Plan:
-    """The plan around its layout (bench/run/layout_rules.py builds and checks it), micro_batch_size=auto chosen."""
+    """The plan around its layout (bench/spec/layout_rules.py builds and checks it), micro_batch_size=auto chosen."""
     run = describe_run(c, spec)
     plan = Plan(run=run, device=device, backend="nccl" if device == "cuda" else "gloo",
                 world_size=c["world_size"], layout=build_layout(run), command=c.get("_command"))

@@ -6,16 +6,16 @@ the analysis (multirun_analysis), so that all three agree on what a run is:
 * :func:`run_key`: a hash of the resolved configuration, without the keys that do not change
   what a run measures (``volatile`` in the schema) and without knobs added since runs were first
   recorded while they are at their default (``added``): an older sweep folder still resumes.
-  Both sets are read from the schema (bench/run/schema.py ``knob``), never from a hand-kept list;
+  Both sets are read from the schema (bench/spec/schema.py ``knob``), never from a hand-kept list;
 * :func:`with_added_defaults`: the reading side of that rule, for runs recorded before a knob;
-* the statuses, ``status.json`` (written at each change) and :func:`read_result`;
-* :func:`rerun_command`: a run's overrides as the command that runs that setting once.
+* the statuses, ``status.json`` (written at each change) and :func:`read_result`.
+
+A run's overrides as a command: bench/spec/commands.py.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 import shutil
 import time
 from dataclasses import MISSING, dataclass, field
@@ -24,34 +24,13 @@ from typing import Any, Optional
 
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.metrics import STATUSES, skeleton
-from bench.run.schema import BenchConfig, ModelConfig, fields_of
+from bench.spec.schema import BenchConfig, ModelConfig, fields_of
 
 FAILED = ("failed", "oom", "timeout", "interrupted")  # final, not completed, worth a re-run
 ATTEMPTS = ".attempts"
 
 
 # ------------------------------------------------------------------------------ keys
-SEARCH_EXPERIMENT = "+experiment=tune"  # the knob search's preset: its trials' run lengths are its rungs'
-
-
-def override_key(override: str) -> str:
-    """The dotted key an override string sets ("+strategy.x=1" -> "strategy.x")."""
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def rerun_command(overrides: list[str]) -> str:
-    """``python -m bench ...`` for one setting: a sweep's or search's overrides without their machinery
-    (hydra.* folders, --multirun, resume, the search's preset and its rung lengths: a winner found at
-    10 short steps is meant to be run at the default length)."""
-    trial = SEARCH_EXPERIMENT in overrides
-    keep = [o for o in overrides
-            if not o.startswith(("hydra.sweep.", "hydra.run.", "hydra.job.", "hydra.sweeper.", "--multirun", "-m",
-                                 "resume="))
-            and o != SEARCH_EXPERIMENT
-            and not (trial and override_key(o) in ("steps", "warmup_steps"))]
-    return " ".join(["python -m bench", *map(shlex.quote, keep)])
-
-
 def volatile_keys() -> tuple[str, ...]:
     """Top-level keys that do not change what a run measures (and the recorded command)."""
     return tuple(n for n, f in fields_of(BenchConfig).items() if f.metadata.get("volatile")) + ("_command",)

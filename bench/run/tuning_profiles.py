@@ -31,7 +31,7 @@ import copy
 from dataclasses import MISSING
 from typing import Any, Callable, Iterable, Optional
 
-from bench.run.schema import BenchConfig, ConfigError, fields_of
+from bench.spec.schema import BenchConfig, ConfigError, fields_of
 
 MICRO_BATCH = "strategy.micro_batch_size"
 # tuning=best's entries for every strategy, after its own profile (the measured bests store knobs per strategy)

@@ -16,7 +16,7 @@ import torch
 from bench.models.data import SyntheticStream
 from bench.models.model import DTYPES
 from bench.metrics.timing import phase
-from bench.run.schema import Plan
+from bench.spec.schema import Plan
 
 
 @dataclass

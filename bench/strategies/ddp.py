@@ -6,12 +6,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from bench.run.schema import BenchConfig, ConfigError, Plan, StrategyConfig, fields_of, knob
+from bench.spec.schema import BenchConfig, ConfigError, Plan, StrategyConfig, fields_of, knob
 from bench.strategies.registry import ModelStates, StrategySpec, register, replicated_states
 from bench.strategies.single import REDUCE_OVERHEAD
 from bench.parallel.dp import TorchDDP
 from bench.strategies.torch_native import torch_native
-from bench.plan.traffic import all_reduce, buckets
+from bench.costs.traffic import all_reduce, buckets
 
 
 @dataclass

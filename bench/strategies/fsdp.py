@@ -7,21 +7,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from bench.run.layout_rules import check_torch_native
-from bench.run.schema import AddedLayoutKnobs, BenchConfig, ConfigError, Plan, knob
+from bench.spec.layout_rules import check_torch_native
+from bench.spec.schema import AddedLayoutKnobs, BenchConfig, ConfigError, Plan, knob
 from bench.strategies.registry import FP32, ModelStates, Scheme, StrategySpec, register
 from bench.parallel.dp import FSDP2
 from bench.parallel.float8 import fsdp_float8_all_gather
 from bench.strategies.torch_native import torch_native
 from bench.metrics.flops import float8_matmul_params
-from bench.plan.activations import params_per_rank
-from bench.plan.traffic import (all_gather, compute_bytes, cp_kv_exchange, hsdp_grad_reduce, merge, param_tensors,
+from bench.costs.activations import params_per_rank
+from bench.costs.traffic import (all_gather, compute_bytes, cp_kv_exchange, hsdp_grad_reduce, merge, param_tensors,
                            pp_p2p, torch_native_hooks, torch_tp)
 
 
 @dataclass
 class FSDPConfig(AddedLayoutKnobs):
-    """PyTorch FSDP2 knobs (defaults are torch's); tp, pp and the pipeline's knobs: bench/run/schema.py."""
+    """PyTorch FSDP2 knobs (defaults are torch's); tp, pp and the pipeline's knobs: bench/spec/schema.py."""
 
     name: str = "fsdp"
     reshard_after_forward: bool = knob(True, "true: free a unit's gathered parameters after its forward, gather "

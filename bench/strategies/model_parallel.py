@@ -13,18 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from bench.run.layout_rules import build as build_layout, check_torch_native
-from bench.run.schema import CUDA_GRAPH_CAPTURE_STEP, BenchConfig, ConfigError, LayoutKnobs, Plan, knob
+from bench.spec.layout_rules import build as build_layout, check_torch_native
+from bench.spec.schema import CUDA_GRAPH_CAPTURE_STEP, BenchConfig, ConfigError, LayoutKnobs, Plan, knob
 from bench.strategies.ddp import bucket_bytes
 from bench.strategies.registry import FP32, ModelStates, StrategySpec, register, specs
 from bench.parallel.dp import TorchDDP
 from bench.strategies.torch_native import torch_native
-from bench.plan.traffic import all_reduce, buckets, merge, param_tensors, pp_p2p, torch_native_hooks, torch_tp
+from bench.costs.traffic import all_reduce, buckets, merge, param_tensors, pp_p2p, torch_native_hooks, torch_tp
 
 
 @dataclass
 class ModelParallelConfig(LayoutKnobs):
-    """One schema for the tp x pp x dp family (the layout knobs: bench/run/schema.py).  dp = world_size / (tp * pp)."""
+    """One schema for the tp x pp x dp family (the layout knobs: bench/spec/schema.py).  dp = world_size / (tp * pp)."""
 
     name: str = "megatron"
     impl: str = knob("megatron", "megatron (megatron-core, GPU only) | torch (DTensor TP + torch.distributed."
@@ -187,7 +187,7 @@ def _torch_buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str
 
 
 def _torch_traffic(plan: Plan, params: float) -> dict[str, float]:
-    """tp's activation all-reduces and pp's sends (bench/plan/traffic.py), then torch DDP's fp32 all-reduce."""
+    """tp's activation all-reduces and pp's sends (bench/costs/traffic.py), then torch DDP's fp32 all-reduce."""
     dp, grads = plan.dp_size, 4 * params
     own = {"grad_reduce": all_reduce(grads, dp), "collectives": buckets(grads, 25 * 2**20) if dp > 1 else 0,
            "hooks": param_tensors(plan) if plan.tp > 1 else 0}

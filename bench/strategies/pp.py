@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bench.run.schema import alias_default
+from bench.spec.schema import alias_default
 from bench.strategies.model_parallel import CUDA_GRAPHS_EVIDENCE, ModelParallelConfig, family_spec
 
 

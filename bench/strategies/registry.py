@@ -17,7 +17,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from bench.run.schema import BenchConfig, Plan
+from bench.spec.schema import BenchConfig, Plan
 
 @dataclass(frozen=True)
 class Scheme:
@@ -144,7 +144,7 @@ class StrategySpec:
     # before it runs out), given the planned allocated bytes and the device's GiB; None: no such limit
     crowded: Callable[[Plan, float, Optional[float]], Optional[str]] = lambda plan, allocated, mem_gib: None
     # the throughput prediction (bench/plan/predict.py): (plan, parameters on the rank) -> per step, bytes sent by
-    # kind and host work (keys: bench/plan/traffic.py)
+    # kind and host work (keys: bench/costs/traffic.py)
     traffic: Callable[[Plan, float], dict[str, float]] = no_traffic
     # the analysis: the words naming a run of it, given its varying knob values ({knob: value}; the layout's
     # tp / pp and recompute are added by the analysis), and the knob whose values its variants figure compares

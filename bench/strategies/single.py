@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.run.schema import ConfigError, Plan, StrategyConfig
+from bench.spec.schema import ConfigError, Plan, StrategyConfig
 from bench.strategies.registry import StrategySpec, register
 from bench.parallel.dp import DataParallel
 from bench.strategies.torch_native import torch_native

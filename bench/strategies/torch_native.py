@@ -12,8 +12,8 @@ import contextlib
 
 import torch
 
-from bench.run.layout import CP_TOKEN_RULE, DIMS, TOKEN_RULE
-from bench.run.layout_rules import microbatches_setting, splits_model
+from bench.spec.layout import CP_TOKEN_RULE, DIMS, TOKEN_RULE
+from bench.spec.layout_rules import microbatches_setting, splits_model
 from bench.models.model import build_model, model_loss
 from bench.parallel import cp as context_parallel
 from bench.parallel.dp import DataParallel
@@ -22,7 +22,7 @@ from bench.parallel.optim import LocalShardAdamW, adamw, clip_grads_
 from bench.parallel.parallelize import parallelize
 from bench.parallel.pp import build_schedule, run_schedule
 from bench.strategies.base import DistContext, Precision, StepResult, Strategy
-from bench.run.schema import Plan
+from bench.spec.schema import Plan
 
 PRECISION_TEXT = {"fp32": "fp32", "bf16": "autocast bf16 over fp32 weights",
                   "fp16": "autocast fp16 over fp32 weights + GradScaler",

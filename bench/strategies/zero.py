@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from bench.metrics.flops import param_groups
-from bench.run.schema import (BenchConfig, ConfigError, Plan, StrategyConfig, Section, alias_default, check_positive,
+from bench.spec.schema import (BenchConfig, ConfigError, Plan, StrategyConfig, Section, alias_default, check_positive,
                               check_whole, knob)
 from bench.strategies.registry import (AUTOCAST_COPY, FP32, MIXED, ModelStates, StrategySpec, knob_text,
                                       register)
 from bench.strategies.zero_engine import Zero
-from bench.plan.traffic import all_gather, all_reduce, buckets, param_tensors
+from bench.costs.traffic import all_gather, all_reduce, buckets, param_tensors
 
 
 # --------------------------------------------------------------------------- schema
@@ -291,7 +291,7 @@ def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
     return _reduce_buckets(plan)[0], "ZeRO-3 reduce buckets (reduce_bucket_size elements per communication dtype)"
 
 
-# ZeRO-3's host operations (bench/plan/traffic.py "hooks") per micro-batch: each hooked module's fetch and release in
+# ZeRO-3's host operations (bench/costs/traffic.py "hooks") per micro-batch: each hooked module's fetch and release in
 # forward and backward (pre / post hooks, the gather's launch, status bookkeeping), each parameter's gather,
 # partition and release (one H200, gpt2: 12 leaf blocks ran in 100-150 ms a step, 132 hooked modules in 183-252,
 # against 28 ms for single; results/2026-11-25-h100-search-1gpu, results/2026-11-25-h200-search-1gpu)

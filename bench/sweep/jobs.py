@@ -16,8 +16,9 @@ from bench.run.config import validate
 from bench.planner.resolve import resolved
 from bench.plan.memory_model import fits, memory_plan
 from bench.metrics import identity
-from bench.run.runs import override_key, run_key
-from bench.run.schema import BenchConfig, ConfigError, Plan
+from bench.run.runs import run_key
+from bench.spec.commands import override_key
+from bench.spec.schema import BenchConfig, ConfigError, Plan
 from bench.sweep.cost import CostModel, fmt_s, history_records
 from bench.sweep.status_report import NOT_RUN, reason_lines
 

@@ -48,8 +48,9 @@ from typing import Any, Callable, Optional
 from bench.plan.bests import winner
 from bench.jsonio import read_json_dict, write_json_atomic
 from bench.strategies.registry import get_spec, specs
-from bench.run.runs import override_key, read_result, rerun_command, scan
-from bench.run.schema import BenchConfig, ConfigError, fields_of
+from bench.run.runs import read_result, scan
+from bench.spec.commands import override_key, rerun_command
+from bench.spec.schema import BenchConfig, ConfigError, fields_of
 from bench.sweep.jobs import Job
 from bench.sweep.sweeper import BenchSweeper
 

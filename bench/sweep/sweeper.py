@@ -16,7 +16,7 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
 from bench.run.runs import FAILED, scan
-from bench.run.schema import BenchConfig
+from bench.spec.schema import BenchConfig
 from bench.sweep.claims import SweepFolder
 from bench.sweep.jobs import Job, compose, declare_preloads, expand, log_plan, subdir_override, write_plans
 from bench.sweep.runner import Runner

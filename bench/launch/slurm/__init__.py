@@ -62,7 +62,7 @@ through a wakeup pipe, so also while the main thread is blocked in a collective)
 why - reason ``TimeLimit``: status ``timeout``; else (scancel, preemption) ``failed``, reason
 "cancelled"; a node SLURM found failed (reason NodeDown): ``failed``, naming the node - records it
 within KillWait, and every rank exits.  Each rank writes where it runs at its start
-(``node_rank{r}.json``, bench/launch/placement.py): on several nodes, a root cause that is a lost
+(``node_rank{r}.json``, bench/machine/placement.py): on several nodes, a root cause that is a lost
 connection names the node it pointed to, and whether that node's ranks left any record.  submitit's
 own handlers would ignore
 SIGTERM (nothing recorded before SLURM's SIGKILL) and, on the time-limit warning (USR2,

@@ -10,7 +10,7 @@ from typing import Any, Optional
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import DictConfig, OmegaConf
 
-from bench.run.schema import ConfigError
+from bench.spec.schema import ConfigError
 
 _GENERIC = set(OmegaConf.structured(BaseQueueConf).keys())  # submitit's shared parameter names
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from bench.launch.slurm.interrupt import cancel_unfinished
 from bench.launch.slurm.preflight import refusal
 from bench.launch.slurm.record import job_dir, leave_queued, log, mark_failed
-from bench.run.schema import ConfigError
+from bench.spec.schema import ConfigError
 
 
 def _repository_importable() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from bench.run.schema import Plan, knob
+from bench.spec.schema import Plan, knob
 from bench.strategies.megatron.implementation import megatron_only
 from bench.strategies.model_parallel import CUDA_GRAPHS_EVIDENCE, ModelParallelConfig, family_spec
 from bench.strategies.registry import plain_label

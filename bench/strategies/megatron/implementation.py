@@ -6,11 +6,11 @@ from __future__ import annotations
 import importlib.util
 
 from bench.models.model_spec import describe_model
-from bench.run.layout_rules import build as build_layout, microbatches_setting
-from bench.run.schema import BenchConfig, ConfigError, ModelConfig, Plan
+from bench.spec.layout_rules import build as build_layout, microbatches_setting
+from bench.spec.schema import BenchConfig, ConfigError, ModelConfig, Plan
 from bench.strategies.model_parallel import Implementation, register_implementation
 from bench.strategies.registry import FP32, MIXED, ModelStates, Scheme
-from bench.plan.traffic import all_gather, all_reduce, buckets, merge, param_tensors, pp_p2p, tp_activation
+from bench.costs.traffic import all_gather, all_reduce, buckets, merge, param_tensors, pp_p2p, tp_activation
 
 NAME = "megatron"  # the strategy.impl value, and the strategy of the same name (megatron/__init__.py)
 

@@ -47,7 +47,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from bench.models.model import DTYPES, sdpa_kv
-from bench.run.schema import ModelConfig
+from bench.spec.schema import ModelConfig
 
 
 

@@ -17,7 +17,7 @@ The data: every rank holds its data-parallel slice of the same global batches as
 strategy (SyntheticStream with dp_rank from the layout); the first stage reads the tokens,
 the last the labels.  Loss: the mean over micro-batches of the per-token loss on the last
 stage (a clone: the schedule divides the loss in place); reported, with the tokens, only by
-tp_rank 0 of the last stage (bench/run/layout.py).
+tp_rank 0 of the last stage (bench/spec/layout.py).
 """
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ import os
 
 import torch
 
-from bench.run.layout import TOKEN_RULE
+from bench.spec.layout import TOKEN_RULE
 from bench.models.model import DTYPES, build_model
-from bench.run.layout_rules import microbatches_setting
-from bench.run.schema import CUDA_GRAPH_CAPTURE_STEP, BenchConfig
+from bench.spec.layout_rules import microbatches_setting
+from bench.spec.schema import CUDA_GRAPH_CAPTURE_STEP, BenchConfig
 from bench.strategies.base import StepResult, Strategy
 from bench.strategies.model_parallel import ModelParallelConfig
 
@@ -194,7 +194,7 @@ class MegatronModelParallel(Strategy):
         self.stream = self.data_stream(self.coord.dp)
 
     def _init_parallel_state(self) -> None:
-        """parallel_state's groups; checks that Megatron's coordinates are bench.run.layout's."""
+        """parallel_state's groups; checks that Megatron's coordinates are bench.spec.layout's."""
         from megatron.core import parallel_state as ps
 
         p = self.plan
@@ -208,7 +208,7 @@ class MegatronModelParallel(Strategy):
                 distributed_timeout_minutes=max(1, math.ceil(p.run.dist_timeout_s / 60)))
         got = (ps.get_data_parallel_rank(), ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank())
         if got != (c.dp, c.pp, c.tp):
-            raise RuntimeError(f"rank {self.dist.rank}: Megatron's (dp, pp, tp) = {got} != bench.run.layout's {c}")
+            raise RuntimeError(f"rank {self.dist.rank}: Megatron's (dp, pp, tp) = {got} != bench.spec.layout's {c}")
 
     def _seed_and_bench_model(self):
         """bench's model (strategy.init=bench; else None), then Megatron-LM's seeding."""

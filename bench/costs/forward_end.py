@@ -12,7 +12,7 @@ forward's end than at backward's start (torch's MemTracker: tests/test_memory_tr
 inside the graph (no cache): not counted."""
 from __future__ import annotations
 
-from bench.run.schema import Plan
+from bench.spec.schema import Plan
 
 # the loss' forward (torch's cross entropy, a 16-bit head's output): the logits, their fp32 cast, log-softmax's output
 FORWARD_LOSS_BYTES_PER_LOGIT = 2 + 4 + 4

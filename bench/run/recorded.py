@@ -19,7 +19,7 @@ from typing import Optional
 from bench.machine.hardware import recorded
 from bench.plan.predict import gpu_type, host_key, plan_topology, terms
 from bench.run.runs import with_added_defaults
-from bench.run.schema import BenchConfig, fields_of
+from bench.spec.schema import BenchConfig, fields_of
 
 LEGACY = {("metrics", "step_timing"): "sync"}  # keys whose default changed since runs were recorded
 _ALIAS = re.compile(r"^\$\{bench_alias:\w+,(.*)\}$")

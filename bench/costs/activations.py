@@ -6,9 +6,9 @@ from typing import Any, Optional
 
 from bench.models.model_spec import describe_model
 from bench.parallel.float8 import fsdp_float8_all_gather, saves_float8_inputs
-from bench.plan.forward_end import forward_end_bytes
-from bench.plan.traffic import RING_GRAD_BYTES, compute_bytes, kv_bytes, local_tokens
-from bench.run.schema import Plan
+from bench.costs.forward_end import forward_end_bytes
+from bench.costs.traffic import RING_GRAD_BYTES, compute_bytes, kv_bytes, local_tokens
+from bench.spec.schema import Plan
 
 
 # ------------------------------------------------------------------------------ parameters

@@ -39,7 +39,7 @@ from __future__ import annotations
 from math import ceil
 
 from bench.models.model_spec import describe_model
-from bench.run.schema import Plan
+from bench.spec.schema import Plan
 
 BYTE_KINDS = ("grad_reduce", "param_gather", "tail", "activation", "p2p", "context", "offload")
 COUNT_KINDS = ("collectives", "scalar_collectives", "hooks", "syncs", "host_adam", "graphed", "eager", "layer_host",

@@ -2,7 +2,7 @@
 
 ``build`` (bench/run/config.py's validation, for every strategy): the strategy's layout knobs (``tp``, ``pp``,
 ``virtual_pipeline``, ``schedule``, ``microbatches``, ``micro_batch_size``, ``dp_replicate``: those its schema
-has) and ``recompute`` become the frozen :class:`bench.run.layout.Layout`, after the rules that make it one: the
+has) and ``recompute`` become the frozen :class:`bench.spec.layout.Layout`, after the rules that make it one: the
 sizes split the world, the batch and the model evenly, the pipeline schedule fits the virtual stages, and
 ``strategy.microbatches`` resolves into the micro-batch size and count.  ``check_torch_native`` (the
 torch-native strategies' rules, bench/strategies): what torch's own TP / pipelining / DDP cannot do with such a
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.run.layout import Layout, resolve_microbatches, resolve_schedule
-from bench.run.schema import BenchConfig, ConfigError, ModelConfig, Plan, check_positive
+from bench.spec.layout import Layout, resolve_microbatches, resolve_schedule
+from bench.spec.schema import BenchConfig, ConfigError, ModelConfig, Plan, check_positive
 
 
 def build(c: BenchConfig) -> Layout:
@@ -177,7 +177,7 @@ def _replicas(s: Any, ws: int, tp: int, pp: int, dp: int) -> int:
 
 
 def splits_model(strategy: Any) -> bool:
-    """The strategy's schema has the layout knobs (tp, pp, the pipeline's, the micro-batch count: bench/run/schema.py
+    """The strategy's schema has the layout knobs (tp, pp, the pipeline's, the micro-batch count: bench/spec/schema.py
     LayoutKnobs)."""
     return hasattr(strategy, "tp")
 

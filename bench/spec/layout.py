@@ -42,7 +42,7 @@ class Coord:
 @dataclass(frozen=True)
 class Layout:
     """A run's parallel layout, torchtitan's ``ParallelDims``: built once by validation
-    (bench/run/layout_rules.py ``build``) from the strategy's knobs, read as ``plan.layout`` everywhere.
+    (bench/spec/layout_rules.py ``build``) from the strategy's knobs, read as ``plan.layout`` everywhere.
 
     dp is split as dp_replicate replicas x dp_shard ranks (HSDP; dp_replicate = 1: every data-parallel
     rank shares the sharded states); ``schedule`` is resolved (no ``auto``); ``grad_accum`` is the

@@ -9,7 +9,7 @@ valid choices, its candidate values for the knob search, and how it enters a run
 * ``added``: added after runs were first recorded; at its default it is left out of the key, so
   an earlier sweep folder still resumes, and a recorded run that lacks it reads as the default.
 
-This module imports nothing of bench's but the Layout (bench/run/layout.py, below it): strategies, validation and
+This module imports nothing of bench's but the Layout (bench/spec/layout.py, below it): strategies, validation and
 run identity build on it.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 from omegaconf import MISSING
 
-from bench.run.layout import Layout
+from bench.spec.layout import Layout
 
 
 class ConfigError(ValueError):
@@ -308,7 +308,7 @@ class Plan:
     device: str  # "cuda" | "cpu"
     backend: str  # "nccl" | "gloo"
     world_size: int
-    layout: Layout  # tp x pp x dp, the pipeline and the micro-batches: built and checked once (bench/run/layout_rules.py)
+    layout: Layout  # tp x pp x dp, the pipeline and the micro-batches: built and checked once (bench/spec/layout_rules.py)
     tuning: Optional[dict] = None  # tuning=best: what the profile applied and skipped (bench/run/tuning_profiles.py)
     micro_batch_auto: Optional[dict] = None  # strategy.micro_batch_size=auto: what it chose and why (bench/run/config.py)
     memory: Optional[dict] = None  # the memory plan (bench/plan/memory_model.py), made before launch, recorded by rank 0
@@ -362,7 +362,7 @@ class Plan:
 
 # --------------------------------------------------------------------------- layout knobs
 # The tp x pp x dp layout knobs of the strategies that split the model (dp = world_size / (tp * pp)), declared
-# once here; validation reads them into plan.layout (bench/run/layout_rules.py).
+# once here; validation reads them into plan.layout (bench/spec/layout_rules.py).
 SCHEDULES = ("auto", "gpipe", "1f1b", "interleaved_1f1b")
 LAYOUT_KNOBS = ("tp", "pp", "cp", "microbatches", "virtual_pipeline", "schedule")
 
