@@ -164,6 +164,39 @@ def test_fp8_pays_for_its_casts_per_token_and_twice_under_full_recompute():
     assert load_calibration()["constants"]["fp8_cast"] > 1  # the casts cost more than one pass over their bytes
 
 
+def test_fsdp2_float8_all_gather_pays_for_its_weight_casts_as_an_h200_traced_them():
+    """Before each float8 all-gather torchao casts the rank's fp32 shard of every converted weight in eager ops
+    (bench/strategies/fsdp.py ``_weight_casts``): on one H200 an 8B-wide block's resharded unit ran 14 float8 copies a
+    layer (7 Linear layers, gathered for forward and again for backward) and the casts' kernels took 2.64 ms a
+    layer (results/2026-12-02-h200x1-fp8-kernels).  The term counts their bytes at the HBM datasheet rate, as the
+    optimizer's: below the traced time, at more than half of it.  Sharded over 4 ranks, a quarter."""
+    from bench.plan.predict import terms
+    from bench.strategies.fsdp import _weight_casts
+
+    record = REPO / "results/2026-12-02-h200x1-fp8-kernels/kernels_per_layer_fp8.json"
+    rows = json.loads(record.read_text())
+    eager = [r for r in rows if any(k in r["kernel"] for k in ("MulFunctor<float>", "launch_clamp_scalar",
+                                                                  "float8_copy_kernel"))]
+    f8_copies = next(r["launches_per_layer"] for r in eager if "float8_copy_kernel" in r["kernel"])
+    traced_ms = sum(r["ms_per_layer"] for r in eager)
+    base = ("model=llama3_8b", "model.n_layers=12", "model.global_batch=4", "strategy=fsdp", "precision=fp8",
+            "compile=true", "hardware=h200_141gb", "strategy.blocks_per_unit=1", "recompute=none")
+    assert f8_copies == pytest.approx(7 * 2, abs=0.2)  # 7 converted Linear layers, two gathers
+    casts = {k: _weight_casts(plan_for(*base, *extra)) for k, extra in {
+        "one": ("world_size=1",), "four": ("world_size=4", "model.global_batch=16"),
+        "no_amax": ("world_size=1", "strategy.fp8_precompute_scale=false"),  # the amax read: once a step
+        "kept": ("world_size=1", "strategy.fp8_precompute_scale=false", "strategy.reshard_after_forward=false"),
+        "bf16": ("world_size=1", "precision=bf16"), "bf16_gather": ("world_size=1", "strategy.fp8_all_gather=false"),
+    }.items()}
+    per_layer_ms = casts["no_amax"] / 12 / (PRESETS["h200_141gb"].hbm_gbps * 1e9) * 1e3
+    assert 0.5 * traced_ms < per_layer_ms < traced_ms, (per_layer_ms, traced_ms)
+    assert casts["four"] == pytest.approx(casts["one"] / 4) and casts["one"] > casts["no_amax"]
+    assert casts["bf16"] == casts["bf16_gather"] == 0.0
+    # not resharded, each block is gathered once; resharded, twice but the last unit (one block) once
+    assert casts["kept"] * (2 * 12 - 1) / 12 == pytest.approx(casts["no_amax"])
+    assert terms(plan_for(*base, "world_size=1"))["device_bytes_s"] > 0
+
+
 def test_ranks_in_lockstep_pay_for_the_slowest_host_only_where_hooks_meet_at_collectives():
     """Several ranks with per-layer host hooks (FSDP2) wait for the slowest rank at every collective; one rank, or
     ranks with no host hooks (DDP's C++ reducer), do not (bench/plan/predict.py, ``lockstep``)."""

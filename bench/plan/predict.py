@@ -15,6 +15,8 @@ One optimizer step of the slowest rank, in seconds::
            + fp8_cast x float8 cast bytes / HBM                      fp8: casting each converted Linear's input and
                                                                      output gradient (3 bytes an element: read bf16,
                                                                      write float8; amax and transposes in fp8_cast)
+           + device bytes / HBM                      the strategy's own memory-bound work (StrategySpec.traffic
+                                                     "device_bytes": FSDP2's float8 weight casts before each gather)
   comm     = exposed(grad_reduce, BACKWARD_SHARE x compute, grad_exposed)
            + exposed(param_gather, compute - what the reduction hid behind, param_exposed)
            + (tail + activation + p2p + context) / link'
@@ -177,6 +179,7 @@ def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, fl
     topo = plan_topology(plan, hw)
     device = _device_terms(plan, hw, mem)
     device["flops"] += traffic.get("extra_flops", 0.0)
+    device["device_bytes_s"] = traffic.get("device_bytes", 0.0) / (float(hw.hbm_gbps) * 1e9)  # the strategy's own
     return {**device, **_host_terms(plan, traffic),
             **{f"{k}_s": v for k, v in topo.seconds(traffic).items()},
             "offload_s": _host_link_s(plan, hw, traffic, mem), **measured_link(hw, traffic),
@@ -283,7 +286,7 @@ def combine(t: dict, k: dict) -> dict:
     eff = k["e_max"] * t["matmul_size"] / (t["matmul_size"] + k["x_half"])
     fused = np.where(t["compiled"] > 0, k["fused"], 1.0)
     compute = (t["flops"] / (t["peak"] * t["peak_ratio"] * eff) + k["passes"] * t["elementwise_s"] * fused + t["optimizer_s"]
-               + k["fp8_cast"] * t["fp8_cast_s"])
+               + k["fp8_cast"] * t["fp8_cast_s"] + t["device_bytes_s"])
     link = np.where(t.get("link_fitted", 1.0) > 0, k["link_eff"], 1.0) * t.get("link_factor", 1.0)
     # gradient reductions and parameter gathers share one link and one compute window: what the reductions
     # hide behind is not there for the gathers (a slow link's step is at least its overlapped bytes' time)

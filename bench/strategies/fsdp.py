@@ -11,12 +11,17 @@ from bench.spec.layout_rules import check_torch_native
 from bench.spec.schema import AddedLayoutKnobs, BenchConfig, ConfigError, Plan, knob
 from bench.strategies.registry import FP32, ModelStates, Scheme, StrategySpec, register
 from bench.parallel.dp import FSDP2
-from bench.parallel.float8 import fsdp_float8_all_gather
+from bench.parallel.float8 import fsdp_float8_all_gather, precomputes_scales
 from bench.strategies.torch_native import torch_native
 from bench.metrics.flops import float8_matmul_params
 from bench.costs.activations import params_per_rank
 from bench.costs.traffic import (all_gather, compute_bytes, cp_kv_exchange, hsdp_grad_reduce, merge, param_tensors,
                            pp_p2p, torch_native_hooks, torch_tp)
+
+# torchao's eager weight cast before a float8 all-gather, bytes an element: the scale's multiply (fp32 in, fp32
+# out), the clamp (the same) and the float8 copy (fp32 in, 1 B out); the precomputed scales' amax reads 4 B
+FLOAT8_WEIGHT_CAST_BYTES = 8 + 8 + 5
+FLOAT8_AMAX_BYTES = 4
 
 
 @dataclass
@@ -203,7 +208,7 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     grad_bytes = 4 if s.reduce_dtype == "fp32" or plan.run.precision == "fp32" else 2
     syncs = m if s.sync_every_microbatch and plan.pp == 1 else 1  # reduce-scatters per step
     scatter, across = (syncs * b for b in hsdp_grad_reduce(params * grad_bytes, dp, replicate))
-    own = {"param_gather": _gathered(plan, params), "grad_reduce": scatter,
+    own = {"param_gather": _gathered(plan, params), "grad_reduce": scatter, "device_bytes": _weight_casts(plan),
            "collectives": units * (gathers + syncs * (1 + (replicate > 1))),
            "hooks": 4 * units * m + param_tensors(plan) * (gathers + 2)}
     if replicate > 1:  # over the replicate group (bench/plan/topology.py KIND_GROUP), the rest over the shard group
@@ -220,19 +225,40 @@ def _gathered(plan: Plan, params: float) -> float:
     final norm, head) never reshards after forward and is gathered once a micro-batch (resharded after backward).
     Under the float8 all-gather only the converted blocks' weights travel as float8 (1 B): the root and the norms
     stay 16-bit (torchao casts Float8Linear weights only; the head is left in bf16)."""
-    s, m, lay = plan.strategy, plan.grad_accum, plan.layout
     blocks = params_per_rank(plan, False)["blocks"]
     root = params - blocks
     cb = compute_bytes(plan)
     block_bytes = blocks * cb
     if fsdp_float8_all_gather(plan):  # the converted weights at 1 B, the blocks' norms at 16 bit
-        converted = float8_matmul_params(plan.model) / plan.tp / plan.pp
+        converted = _converted(plan)
         block_bytes = converted + (blocks - converted) * cb
+    return plan.grad_accum * all_gather(root * cb + _block_gathers(plan) * block_bytes, plan.layout.state_shards)
+
+
+def _converted(plan: Plan) -> float:
+    """The converted (Float8Linear) weights of the rank's blocks, unsharded."""
+    return float8_matmul_params(plan.model) / plan.tp / plan.pp
+
+
+def _block_gathers(plan: Plan) -> float:
+    """How many times a micro-batch gathers the blocks, on average over them: once for forward, and, resharding,
+    again for backward, except each chunk's last unit."""
+    s, lay = plan.strategy, plan.layout
     n = plan.model.n_layers / plan.pp
-    chunk = n / lay.virtual_pipeline
-    last_unit = min(s.blocks_per_unit, chunk) * lay.virtual_pipeline  # blocks in each chunk's last unit
-    passes = 1 + ((n - last_unit) / n if s.reshard_after_forward else 0.0)
-    return m * all_gather(root * cb + passes * block_bytes, lay.state_shards)
+    last_unit = min(s.blocks_per_unit, n / lay.virtual_pipeline) * lay.virtual_pipeline  # each chunk's last unit
+    return 1 + ((n - last_unit) / n if s.reshard_after_forward else 0.0)
+
+
+def _weight_casts(plan: Plan) -> float:
+    """HBM bytes of the float8 all-gather's weight casts in a step: before each gather torchao casts the rank's fp32
+    shard of every converted weight to float8 in eager ops (scale, clamp, cast: FLOAT8_WEIGHT_CAST_BYTES an
+    element), and with its precomputed scales reads every shard once after the optimizer step for their amax
+    (results/2026-12-02-h200x1-fp8-kernels: those kernels, and how often they ran, in an H200's traces)."""
+    if not fsdp_float8_all_gather(plan):
+        return 0.0
+    shard = _converted(plan) / plan.layout.state_shards
+    amax = FLOAT8_AMAX_BYTES * shard if precomputes_scales(plan) else 0.0
+    return FLOAT8_WEIGHT_CAST_BYTES * shard * _block_gathers(plan) * plan.grad_accum + amax
 
 
 def label(name: str, v: dict) -> list[str]:
