@@ -14,6 +14,9 @@ bytes one rank sends per step, by how they can hide behind compute
   ``embedding_grad`` a pipeline's tied embedding: its gradient all-reduced between the first and last stage after
                     backward (over the pipeline group, costed as ``tail``)
   ``offload``       bytes over the host link (PCIe) to and from host memory
+bytes the rank's HBM moves for the strategy's own memory-bound work, outside the model's layers
+  ``device_bytes``  read and written at the HBM rate, as the optimizer's (FSDP2's float8 weight casts before each
+                    all-gather)
 counts per step
   ``collectives``   collective / point-to-point calls (each pays a latency)
   ``scalar_collectives`` collectives of a scalar or so (float8's amax all-reduces): a latency each, left out of a
