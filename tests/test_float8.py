@@ -234,16 +234,22 @@ def test_fsdp_plan_under_fp8_gathers_one_byte_and_predicts_faster():
     assert fp8["predicted_peak_allocated_mb"] <= bf16["predicted_peak_allocated_mb"]
     assert p_fp8["tokens_per_s"] > p_bf16["tokens_per_s"]  # the blocks' matmuls at the fp8 peak
     gathered, _ = _planned("precision=fp8", "strategy=fsdp", "world_size=2", "strategy.fp8_all_gather=false")
-    assert gathered["buffers_mb"] == bf16["buffers_mb"]  # bf16 all-gather, and the float8 copies counted
-    assert gathered["activations"]["weight_copies"] > 0 == fp8["activations"]["weight_copies"]
+    assert gathered["buffers_mb"] == bf16["buffers_mb"]  # bf16 all-gather
+    # the head's bf16 copy only (llama3_1b's head is the tied embedding): no float8 copy of the blocks' weights
+    assert gathered["activations"]["weight_copies"] == fp8["activations"]["weight_copies"]
 
 
-def test_single_plan_counts_float8_weight_copies_not_bf16_ones():
+def test_single_plan_counts_no_float8_weight_copies():
+    """Compiled, the backward casts each converted weight again from the parameter instead of keeping a float8 copy:
+    the plan counts only the bf16 head's autocast copy.  Counting 1 B per converted weight had planned the recorded
+    `single` fp8 runs 7-9% high (results/2026-12-02-h200x1-fp8-kernels, 2026-11-26-h200x2-fp8)."""
+    from bench.costs.activations import params_per_rank
+
     bf16, _ = _planned("precision=bf16")
     fp8, _ = _planned("precision=fp8")
-    copies = fp8["activations"]["weight_copies"]
-    assert copies < bf16["activations"]["weight_copies"]
-    assert copies >= built_float8("model=llama3_1b")[0]  # 1 B per converted weight element
+    plan = plan_of(*H100, *FP8, "model=llama3_1b")
+    assert fp8["activations"]["weight_copies"] == 2 * params_per_rank(plan, False)["head"]
+    assert fp8["activations"]["weight_copies"] < bf16["activations"]["weight_copies"]
     assert fp8["predicted_peak_allocated_mb"] < bf16["predicted_peak_allocated_mb"]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from bench.models.model_spec import describe_model
-from bench.parallel.float8 import fsdp_float8_all_gather, saves_float8_inputs
+from bench.parallel.float8 import saves_float8_inputs
 from bench.costs.forward_end import forward_end_bytes
 from bench.costs.traffic import RING_GRAD_BYTES, compute_bytes, kv_bytes, local_tokens
 from bench.spec.schema import Plan
@@ -115,14 +115,15 @@ def autocast_copy_bytes(plan: Plan, lay, matmul_params: float) -> float:
 
 
 def weight_copy_bytes(plan: Plan, lay, ranks: dict) -> float:
-    """The matmul weights' copies alive when backward starts: autocast's 16-bit ones; under precision=fp8, for the
-    blocks' Linear layers torchao converts (bench/parallel/float8.py) their float8 copies instead, 1 B per
-    parameter, counted for all of the rank's blocks: an upper bound (eager, torchao saves the fp32 / gathered
-    weight and casts again in backward, one layer's copy alive at a time; compiled, Inductor may save them), and
-    none where FSDP2 gathers in float8 (the gathered weight is the copy).  The head stays in bf16."""
+    """The matmul weights' copies alive when backward starts: autocast's 16-bit ones.  Under precision=fp8 (always
+    compiled) only the head's (it stays in bf16): for the Linear layers torchao converts (bench/parallel/float8.py)
+    Inductor's partitioner casts each weight again in backward from the weight the backward holds anyway (the
+    parameter, or FSDP2's gathered unit) rather than keep its float8 copy; where FSDP2 gathers in float8 the
+    gathered weight is the copy.  Counting a float8 copy of every block's weights planned `single` 7-9% high and
+    FSDP2 without the float8 all-gather 6-14% high (results/2026-12-02-h200x1-fp8-kernels)."""
     if plan.run.precision != "fp8":
         return autocast_copy_bytes(plan, lay, ranks["blocks"] + ranks["head"])
-    return autocast_copy_bytes(plan, lay, ranks["head"]) + (0.0 if fsdp_float8_all_gather(plan) else ranks["blocks"])
+    return autocast_copy_bytes(plan, lay, ranks["head"])
 
 
 def activation_bytes(plan: Plan, lay, ranks: Optional[dict] = None) -> dict[str, Any]:
