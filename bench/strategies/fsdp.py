@@ -42,8 +42,10 @@ class FSDPConfig(AddedLayoutKnobs):
                                 "and hooks (host time), k blocks' gathered parameters alive at once",
                                 tune=(1, 4, 8), added=True)
     fp8_all_gather: bool = knob(True, "precision=fp8 with fp8_recipe=tensorwise: all-gather the converted weights in "
-                                "float8 (torchao's enable_fsdp_float8_all_gather: half the bytes of bf16); false: "
-                                "gather bf16", added=True)
+                                "float8 (torchao's enable_fsdp_float8_all_gather: half the bytes of bf16), each "
+                                "rank's shard cast in eager kernels before each gather; false: gather bf16, the "
+                                "compiled blocks cast (fused). On one H200 (one shard, nothing to gather), 8B-wide "
+                                "blocks: false 4-7% faster (results/2026-12-02-h200x1-fp8-kernels)", added=True)
     fp8_precompute_scale: bool = knob(True, "with fp8_all_gather: every float8 weight's scale in one all-reduce after "
                                       "the optimizer step (torchao's precompute_float8_dynamic_scale_for_fsdp), not "
                                       "one per weight at each gather", added=True)
