@@ -39,6 +39,7 @@ peak allocated (what ``torch.cuda.max_memory_allocated`` measures: the largest r
   GPipe all m.
 * Autocast's 16-bit copies of the fp32 matmul weights (2 B per parameter): each Linear saves its copy for backward
   (full recompute: the head's); all are cached to the forward's end, beside the loss' (bench/costs/forward_end.py).
+  precision=fp8: the bf16 head's only (the compiled backward casts each converted weight again).
 * Logits: b x s x vocab per micro-batch on the stage with the head, what the loss holds when its backward
   runs (``ModelStates.loss_bytes_per_logit``): torch's fp32 cross entropy 12 B (log-softmax output, its
   gradient, the fp32 logits' gradient), Megatron's in-place vocab-parallel one 6.
