@@ -177,10 +177,7 @@ def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, fl
     mem = memory_plan(plan, gpu_memory_gib=hw.memory_gib)
     traffic = get_spec(plan.strategy.name).traffic(plan, float(mem["parameters_on_rank"]))
     topo = plan_topology(plan, hw)
-    device = _device_terms(plan, hw, mem)
-    device["flops"] += traffic.get("extra_flops", 0.0)
-    device["device_bytes_s"] = traffic.get("device_bytes", 0.0) / (float(hw.hbm_gbps) * 1e9)  # the strategy's own
-    return {**device, **_host_terms(plan, traffic),
+    return {**_device_terms(plan, hw, mem, traffic), **_host_terms(plan, traffic),
             **{f"{k}_s": v for k, v in topo.seconds(traffic).items()},
             "offload_s": _host_link_s(plan, hw, traffic, mem), **measured_link(hw, traffic),
             "collectives": traffic.get("collectives", 0.0) + traffic.get("scalar_collectives", 0.0)}
@@ -224,9 +221,9 @@ def peak_ratio(hw: HardwareConfig) -> float:
     return 1.0 if hw.source == "probe" else MEASURED_OVER_DATASHEET
 
 
-def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict) -> dict[str, float]:
+def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict, traffic: dict) -> dict[str, float]:
     """FLOPs and peak (stated, and measured / stated), the matmul size, the memory-bound seconds at full HBM
-    bandwidth, the pipeline bubble."""
+    bandwidth (the strategy's own ``device_bytes`` among them), the pipeline bubble."""
     m, act, ga = plan.model, mem["activations"], plan.grad_accum
     hbm = float(hw.hbm_gbps) * 1e9
     lay = plan.layout  # the loss' buffers: every chunk's (loss_chunks: the plan's logits are one chunk's)
@@ -234,7 +231,7 @@ def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict) -> dict[str, float]
     activations = (act["per_layer_per_microbatch_mb"] * act["layers_on_rank"] + loss_mb) * MB * ga
     return {
         "flops": executed_flops_per_token(m, lay.recompute, lay.recompute_every, lay.loss_chunks) * m.global_batch
-        * m.seq_len / plan.world_size,
+        * m.seq_len / plan.world_size + traffic.get("extra_flops", 0.0),
         "peak": _peak(plan, hw), "peak_ratio": peak_ratio(hw),
         "matmul_size": local_tokens(plan) * m.d_model / plan.tp * REFERENCE_MATMUL_FLOPS
         / (float(hw.peak_tflops["bf16"]) * 1e12 * peak_ratio(hw)),
@@ -242,6 +239,7 @@ def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict) -> dict[str, float]
         "optimizer_s": OPTIMIZER_PASSES * sum(mem["model_states"]["device_mb"].values()) * MB / hbm,
         "bubble": (plan.pp - 1) / (plan.layout.virtual_pipeline * ga) if plan.pp > 1 else 0.0,
         "fp8_cast_s": _float8_cast_bytes(plan, act["layers_on_rank"]) / hbm,
+        "device_bytes_s": traffic.get("device_bytes", 0.0) / hbm,
     }
 
 
