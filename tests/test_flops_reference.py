@@ -143,3 +143,27 @@ def test_the_chunked_loss_runs_the_head_again_as_pytorchs_flop_counter_counts():
         counted[k] = counter.get_total_flops() / x[:, 1:].numel()
     assert counted[4] - counted[1] == hardware_flops_per_token(spec, "none", loss_chunks=4) - flops_per_token(spec)
     assert hardware_flops_per_token(spec, "none", loss_chunks=4) - flops_per_token(spec) == 2 * m["d_model"] * m["vocab_size"]
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_the_attention_flops_the_prediction_times_apart_are_half_the_counters_batched_matmuls(recompute):
+    """The prediction times causal attention at the fused kernel's own rate (bench/plan/predict.py ATTENTION_SHARE):
+    the FLOPs it takes out of the matmuls' are half of what FlopCounterMode counts in SDPA's math backend, whose two
+    batched matmuls (QK^T, AV, and their gradients) compute the whole s x s where a causal kernel runs its lower
+    half; under recompute=full, the recomputed forward's too.  The blocks' Linear layers run as mm, not bmm."""
+    from bench.metrics.flops import causal_attention_flops_per_token
+    from bench.parallel.ac import apply_ac
+    from bench.spec.layout import Layout
+
+    seq = 2048
+    m = model_cfg("model=llama_tiny", "model.d_model=64", "model.n_heads=2", "model.n_kv_heads=1",
+                  "model.n_layers=2", "model.d_ff=176", "model.vocab_size=512", f"model.seq_len={seq}")
+    spec = typed(ModelConfig, m)
+    model = build_model(spec, 0, "meta")
+    if recompute != "none":
+        apply_ac(model, Layout(1, 1, 1, recompute=recompute))
+    x = torch.randint(0, m["vocab_size"], (1, seq + 1), device="meta")
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
+    batched = counter.get_flop_counts()["Global"][torch.ops.aten.bmm] / seq
+    assert causal_attention_flops_per_token(spec, recompute) == pytest.approx(batched / 2, rel=1e-6)

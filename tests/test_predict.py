@@ -149,9 +149,12 @@ def test_a_probe_at_the_typical_measured_share_of_the_datasheet_peak_predicts_wh
     assert typical["breakdown"]["compute_s"] == pytest.approx(predict(plan)["breakdown"]["compute_s"], rel=1e-12)
     assert predict(plan, hardware=probed(1.0))["breakdown"]["compute_s"] < typical["breakdown"]["compute_s"]
 
-def test_fp8_pays_for_its_casts_per_token_and_twice_under_full_recompute():
+def test_fp8_pays_for_its_casts_per_token_and_once_under_full_recompute():
     """torchao casts each converted Linear's input and output gradient to float8: memory-bound work that the
-    float8 matmuls' speed-up does not include (bench/plan/predict.py fp8_cast; fitted on the recorded fp8 runs)."""
+    float8 matmuls' speed-up does not include (bench/plan/predict.py fp8_cast; fitted on the recorded fp8 runs).
+    fp8 runs compiled, and Inductor fuses the recomputed forward's casts into the kernels that recompute their
+    inputs (one H200's traces: +4.8 ms of Triton kernels where the casts were counted at 82 ms,
+    results/2026-12-04-h200x1-long-sequence): full recompute adds none."""
     from bench.plan.predict import terms
 
     base = ("model=llama3_1b", "world_size=1", "strategy=single", "hardware=h100_sxm_80gb", "compile=true")
@@ -159,7 +162,7 @@ def test_fp8_pays_for_its_casts_per_token_and_twice_under_full_recompute():
     full = terms(plan_for(*base, "precision=fp8", "recompute=full"))
     half = terms(plan_for(*base, "precision=fp8", "model.global_batch=4"))
     assert bf16["fp8_cast_s"] == 0.0 < fp8["fp8_cast_s"]
-    assert full["fp8_cast_s"] == pytest.approx(2 * fp8["fp8_cast_s"])
+    assert full["fp8_cast_s"] == pytest.approx(fp8["fp8_cast_s"])
     assert half["fp8_cast_s"] == pytest.approx(fp8["fp8_cast_s"] / 2)
     assert load_calibration()["constants"]["fp8_cast"] > 1  # the casts cost more than one pass over their bytes
 

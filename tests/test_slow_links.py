@@ -8,7 +8,7 @@ import pytest
 
 from bench.calibrate import by_regime, regime_table
 from bench.machine.hardware import PRESETS
-from bench.plan.predict import measured_link
+from bench.plan.link_terms import measured_link
 from tests.conftest import REPO
 
 SLOW = REPO / "results" / "2026-11-27-h100x4-slow-links"

@@ -62,11 +62,20 @@ def hardware_flops_per_token(model: ModelConfig, recompute: str, every: int = 1,
 def executed_flops_per_token(model: ModelConfig, recompute: str, every: int = 1, loss_chunks: int = 1) -> int:
     """FLOPs the device actually runs per token: the hardware FLOPs less what the causal attention kernel skips
     (bench/models/model_spec.py ``causal_skipped_flops_per_token``): what the prediction times, not what MFU counts."""
+    return hardware_flops_per_token(model, recompute, every, loss_chunks) \
+        - describe_model(model).causal_skipped_flops_per_token(recompute, _checkpointed_share(model, recompute, every))
+
+
+def causal_attention_flops_per_token(model: ModelConfig, recompute: str, every: int = 1) -> int:
+    """Of executed_flops_per_token, the causal attention kernel's (its scores and weighted sum, every pass)."""
+    return describe_model(model).causal_attention_flops_per_token(recompute,
+                                                                  _checkpointed_share(model, recompute, every))
+
+
+def _checkpointed_share(model: ModelConfig, recompute: str, every: int) -> float:
     from bench.spec.layout import checkpointed_blocks
 
-    share = checkpointed_blocks(recompute, every, model.n_layers) / model.n_layers if recompute == "full" else 1.0
-    return hardware_flops_per_token(model, recompute, every, loss_chunks) \
-        - describe_model(model).causal_skipped_flops_per_token(recompute, share)
+    return checkpointed_blocks(recompute, every, model.n_layers) / model.n_layers if recompute == "full" else 1.0
 
 
 def float8_matmul_params(model: ModelConfig) -> int:

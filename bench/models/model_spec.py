@@ -168,9 +168,15 @@ class ModelDescription:
     def causal_skipped_flops_per_token(self, recompute: str, share: float = 1.0) -> int:
         """The attention FLOPs a causal kernel never runs: flash and memory-efficient attention skip the score blocks
         above the diagonal, half of QK^T and AV in every pass (forward, backward, a recomputed forward).  The model
-        and hardware FLOPs above keep the full s x s by convention; the time a step takes does not."""
+        and hardware FLOPs above keep the full s x s by convention; the time a step takes does not.  The other
+        half is what the kernel runs (``causal_attention_flops_per_token``): the two are equal."""
         passes = {"none": 0.0, "selective": 1.0, "full": share, "op": 0.0}[recompute]  # op: attention is saved
         return round(0.5 * (12 + 4 * passes) * self.layers * self.d * self.seq)
+
+    def causal_attention_flops_per_token(self, recompute: str, share: float = 1.0) -> int:
+        """The attention FLOPs a causal kernel runs (QK^T and AV below the diagonal, every pass): timed at the fused
+        attention kernel's own rate, not the matmuls' (bench/plan/predict.py ATTENTION_SHARE)."""
+        return self.causal_skipped_flops_per_token(recompute, share)
 
     # -- precision=fp8
     def float8_matmul_params(self) -> int:

@@ -3,13 +3,18 @@ calibrated on recorded runs (bench/calibrate.py writes bench/plan/calibration.js
 
 One optimizer step of the slowest rank, in seconds::
 
-  compute  = F / (peak x measured share x e(x))       matmuls: hardware FLOPs of the rank (recompute included);
+  compute  = F / (peak x measured share x e(x))       matmuls: hardware FLOPs of the rank (recompute included)
+                                                       but causal attention's;
                                                        the peak a probe measured, or a datasheet's at the share
                                                        runs measure (MEASURED_OVER_DATASHEET);
                                                        fp8: the float8 matmuls' share at the fp8 peak (_peak)
                e(x) = e_max x / (x + x_half)           x = a rank's tokens per micro-batch (seq_len / cp a
                                                        sequence) x d_model / tp (matmul size),
                                                        x REFERENCE_MATMUL_FLOPS / the GPU's bf16 matmul rate
+           + A / (peak x measured share x e_max x ATTENTION_SHARE x s / (s + ATTENTION_SEQ_HALF))
+                                                       causal attention: the FLOPs its kernel runs, at its measured
+                                                       share of a large matmul's rate under the same clocks (bf16's
+                                                       peak under fp8); s = seq_len / cp
            + passes x activation bytes / HBM x (fused if compiled)   elementwise work, memory bound
            + 1.75 x model-state bytes / HBM                          the AdamW step (reads p g m v, writes p m v)
            + fp8_cast x float8 cast bytes / HBM                      fp8: casting each converted Linear's input and
@@ -68,10 +73,11 @@ import numpy as np
 
 from bench.machine.hardware import HardwareConfig, match
 from bench.plan.calibration_error import case_error, regime_error
+from bench.plan.link_terms import host_link_s, measured_link
 from bench.plan.memory_model import MB, memory_plan, plan_hardware
 from bench.models.model_spec import describe_model
-from bench.metrics.flops import (executed_flops_per_token, float8_cast_elements_per_layer_token, float8_matmul_params,
-                                flops_per_token)
+from bench.metrics.flops import (causal_attention_flops_per_token, executed_flops_per_token,
+                                float8_cast_elements_per_layer_token, float8_matmul_params, matmul_params)
 from bench.spec.schema import Plan
 from bench.strategies.registry import get_spec
 from bench.plan.topology import Topology, topology
@@ -79,11 +85,6 @@ from bench.costs.traffic import BYTE_KINDS, local_tokens
 
 CALIBRATION = Path(__file__).with_name("calibration.json")
 OPTIMIZER_PASSES = 1.75  # fused AdamW: reads params, grads, m, v, writes params, m, v: 7 of 4 state parts
-HOST_LINK_GBPS = 25.0  # host <-> device over PCIe (offload), one direction, achieved
-# offload_activations' pinned copies on the compute stream reach this share of the host link's wire rate (PCIe's
-# packet headers and flow control: 55.3 of 63 GB/s both ways on an H200, benchmarks/host_link.py,
-# results/2026-12-02-h200x1-activation-offload); a profile or preset without the link: PCIe 4.0's
-PINNED_COPY_SHARE, DEFAULT_HOST_LINK_GBPS = 0.88, 31.5
 COLLECTIVE_LATENCY_S = 20e-6  # one NCCL collective's start-up inside a node (small-message latency)
 # measured / datasheet bf16 matmul peak (an 8192^3 matmul, bench/launch/worker.py measure_matmul_peak): set by hand to the
 # median over the recorded runs' rank 0 (metrics.json flops.matmul_peak_tflops_measured; their range on the day it
@@ -94,14 +95,21 @@ MEASURED_OVER_DATASHEET = 0.80
 # TFLOP/s datasheet) at the measured share.  A matmul's fixed cost (launch, the first wave's ramp) is a time, so the
 # size at which it equals the work scales with the GPU's rate: on a GPU k times slower, x_half / k
 REFERENCE_MATMUL_FLOPS = 989.4e12 * MEASURED_OVER_DATASHEET
+# the causal attention kernel's rate (forward and backward, on the FLOPs it runs) as a share of a large matmul's at the
+# same clocks, half of that at ATTENTION_SEQ_HALF tokens a sequence (short rows: fewer tiles to fill the GPU).
+# Measured, not fitted: benchmarks/attention_rate.py on an H200 (cuDNN's kernel, torch's choice there) ran 354-462
+# TFLOP/s at 2k-32k tokens where an 8192^3 matmul ran 784 (results/2026-12-04-h200x1-long-sequence).  In a step both
+# run below those short bursts (the traces' matmuls at 0.88 of them, attention at 0.88-0.91): e_max carries that
+ATTENTION_SHARE, ATTENTION_SEQ_HALF = 0.60, 720
 # the share of a step's compute that gradient reductions issued during backward can hide behind (backward is two of
 # the three matmul passes); parameter gathers are prefetched through forward and backward (the whole compute)
 BACKWARD_SHARE = 2.0 / 3.0
 
 # The fitted constants (values: bench/plan/calibration.json), each with its physical reading and what checks it; here the
 # fit's starting point.  Set by hand, not fitted (python -m bench.calibrate's docstring says why): OPTIMIZER_PASSES,
-# HOST_LINK_GBPS, COLLECTIVE_LATENCY_S above; the strategies' host-operation counts (bench/costs/traffic.py
-# DTENSOR_LAYER_HOST and the pipeline's 4 hooks per micro-batch, ZeRO's FETCH_OPS / PARAM_OPS, Megatron's PARAM_OPS).
+# COLLECTIVE_LATENCY_S and the ATTENTION_ pair above, bench/plan/link_terms.py HOST_LINK_GBPS; the strategies'
+# host-operation counts (bench/costs/traffic.py DTENSOR_LAYER_HOST and the pipeline's 4 hooks per micro-batch, ZeRO's
+# FETCH_OPS / PARAM_OPS, Megatron's PARAM_OPS).
 DEFAULTS = {
     # device: matmuls, memory-bound work, links
     "e_max": 0.9,  # fraction of the measured matmul peak (bf16 8192^3) the step's largest matmuls reach
@@ -159,7 +167,7 @@ def _peak(plan: Plan, hw: HardwareConfig) -> float:
     if prec == "fp8":
         bf16 = float(hw.peak_tflops["bf16"])
         fp8 = float(hw.peak_tflops.get("fp8") or bf16)
-        share = 6 * float8_matmul_params(plan.model) / flops_per_token(plan.model)
+        share = float8_matmul_params(plan.model) / matmul_params(plan.model)  # attention: _attention_rate
         return 1e12 / (share / fp8 + (1 - share) / bf16)
     key = prec if prec != "fp32" else ("tf32" if plan.run.tf32 else "fp32")
     return float(hw.peak_tflops.get(key) or hw.peak_tflops["fp32"]) * 1e12
@@ -179,40 +187,8 @@ def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, fl
     topo = plan_topology(plan, hw)
     return {**_device_terms(plan, hw, mem, traffic), **_host_terms(plan, traffic),
             **{f"{k}_s": v for k, v in topo.seconds(traffic).items()},
-            "offload_s": _host_link_s(plan, hw, traffic, mem), **measured_link(hw, traffic),
+            "offload_s": host_link_s(plan, hw, traffic, mem), **measured_link(hw, traffic),
             "collectives": traffic.get("collectives", 0.0) + traffic.get("scalar_collectives", 0.0)}
-
-
-def _host_link_s(plan: Plan, hw: HardwareConfig, traffic: dict, mem: dict) -> float:
-    """Seconds on the host link in a step, not hidden: the strategy's offloaded states (at HOST_LINK_GBPS, as its
-    library moves them), and offload_activations' saved tensors of every micro-batch, out in the forward and back
-    in the backward, pinned copies at PINNED_COPY_SHARE of the GPU's host link."""
-    pinned = PINNED_COPY_SHARE * (hw.host_link_gbps or DEFAULT_HOST_LINK_GBPS) * 1e9
-    return (traffic.get("offload", 0.0) / (HOST_LINK_GBPS * 1e9)
-            + 2 * mem["activations"]["offloaded_per_microbatch"] * plan.grad_accum / pinned)
-
-
-def measured_link(hw: HardwareConfig, traffic: dict) -> dict[str, float]:
-    """How the link figure is read: ``link_fitted`` 1 for a datasheet figure (link_eff, fitted on such runs,
-    applies); 0 for one that is NCCL's bus bandwidth already (a probe's profile, a PCIe preset: bench/machine/hardware.py
-    gives those as NCCL's), used as measured, times ``link_factor``: the probe's all-reduce bus bandwidth at the
-    step's typical message (its bytes over its collectives) over the figure (1 without a curve).  On a slow link
-    NCCL reaches its figure at a bucket's size; NVLink does not (its losses are in link_eff)."""
-    if hw.source != "probe" and hw.intra_node_link != "pcie":
-        return {"link_fitted": 1.0, "link_factor": 1.0}
-    curve = ((((hw.probe or {}).get("curves") or {}).get("intra_node") or {}).get("all_reduce")) or []
-    sent = sum(traffic.get(k, 0.0) for k in ("grad_reduce", "param_gather", "tail", "activation", "p2p", "context",
-                                        "embedding_grad"))
-    calls = traffic.get("collectives", 0.0)
-    if not curve or not hw.intra_node_gbps or not sent or not calls:
-        return {"link_fitted": 0.0, "link_factor": 1.0}
-    return {"link_fitted": 0.0, "link_factor": _on_curve(curve, sent / calls) / float(hw.intra_node_gbps)}
-
-
-def _on_curve(curve: list[dict], message: float) -> float:
-    """Bus bandwidth at ``message`` bytes: log-linear between the probe's measured sizes, flat beyond them."""
-    sizes = np.log([p["bytes"] for p in curve])
-    return float(np.interp(np.log(max(message, 1.0)), sizes, [p["busbw_gbps"] for p in curve]))
 
 
 def peak_ratio(hw: HardwareConfig) -> float:
@@ -229,9 +205,12 @@ def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict, traffic: dict) -> d
     lay = plan.layout  # the loss' buffers: every chunk's (loss_chunks: the plan's logits are one chunk's)
     loss_mb = act["loss_chunks"]["all_chunks"] / MB if "loss_chunks" in act else act["logits_mb"]
     activations = (act["per_layer_per_microbatch_mb"] * act["layers_on_rank"] + loss_mb) * MB * ga
+    tokens = m.global_batch * m.seq_len / plan.world_size
+    attention = causal_attention_flops_per_token(m, lay.recompute, lay.recompute_every) * tokens
     return {
-        "flops": executed_flops_per_token(m, lay.recompute, lay.recompute_every, lay.loss_chunks) * m.global_batch
-        * m.seq_len / plan.world_size + traffic.get("extra_flops", 0.0),
+        "flops": executed_flops_per_token(m, lay.recompute, lay.recompute_every, lay.loss_chunks) * tokens
+        - attention + traffic.get("extra_flops", 0.0),
+        "attention_flops": attention, "attention_peak": _attention_peak(plan, hw),
         "peak": _peak(plan, hw), "peak_ratio": peak_ratio(hw),
         "matmul_size": local_tokens(plan) * m.d_model / plan.tp * REFERENCE_MATMUL_FLOPS
         / (float(hw.peak_tflops["bf16"]) * 1e12 * peak_ratio(hw)),
@@ -243,15 +222,25 @@ def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict, traffic: dict) -> d
     }
 
 
+def _attention_peak(plan: Plan, hw: HardwareConfig) -> float:
+    """The stated peak the causal attention kernel runs at a share of, on a rank's sequence (s / cp): the run's
+    precision's (bf16's under fp8: attention is not converted) x ATTENTION_SHARE x s / (s + ATTENTION_SEQ_HALF)."""
+    peak = float(hw.peak_tflops["bf16"]) * 1e12 if plan.run.precision == "fp8" else _peak(plan, hw)
+    s = plan.model.seq_len / plan.layout.cp
+    return peak * ATTENTION_SHARE * s / (s + ATTENTION_SEQ_HALF)
+
+
 def _float8_cast_bytes(plan: Plan, layers_on_rank: float) -> float:
-    """precision=fp8: bytes of the rank's float8 casts in a step (3 an element; the forward's twice under full
-    recompute, its recomputed matmuls' share again under op), split over tp like the matmuls; 0 for other
-    precisions."""
+    """precision=fp8: bytes of the rank's float8 casts in a step (3 an element; the recomputed matmuls' share again
+    under op), split over tp like the matmuls; 0 for other precisions.  Full recompute casts nothing again: fp8 runs
+    compiled (validation), and Inductor fuses the recomputed forward's casts into the kernels that recompute their
+    inputs (one H200, 8B blocks at 32k: +4.8 ms of Triton kernels where the casts were counted at 82 ms,
+    results/2026-12-04-h200x1-long-sequence)."""
     if plan.run.precision != "fp8":
         return 0.0
     m = plan.model
     tokens = local_tokens(plan) * plan.grad_accum
-    passes = 1.0 + plan.layout.checkpointed(layers_on_rank) / layers_on_rank  # the checkpointed blocks' forward twice
+    passes = 1.0
     if plan.layout.recompute == "op":
         passes += describe_model(m).op_recomputed_share()
     return 3.0 * tokens * float8_cast_elements_per_layer_token(m) * layers_on_rank * passes / plan.tp
@@ -283,7 +272,8 @@ def combine(t: dict, k: dict) -> dict:
     """The step and its parts from ``terms`` and the constants; works on floats or numpy arrays alike."""
     eff = k["e_max"] * t["matmul_size"] / (t["matmul_size"] + k["x_half"])
     fused = np.where(t["compiled"] > 0, k["fused"], 1.0)
-    compute = (t["flops"] / (t["peak"] * t["peak_ratio"] * eff) + k["passes"] * t["elementwise_s"] * fused + t["optimizer_s"]
+    compute = ((t["flops"] / (t["peak"] * eff) + t["attention_flops"] / (t["attention_peak"] * k["e_max"]))
+               / t["peak_ratio"] + k["passes"] * t["elementwise_s"] * fused + t["optimizer_s"]
                + k["fp8_cast"] * t["fp8_cast_s"] + t["device_bytes_s"])
     link = np.where(t.get("link_fitted", 1.0) > 0, k["link_eff"], 1.0) * t.get("link_factor", 1.0)
     # gradient reductions and parameter gathers share one link and one compute window: what the reductions

@@ -1,0 +1,46 @@
+"""The step's link terms before any fitted constant: seconds on the host link (offload), and how a link figure is
+read (a datasheet's, or NCCL's bus bandwidth on a probe's measured curve).  Part of bench/plan/predict.py's terms."""
+from __future__ import annotations
+
+import numpy as np
+
+from bench.machine.hardware import HardwareConfig
+from bench.spec.schema import Plan
+
+HOST_LINK_GBPS = 25.0  # host <-> device over PCIe (offload), one direction, achieved
+# offload_activations' pinned copies on the compute stream reach this share of the host link's wire rate (PCIe's
+# packet headers and flow control: 55.3 of 63 GB/s both ways on an H200, benchmarks/host_link.py,
+# results/2026-12-02-h200x1-activation-offload); a profile or preset without the link: PCIe 4.0's
+PINNED_COPY_SHARE, DEFAULT_HOST_LINK_GBPS = 0.88, 31.5
+
+
+def host_link_s(plan: Plan, hw: HardwareConfig, traffic: dict, mem: dict) -> float:
+    """Seconds on the host link in a step, not hidden: the strategy's offloaded states (at HOST_LINK_GBPS, as its
+    library moves them), and offload_activations' saved tensors of every micro-batch, out in the forward and back
+    in the backward, pinned copies at PINNED_COPY_SHARE of the GPU's host link."""
+    pinned = PINNED_COPY_SHARE * (hw.host_link_gbps or DEFAULT_HOST_LINK_GBPS) * 1e9
+    return (traffic.get("offload", 0.0) / (HOST_LINK_GBPS * 1e9)
+            + 2 * mem["activations"]["offloaded_per_microbatch"] * plan.grad_accum / pinned)
+
+
+def measured_link(hw: HardwareConfig, traffic: dict) -> dict[str, float]:
+    """How the link figure is read: ``link_fitted`` 1 for a datasheet figure (link_eff, fitted on such runs,
+    applies); 0 for one that is NCCL's bus bandwidth already (a probe's profile, a PCIe preset: bench/machine/hardware.py
+    gives those as NCCL's), used as measured, times ``link_factor``: the probe's all-reduce bus bandwidth at the
+    step's typical message (its bytes over its collectives) over the figure (1 without a curve).  On a slow link
+    NCCL reaches its figure at a bucket's size; NVLink does not (its losses are in link_eff)."""
+    if hw.source != "probe" and hw.intra_node_link != "pcie":
+        return {"link_fitted": 1.0, "link_factor": 1.0}
+    curve = ((((hw.probe or {}).get("curves") or {}).get("intra_node") or {}).get("all_reduce")) or []
+    sent = sum(traffic.get(k, 0.0) for k in ("grad_reduce", "param_gather", "tail", "activation", "p2p", "context",
+                                        "embedding_grad"))
+    calls = traffic.get("collectives", 0.0)
+    if not curve or not hw.intra_node_gbps or not sent or not calls:
+        return {"link_fitted": 0.0, "link_factor": 1.0}
+    return {"link_fitted": 0.0, "link_factor": on_curve(curve, sent / calls) / float(hw.intra_node_gbps)}
+
+
+def on_curve(curve: list[dict], message: float) -> float:
+    """Bus bandwidth at ``message`` bytes: log-linear between the probe's measured sizes, flat beyond them."""
+    sizes = np.log([p["bytes"] for p in curve])
+    return float(np.interp(np.log(max(message, 1.0)), sizes, [p["busbw_gbps"] for p in curve]))
