@@ -349,3 +349,24 @@ def test_fp8_tensorwise_loss_tracks_bf16_for_100_steps(bench_run):
     f8 = m["layout"]["float8"]
     assert f8["converted_count"] == 7 * 16 and list(f8["left_in_bf16"]) == ["head"]
     assert m["flops"]["peak_tflops_fp8"] and m["flops"]["peak_tflops"] < m["flops"]["peak_tflops_fp8"]
+
+
+def test_best_turns_the_float8_all_gather_off_only_where_nothing_is_gathered():
+    """tuning=best under fp8: on one shard the float8 all-gather gathers nothing and only adds its eager weight casts
+    (measured 4.3-6.7% slower on one H200, results/2026-12-02-h200x1-fp8-kernels), so the profile turns it off;
+    sharded it halves every gather's bytes, so it stays on, with the reason in the record; under bf16
+    the knob cannot act and is skipped with the validation's reason.  The prediction agrees where it is applied."""
+    from bench.plan.predict import predict
+
+    one = plan_of(*H100, *FP8, "model=llama3_1b", "strategy=fsdp", "world_size=1", "tuning=best")
+    assert one.strategy.fp8_all_gather is False
+    assert "h200x1-fp8-kernels" in one.tuning["applied"]["strategy.fp8_all_gather"]["evidence"]
+    kept = validate(cfg(*H100, *FP8, "model=llama3_1b", "strategy=fsdp", "world_size=1", "tuning=best",
+                        "strategy.fp8_all_gather=true"), gpus=0, explicit=["strategy.fp8_all_gather"])
+    assert kept.strategy.fp8_all_gather is True  # typed by the user: kept
+    assert predict(one)["tokens_per_s"] > predict(kept)["tokens_per_s"]
+    two = plan_of(*H100, *FP8, "model=llama3_1b", "strategy=fsdp", "world_size=2", "tuning=best")
+    assert two.strategy.fp8_all_gather is True
+    assert "sharded over 2 ranks" in two.tuning["skipped"]["strategy.fp8_all_gather"]["reason"]
+    bf16 = plan_of(*H100, "model=llama3_1b", "strategy=fsdp", "world_size=1", "tuning=best", "precision=bf16")
+    assert "takes effect only with precision=fp8" in bf16.tuning["skipped"]["strategy.fp8_all_gather"]["reason"]

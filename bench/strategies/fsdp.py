@@ -45,7 +45,8 @@ class FSDPConfig(AddedLayoutKnobs):
                                 "float8 (torchao's enable_fsdp_float8_all_gather: half the bytes of bf16), each "
                                 "rank's shard cast in eager kernels before each gather; false: gather bf16, the "
                                 "compiled blocks cast (fused). On one H200 (one shard, nothing to gather), 8B-wide "
-                                "blocks: false 4-7% faster (results/2026-12-02-h200x1-fp8-kernels)", added=True)
+                                "blocks: false 4-7% faster (results/2026-12-02-h200x1-fp8-kernels); tuning=best "
+                                "turns it off on one shard", added=True)
     fp8_precompute_scale: bool = knob(True, "with fp8_all_gather: every float8 weight's scale in one all-reduce after "
                                       "the optimizer step (torchao's precompute_float8_dynamic_scale_for_fsdp), not "
                                       "one per weight at each gather", added=True)
@@ -263,6 +264,14 @@ def _weight_casts(plan: Plan) -> float:
     return FLOAT8_WEIGHT_CAST_BYTES * shard * _block_gathers(plan) * plan.grad_accum + amax
 
 
+def _gathers_nothing(plan: Plan) -> Optional[str]:
+    """The float8 all-gather off only where the weights are not sharded: there is nothing to gather, and its eager
+    weight casts (``_weight_casts``) are all it does; sharded, it halves the bytes every gather sends."""
+    n = plan.layout.state_shards
+    return None if n == 1 else (f"the weights are sharded over {n} ranks: the float8 all-gather halves the bytes "
+                                f"each gather sends (measured off on one shard only)")
+
+
 def label(name: str, v: dict) -> list[str]:
     r = v.get("dp_replicate", 1)
     return [name] + ([f"dp_replicate={r}"] if isinstance(r, int) and r > 1 else []) + \
@@ -283,5 +292,8 @@ SPEC = register(StrategySpec(
         "strategy.reshard_after_forward": (False, "2 x H200, 300m: 76.2% vs 67.1% of 2 x single (more memory: "
                                                   "the gathered parameters live to backward) "
                                                   "(results/2026-11-23-h200x2-zero-grad-norm-fsdp)"),
+        "strategy.fp8_all_gather": (False, "one H200, 8B-wide blocks, fp8 on one shard: 6.7% / 4.3% faster without "
+                                           "the float8 all-gather, resharded / not "
+                                           "(results/2026-12-02-h200x1-fp8-kernels)", _gathers_nothing),
     }},
 ))
