@@ -49,6 +49,9 @@ def test_the_probe_writes_a_complete_profile_of_what_it_measured(probed):
     # the link regime it ran under and NCCL's transports (none on gloo: the link stays host, and says why)
     assert prof["probe"]["nccl"]["regime"] == "default" and prof["probe"]["nccl"]["transports"] is None
     assert prof["probe"]["measured"]["intra_node_link"].endswith("backend gloo: no NCCL")
+    # causal attention's own rate against the matmul's, at two sequence lengths (the prediction's attention term)
+    assert prof["attention_share"] > 0 and prof["attention_seq_half"] >= 0
+    assert "scaled_dot_product_attention" in prof["probe"]["measured"]["attention_share"]
 
 
 @pytest.mark.slow
@@ -75,7 +78,11 @@ def test_the_prediction_uses_the_probes_peak(probed):
                                            "strategy=ddp", "world_size=2"])
     plan = validate(cfg, gpus=0)
     assert plan.cfg["precision"] == "bf16"
-    assert terms(plan)["peak"] == pytest.approx(prof["peak_tflops"]["bf16"] * 1e12)
+    t = terms(plan)
+    assert t["peak"] == pytest.approx(prof["peak_tflops"]["bf16"] * 1e12)
+    seq = plan.model.seq_len  # attention at this CPU's measured share of its matmul peak, not the H200's
+    assert t["attention_peak"] == pytest.approx(prof["peak_tflops"]["bf16"] * 1e12 * prof["attention_share"] * seq
+                                                / (seq + prof["attention_seq_half"]))
 
 
 def test_bad_probe_options_are_refused_in_one_line(tmp_path):

@@ -224,10 +224,13 @@ def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict, traffic: dict) -> d
 
 def _attention_peak(plan: Plan, hw: HardwareConfig) -> float:
     """The stated peak the causal attention kernel runs at a share of, on a rank's sequence (s / cp): the run's
-    precision's (bf16's under fp8: attention is not converted) x ATTENTION_SHARE x s / (s + ATTENTION_SEQ_HALF)."""
+    precision's (bf16's under fp8: attention is not converted) x ATTENTION_SHARE x s / (s + ATTENTION_SEQ_HALF),
+    or the shares a probe measured on this GPU (hardware profile's attention_share, attention_seq_half)."""
     peak = float(hw.peak_tflops["bf16"]) * 1e12 if plan.run.precision == "fp8" else _peak(plan, hw)
     s = plan.model.seq_len / plan.layout.cp
-    return peak * ATTENTION_SHARE * s / (s + ATTENTION_SEQ_HALF)
+    share = hw.attention_share or ATTENTION_SHARE  # a probe's measurement of this GPU, else the H200's
+    half = hw.attention_seq_half if hw.attention_seq_half is not None else ATTENTION_SEQ_HALF
+    return peak * share * s / (s + half)
 
 
 def _float8_cast_bytes(plan: Plan, layers_on_rank: float) -> float:

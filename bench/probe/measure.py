@@ -27,6 +27,8 @@ class Sizes:
     repeats: int
     iters: int
     tiny_ops: int  # calls per timed loop of the host-cost measurements
+    attention_seqs: tuple = (2048, 16384)  # causal attention's two sequence lengths (attention_rate)
+    attention_tokens: int = 32768  # tokens a call (the batch: tokens / sequence length)
 
     def record(self) -> dict:
         return asdict(self)
@@ -38,8 +40,8 @@ def sizes(device: torch.device, quick: bool) -> Sizes:
             return Sizes(8192, 512, (1, 16, 64), 3, 5, 500)
         return Sizes(8192, 2048, (1, 4, 16, 64, 256, 1024), 7, 10, 2000)
     if quick:  # CPU in CI: 2 shared cores
-        return Sizes(256, 32, (0.0625, 1), 3, 3, 200)
-    return Sizes(1024, 256, (0.0625, 1, 16, 64), 5, 5, 2000)
+        return Sizes(256, 32, (0.0625, 1), 3, 3, 200, (128, 512), 1024)
+    return Sizes(1024, 256, (0.0625, 1, 16, 64), 5, 5, 2000, (256, 1024), 4096)
 
 
 def sync(device: torch.device) -> None:
@@ -110,6 +112,32 @@ def matmul_peaks(device: torch.device, s: Sizes) -> tuple[dict, dict]:
     finally:
         torch.set_float32_matmul_precision(before)
     return peaks, missing
+
+
+def attention_rate(device: torch.device, s: Sizes, bf16_peak: Optional[float]) -> dict:
+    """Causal attention's rate as the prediction reads it (bench/plan/predict.py ATTENTION_SHARE): TFLOP/s of
+    scaled_dot_product_attention forward + backward, on the FLOPs a causal kernel runs, at two sequence lengths,
+    fitted as share x bf16 peak x seq / (seq + seq_half).  Llama-style heads (32 of 128, grouped 4 to a key/value
+    head) on a GPU; 4 of 64 on the CPU, in fp32 and not grouped, as bench's model runs there (a CPU's share is its
+    own)."""
+    heads, kv, dim = (32, 8, 128) if device.type == "cuda" else (4, 4, 64)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    lengths = s.attention_seqs
+    rates = {}
+    for seq in lengths:
+        q = torch.randn(s.attention_tokens // seq, heads, seq, dim, device=device, dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(q.shape[0], kv, seq, dim, device=device, dtype=dtype, requires_grad=True) for _ in "kv")
+        grad = torch.randn_like(q)
+
+        def step(q=q, k=k, v=v, grad=grad):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads).backward(grad)
+
+        t = median_seconds(step, device, iters=s.iters, repeats=s.repeats)
+        rates[seq] = 3 * 2 * heads * dim * seq * s.attention_tokens / t / 1e12  # 0.5 x (4 fwd + 8 bwd) d s a token
+    (s1, r1), (s2, r2) = sorted(rates.items())
+    half = max(0.0, (r2 - r1) / (r1 / s1 - r2 / s2)) if r1 / s1 != r2 / s2 else 0.0
+    most = r2 * (s2 + half) / s2
+    return {"tflops": rates, "seq_half": half, "share": most / bf16_peak if bf16_peak else None}
 
 
 def copy_gbps(device: torch.device, s: Sizes) -> float:

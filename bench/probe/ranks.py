@@ -101,5 +101,6 @@ def _alone(device: torch.device, s: measure.Sizes) -> dict:
     peaks, missing = measure.matmul_peaks(device, s)
     link, link_how = measure.gpu_link(device)
     return {"facts": measure.device_facts(device), "peaks": peaks, "peaks_missing": missing,
+            "attention": measure.attention_rate(device, s, peaks.get("bf16" if device.type == "cuda" else "fp32")),
             "copy_gbps": measure.copy_gbps(device, s), "host": measure.host_costs(device, s),
             "host_memory_gib": measure.host_memory_gib(), "link": link, "link_how": link_how}
