@@ -166,4 +166,7 @@ def test_the_attention_flops_the_prediction_times_apart_are_half_the_counters_ba
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         lm_loss(model(x[:, :-1]), x[:, 1:]).backward()
     batched = counter.get_flop_counts()["Global"][torch.ops.aten.bmm] / seq
-    assert causal_attention_flops_per_token(spec, recompute) == pytest.approx(batched / 2, rel=1e-6)
+    forward, backward = causal_attention_flops_per_token(spec, recompute)
+    assert forward + backward == pytest.approx(batched / 2, rel=1e-6)
+    assert backward == 4 * m["n_layers"] * m["d_model"] * seq  # the backward's 8 L d s a token, halved
+    assert forward == backward / 2 * (2 if recompute == "full" else 1)  # the forward once, or twice under full

@@ -50,8 +50,10 @@ def test_the_probe_writes_a_complete_profile_of_what_it_measured(probed):
     assert prof["probe"]["nccl"]["regime"] == "default" and prof["probe"]["nccl"]["transports"] is None
     assert prof["probe"]["measured"]["intra_node_link"].endswith("backend gloo: no NCCL")
     # causal attention's own rate against the matmul's, at two sequence lengths (the prediction's attention term)
-    assert prof["attention_share"] > 0 and prof["attention_seq_half"] >= 0
-    assert "scaled_dot_product_attention" in prof["probe"]["measured"]["attention_share"]
+    att = prof["attention"]
+    assert set(att) == {"forward_share", "forward_seq_half", "backward_share", "backward_seq_half"}
+    assert att["forward_share"] > 0 and att["backward_share"] > 0 and min(att.values()) >= 0
+    assert "scaled_dot_product_attention" in prof["probe"]["measured"]["attention"]
 
 
 @pytest.mark.slow
@@ -80,9 +82,10 @@ def test_the_prediction_uses_the_probes_peak(probed):
     assert plan.cfg["precision"] == "bf16"
     t = terms(plan)
     assert t["peak"] == pytest.approx(prof["peak_tflops"]["bf16"] * 1e12)
-    seq = plan.model.seq_len  # attention at this CPU's measured share of its matmul peak, not the H200's
-    assert t["attention_peak"] == pytest.approx(prof["peak_tflops"]["bf16"] * 1e12 * prof["attention_share"] * seq
-                                                / (seq + prof["attention_seq_half"]))
+    seq, a = plan.model.seq_len, prof["attention"]  # at this CPU's measured shares of its peak, not the H200's
+    forward, backward = (prof["peak_tflops"]["bf16"] * 1e12 * a[f"{p}_share"] * seq / (seq + a[f"{p}_seq_half"])
+                         for p in ("forward", "backward"))
+    assert forward > t["attention_peak"] > backward  # the step's mix: forward FLOPs at one rate, backward at the other
 
 
 def test_bad_probe_options_are_refused_in_one_line(tmp_path):

@@ -50,11 +50,11 @@ class HardwareConfig(Section):
     host_link_gbps: Optional[float] = knob(None, "the GPU's link to host memory, one direction, on the wire (GB/s; "
                                            "PCIe 5.0 x16: 63, 4.0 x16: 31.5): offload_activations' copies; null: "
                                            "PCIe 4.0's")
-    attention_share: Optional[float] = knob(None, "causal attention's rate (forward + backward, on the FLOPs its "
-                                            "kernel runs) over the bf16 matmul peak, at long sequences (a probe "
-                                            "measures it); null: one H200's 0.60 (bench/plan/predict.py)")
-    attention_seq_half: Optional[float] = knob(None, "the sequence length at which attention runs at half that "
-                                               "rate (a probe measures it); null: one H200's 720 tokens")
+    attention: Dict[str, Any] = knob(None, "causal attention's kernels (a probe measures them): forward_share, "
+                                     "backward_share (their rates on the FLOPs they run, over the bf16 matmul peak, "
+                                     "at long sequences) and forward_seq_half, backward_seq_half (the sequence length "
+                                     "at which each runs at half of that); empty: one H200's (bench/plan/predict.py "
+                                     "ATTENTION)", factory=dict)
     probe: Dict[str, Any] = knob(None, "a probe's record: date, device, what was measured and how, the raw curves "
                                  "(collective bus bandwidth per message size), host cost per kernel launch / hook",
                                  factory=dict)
@@ -172,8 +172,9 @@ REQUIRED = ("memory_gib", "peak_tflops", "hbm_gbps", "intra_node_gbps", "intra_n
 PEER_FIELDS = ("intra_node_gbps", "intra_node_link")
 # null allowed where not REQUIRED
 POSITIVE = ("memory_gib", "hbm_gbps", "intra_node_gbps", "inter_node_gbps", "gpus_per_node", "host_memory_gib",
-            "compute_capability", "nics_per_node", "nic_gbps", "host_link_gbps", "attention_share")
+            "compute_capability", "nics_per_node", "nic_gbps", "host_link_gbps")
 WHOLE = ("gpus_per_node", "nics_per_node")
+ATTENTION_KEYS = ("forward_share", "forward_seq_half", "backward_share", "backward_seq_half")
 # shm / socket / ib: what NCCL used when it was kept off peer-to-peer (bench/machine/link_regime.py): host shared memory, the
 # network stack, InfiniBand
 LINKS = ("nvlink", "pcie", "host", "shm", "socket", "ib")
@@ -208,9 +209,10 @@ def check(h: dict) -> None:
         if v is not None and (not _number(v) or v <= 0):
             raise ConfigError(f"hardware.{k}", v, "must be a positive number" + (
                 "" if k != "inter_node_gbps" else ", or null where it was not measured (one node)"))
-    half = h.get("attention_seq_half")
-    if half is not None and (not _number(half) or half < 0):
-        raise ConfigError("hardware.attention_seq_half", half, "must be a number of tokens >= 0, or null")
+    for k, v in (h.get("attention") or {}).items():
+        if k not in ATTENTION_KEYS or not _number(v) or v < 0 or (k.endswith("share") and v == 0):
+            raise ConfigError(f"hardware.attention.{k}", v, f"valid keys: {', '.join(ATTENTION_KEYS)}: shares "
+                              "> 0, seq_half tokens >= 0")
     for k in WHOLE:
         if h.get(k) is not None and not isinstance(h[k], int):
             raise ConfigError(f"hardware.{k}", h[k], "must be a positive integer")

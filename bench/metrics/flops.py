@@ -66,8 +66,9 @@ def executed_flops_per_token(model: ModelConfig, recompute: str, every: int = 1,
         - describe_model(model).causal_skipped_flops_per_token(recompute, _checkpointed_share(model, recompute, every))
 
 
-def causal_attention_flops_per_token(model: ModelConfig, recompute: str, every: int = 1) -> int:
-    """Of executed_flops_per_token, the causal attention kernel's (its scores and weighted sum, every pass)."""
+def causal_attention_flops_per_token(model: ModelConfig, recompute: str, every: int = 1) -> tuple[int, int]:
+    """Of executed_flops_per_token, the causal attention kernels' (scores and weighted sum): (forward passes,
+    backward)."""
     return describe_model(model).causal_attention_flops_per_token(recompute,
                                                                   _checkpointed_share(model, recompute, every))
 

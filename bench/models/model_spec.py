@@ -170,13 +170,14 @@ class ModelDescription:
         above the diagonal, half of QK^T and AV in every pass (forward, backward, a recomputed forward).  The model
         and hardware FLOPs above keep the full s x s by convention; the time a step takes does not.  The other
         half is what the kernel runs (``causal_attention_flops_per_token``): the two are equal."""
-        passes = {"none": 0.0, "selective": 1.0, "full": share, "op": 0.0}[recompute]  # op: attention is saved
-        return round(0.5 * (12 + 4 * passes) * self.layers * self.d * self.seq)
+        return sum(self.causal_attention_flops_per_token(recompute, share))
 
-    def causal_attention_flops_per_token(self, recompute: str, share: float = 1.0) -> int:
-        """The attention FLOPs a causal kernel runs (QK^T and AV below the diagonal, every pass): timed at the fused
-        attention kernel's own rate, not the matmuls' (bench/plan/predict.py ATTENTION_SHARE)."""
-        return self.causal_skipped_flops_per_token(recompute, share)
+    def causal_attention_flops_per_token(self, recompute: str, share: float = 1.0) -> tuple[int, int]:
+        """The attention FLOPs a causal kernel runs (QK^T and AV below the diagonal), (forward passes, backward):
+        timed at the fused attention kernels' own rates, not the matmuls' (bench/plan/predict.py ATTENTION)."""
+        passes = {"none": 0.0, "selective": 1.0, "full": share, "op": 0.0}[recompute]  # op: attention is saved
+        unit = 0.5 * self.layers * self.d * self.seq
+        return round(4 * (1 + passes) * unit), round(8 * unit)
 
     # -- precision=fp8
     def float8_matmul_params(self) -> int:

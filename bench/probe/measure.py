@@ -114,30 +114,35 @@ def matmul_peaks(device: torch.device, s: Sizes) -> tuple[dict, dict]:
     return peaks, missing
 
 
-def attention_rate(device: torch.device, s: Sizes, bf16_peak: Optional[float]) -> dict:
-    """Causal attention's rate as the prediction reads it (bench/plan/predict.py ATTENTION_SHARE): TFLOP/s of
-    scaled_dot_product_attention forward + backward, on the FLOPs a causal kernel runs, at two sequence lengths,
-    fitted as share x bf16 peak x seq / (seq + seq_half).  Llama-style heads (32 of 128, grouped 4 to a key/value
-    head) on a GPU; 4 of 64 on the CPU, in fp32 and not grouped, as bench's model runs there (a CPU's share is its
-    own)."""
+def attention_rate(device: torch.device, s: Sizes, peak: Optional[float]) -> dict:
+    """Causal attention's kernels as the prediction reads them (bench/plan/predict.py ATTENTION): TFLOP/s of
+    scaled_dot_product_attention's forward, and of its backward (forward + backward less the forward), on the FLOPs
+    a causal kernel runs, at two sequence lengths; each fitted as share x ``peak`` x seq / (seq + seq_half).
+    Llama-style heads (32 of 128, grouped 4 to a key/value head, bf16) on a GPU; 4 of 64 in fp32, not grouped, on
+    the CPU, as bench's model runs there (a CPU's shares are its own)."""
     heads, kv, dim = (32, 8, 128) if device.type == "cuda" else (4, 4, 64)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    lengths = s.attention_seqs
-    rates = {}
-    for seq in lengths:
+    rates: dict = {"forward": {}, "backward": {}}
+    for seq in s.attention_seqs:
         q = torch.randn(s.attention_tokens // seq, heads, seq, dim, device=device, dtype=dtype, requires_grad=True)
         k, v = (torch.randn(q.shape[0], kv, seq, dim, device=device, dtype=dtype, requires_grad=True) for _ in "kv")
         grad = torch.randn_like(q)
 
-        def step(q=q, k=k, v=v, grad=grad):
-            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads).backward(grad)
+        def forward(q=q, k=k, v=v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
 
-        t = median_seconds(step, device, iters=s.iters, repeats=s.repeats)
-        rates[seq] = 3 * 2 * heads * dim * seq * s.attention_tokens / t / 1e12  # 0.5 x (4 fwd + 8 bwd) d s a token
-    (s1, r1), (s2, r2) = sorted(rates.items())
-    half = max(0.0, (r2 - r1) / (r1 / s1 - r2 / s2)) if r1 / s1 != r2 / s2 else 0.0
-    most = r2 * (s2 + half) / s2
-    return {"tflops": rates, "seq_half": half, "share": most / bf16_peak if bf16_peak else None}
+        fwd = median_seconds(forward, device, iters=s.iters, repeats=s.repeats)
+        both = median_seconds(lambda: forward().backward(grad), device, iters=s.iters, repeats=s.repeats)
+        flops = 2 * heads * dim * seq * s.attention_tokens  # 0.5 x 4 d s a token: QK^T and AV, the causal half
+        rates["forward"][seq] = flops / fwd / 1e12
+        rates["backward"][seq] = 2 * flops / max(both - fwd, 1e-9) / 1e12
+    out = {"tflops": rates}
+    for part, r in rates.items():
+        (s1, r1), (s2, r2) = sorted(r.items())
+        half = max(0.0, (r2 - r1) / (r1 / s1 - r2 / s2)) if r1 / s1 != r2 / s2 else 0.0
+        out[f"{part}_share"] = r2 * (s2 + half) / s2 / peak if peak else None
+        out[f"{part}_seq_half"] = half
+    return out
 
 
 def copy_gbps(device: torch.device, s: Sizes) -> float:

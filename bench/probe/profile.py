@@ -22,7 +22,7 @@ def _r(x: Optional[float], digits: int = 4) -> Optional[float]:
 
 
 def _rates(tflops: dict) -> str:
-    return " / ".join(f"{v:.4g}" for _, v in sorted(tflops.items()))
+    return "; ".join(f"{part} " + " / ".join(f"{v:.4g}" for _, v in sorted(r.items())) for part, r in tflops.items())
 
 
 def build(name: str, alone: dict, intra: Optional[dict], inter: Optional[dict], run: dict) -> dict:
@@ -46,7 +46,7 @@ def build(name: str, alone: dict, intra: Optional[dict], inter: Optional[dict], 
         "compute_capability": facts["compute_capability"], "peak_tflops": peaks,
         "hbm_gbps": _r(alone["copy_gbps"]), "intra_node_gbps": _r(intra_gbps), "intra_node_link": link,
         "inter_node_gbps": _r(inter_gbps), "gpus_per_node": per_node, "host_memory_gib": _r(alone["host_memory_gib"]),
-        "attention_share": _r(alone["attention"]["share"]), "attention_seq_half": _r(alone["attention"]["seq_half"]),
+        "attention": {k: _r(v) for k, v in alone["attention"].items() if k != "tflops" and v is not None},
         "probe": {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "host": socket.gethostname(), "device": facts["name"], "torch": _torch_version(), **run,
@@ -54,11 +54,10 @@ def build(name: str, alone: dict, intra: Optional[dict], inter: Optional[dict], 
                 "peak_tflops": f"median TFLOP/s of an {run['sizes']['matmul_n']}^3 matmul per precision (fp8: "
                                "torch._scaled_mm, e4m3 inputs, bf16 output)",
                 "hbm_gbps": f"a copy of {run['sizes']['copy_mib']} MiB: (read + written bytes) / time",
-                "attention_share": "causal scaled_dot_product_attention forward + backward at "
-                                   f"{' and '.join(map(str, run['sizes']['attention_seqs']))} tokens a sequence "
-                                   f"(TFLOP/s {_rates(alone['attention']['tflops'])} on the FLOPs a causal kernel "
-                                   "runs), fitted as share x the bf16 matmul peak (fp32 on a CPU) x seq / (seq + "
-                                   "attention_seq_half)",
+                "attention": "causal scaled_dot_product_attention, forward, and backward (forward + backward "
+                             f"less forward), at {' and '.join(map(str, run['sizes']['attention_seqs']))} tokens a "
+                             f"sequence (TFLOP/s on the FLOPs a causal kernel runs: {_rates(alone['attention']['tflops'])}"
+                             "), each fitted as share x the bf16 matmul peak (fp32 on a CPU) x seq / (seq + seq_half)",
                 "intra_node_gbps": "all-reduce bus bandwidth at the largest message, ranks of one node"
                                    + ("" if intra else " (not measured)"),
                 "inter_node_gbps": "all-reduce bus bandwidth at the largest message, all ranks of all nodes "
