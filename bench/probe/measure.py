@@ -50,8 +50,9 @@ def sync(device: torch.device) -> None:
 
 
 def median_seconds(fn: Callable[[], object], device: torch.device, *, iters: int, repeats: int,
-                   warmup: int = 2) -> float:
-    """Seconds per call of ``fn``: the median over ``repeats`` loops of ``iters`` calls, after ``warmup`` calls."""
+                   warmup: int = 2, best: bool = False) -> float:
+    """Seconds per call of ``fn``: the median over ``repeats`` loops of ``iters`` calls, after ``warmup`` calls;
+    ``best``: the fastest loop instead (a rate at the clocks a short burst runs at, see matmul_peaks)."""
     for _ in range(warmup):
         fn()
     sync(device)
@@ -62,7 +63,7 @@ def median_seconds(fn: Callable[[], object], device: torch.device, *, iters: int
             fn()
         sync(device)
         samples.append((time.perf_counter() - t0) / iters)
-    return statistics.median(samples)
+    return min(samples) if best else statistics.median(samples)
 
 
 def _precisions(device: torch.device) -> dict[str, tuple[Optional[torch.dtype], Optional[str]]]:
@@ -92,7 +93,10 @@ def _fp8_matmul(device: torch.device, n: int) -> tuple[Optional[Callable], str]:
 
 
 def matmul_peaks(device: torch.device, s: Sizes) -> tuple[dict, dict]:
-    """(TFLOP/s per precision: 2 n^3 / time of an n x n x n matmul, {precision: why not measured})."""
+    """(TFLOP/s per precision: 2 n^3 / time of an n x n x n matmul, {precision: why not measured}).  The fastest
+    loop of ``iters`` matmuls, not the median: the prediction's matmul efficiency is fitted against a short burst's
+    rate (bench/launch/worker.py measure_matmul_peak, every recorded run's), and back-to-back loops run at lower
+    clocks (one H200: the median 711 TFLOP/s bf16 where runs measured 776-788, results/2026-12-04-h200x1-long-sequence)."""
     peaks, missing, n = {}, {}, s.matmul_n
     before = torch.get_float32_matmul_precision()
     try:
@@ -107,7 +111,7 @@ def matmul_peaks(device: torch.device, s: Sizes) -> tuple[dict, dict]:
             if fn is None:
                 missing[prec] = why
                 continue
-            t = median_seconds(fn, device, iters=s.iters, repeats=s.repeats)
+            t = median_seconds(fn, device, iters=s.iters, repeats=s.repeats, best=True)
             peaks[prec] = 2 * n ** 3 / t / 1e12
     finally:
         torch.set_float32_matmul_precision(before)
@@ -131,8 +135,8 @@ def attention_rate(device: torch.device, s: Sizes, peak: Optional[float]) -> dic
         def forward(q=q, k=k, v=v):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
 
-        fwd = median_seconds(forward, device, iters=s.iters, repeats=s.repeats)
-        both = median_seconds(lambda: forward().backward(grad), device, iters=s.iters, repeats=s.repeats)
+        fwd = median_seconds(forward, device, iters=s.iters, repeats=s.repeats, best=True)  # as the peak it divides
+        both = median_seconds(lambda: forward().backward(grad), device, iters=s.iters, repeats=s.repeats, best=True)
         flops = 2 * heads * dim * seq * s.attention_tokens  # 0.5 x 4 d s a token: QK^T and AV, the causal half
         rates["forward"][seq] = flops / fwd / 1e12
         rates["backward"][seq] = 2 * flops / max(both - fwd, 1e-9) / 1e12

@@ -51,7 +51,9 @@ def build(name: str, alone: dict, intra: Optional[dict], inter: Optional[dict], 
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "host": socket.gethostname(), "device": facts["name"], "torch": _torch_version(), **run,
             "measured": {
-                "peak_tflops": f"median TFLOP/s of an {run['sizes']['matmul_n']}^3 matmul per precision (fp8: "
+                "peak_tflops": f"TFLOP/s of an {run['sizes']['matmul_n']}^3 matmul per precision, the fastest "
+                               f"loop of {run['sizes']['iters']} of {run['sizes']['repeats']} (a burst's clocks, as "
+                               "the prediction's fit) (fp8: "
                                "torch._scaled_mm, e4m3 inputs, bf16 output)",
                 "hbm_gbps": f"a copy of {run['sizes']['copy_mib']} MiB: (read + written bytes) / time",
                 "attention": "causal scaled_dot_product_attention, forward, and backward (forward + backward "
