@@ -168,7 +168,7 @@ def _peak(plan: Plan, hw: HardwareConfig) -> float:
     if prec == "fp8":
         bf16 = float(hw.peak_tflops["bf16"])
         fp8 = float(hw.peak_tflops.get("fp8") or bf16)
-        share = float8_matmul_params(plan.model) / matmul_params(plan.model)  # attention: _attention_rate
+        share = float8_matmul_params(plan.model) / matmul_params(plan.model)  # attention: _attention_peak
         return 1e12 / (share / fp8 + (1 - share) / bf16)
     key = prec if prec != "fp32" else ("tf32" if plan.run.tf32 else "fp32")
     return float(hw.peak_tflops.get(key) or hw.peak_tflops["fp32"]) * 1e12
