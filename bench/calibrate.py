@@ -27,8 +27,8 @@ to every residual: with loss="huber" on all, the prior turns linear beyond HUBER
 of this objective and a worse held-out error.
 
 Set by hand, not fitted: bench/costs/traffic.py DTENSOR_LAYER_HOST, ZeRO's FETCH_OPS and PARAM_OPS, Megatron's PARAM_OPS,
-predict.COLLECTIVE_LATENCY_S and bench/plan/link_terms.py HOST_LINK_GBPS.  Each was halved and doubled, refitted and held out by
-folder: no move improved the held-out error on steps >= 100 ms by more than a tenth of a point, and the one that
+predict.COLLECTIVE_LATENCY_S and bench/plan/link_terms.py HOST_LINK_GBPS.  Each was halved and doubled, refitted and
+held out by folder: no move improved the held-out error on steps >= 100 ms by more than a tenth of a point, and the one that
 lowered the fit cost most (Megatron's PARAM_OPS halved) worsened it: the runs do not pin these better than their
 measured evidence (comments at each), and fitting them would mean one host-count term per strategy in the traffic
 dicts, a larger model.  The pipeline's 4 hooks per micro-batch (bench/costs/traffic.py) and OPTIMIZER_PASSES (bytes

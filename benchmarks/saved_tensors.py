@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -20,12 +21,13 @@ from hydra import compose, initialize_config_dir
 from bench.models.model import build_model
 from bench.parallel.float8 import apply_float8
 from bench.run.config import register_configs, validate
-from tests.conftest import REPO
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def saved(overrides: list[str]) -> dict:
     register_configs()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=["model.n_layers=1", "compile=true", "dry_run=true", *overrides])
     plan = validate(cfg, gpus=torch.cuda.device_count())
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -72,6 +72,7 @@ def test_a_dry_run_plans_with_the_probes_numbers(probed, tmp_path):
 
 @pytest.mark.slow
 def test_the_prediction_uses_the_probes_peak(probed):
+    from bench.metrics.flops import causal_attention_flops_per_token
     from bench.plan.predict import terms
 
     d, prof, _ = probed
@@ -85,8 +86,6 @@ def test_the_prediction_uses_the_probes_peak(probed):
     seq, a = plan.model.seq_len, prof["attention"]  # at this CPU's measured shares of its peak, not the H200's
     forward, backward = (prof["peak_tflops"]["bf16"] * 1e12 * a[f"{p}_share"] * seq / (seq + a[f"{p}_seq_half"])
                          for p in ("forward", "backward"))
-    from bench.metrics.flops import causal_attention_flops_per_token
-
     f, b = causal_attention_flops_per_token(plan.model, plan.layout.recompute)  # the step's forward / backward FLOPs
     assert t["attention_peak"] == pytest.approx((f + b) / (f / forward + b / backward))
 

@@ -170,9 +170,8 @@ def preset_nodes() -> dict[str, HardwareConfig]:
 REQUIRED = ("memory_gib", "peak_tflops", "hbm_gbps", "intra_node_gbps", "intra_node_link", "gpus_per_node",
             "host_memory_gib")
 PEER_FIELDS = ("intra_node_gbps", "intra_node_link")
-# null allowed where not REQUIRED
 POSITIVE = ("memory_gib", "hbm_gbps", "intra_node_gbps", "inter_node_gbps", "gpus_per_node", "host_memory_gib",
-            "compute_capability", "nics_per_node", "nic_gbps", "host_link_gbps")
+            "compute_capability", "nics_per_node", "nic_gbps", "host_link_gbps")  # null allowed where not REQUIRED
 WHOLE = ("gpus_per_node", "nics_per_node")
 ATTENTION_KEYS = ("forward_share", "forward_seq_half", "backward_share", "backward_seq_half")
 # shm / socket / ib: what NCCL used when it was kept off peer-to-peer (bench/machine/link_regime.py): host shared memory, the
