@@ -7,6 +7,7 @@
   submission (bench/__main__.py: ``hydra/launcher=slurm`` adds ``submit=slurm``)."""
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
@@ -119,11 +120,17 @@ def test_hydras_flags_work_with_a_submission(flags, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["bench", *submit_argv(["hydra/launcher=slurm", *flags])])
     monkeypatch.chdir(REPO)
     GlobalHydra.instance().clear()
+    # --info adds a handler to the root logger on this test's captured stdout and sets the root to DEBUG, for good:
+    # a later test in this process then logged into the closed stream ("--- Logging error ---" on its stderr)
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
     try:
         main()
     except SystemExit as e:  # --help exits 0 once it has printed
         assert e.code in (0, None), capsys.readouterr()
     finally:
         GlobalHydra.instance().clear()
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])  # and clears the loggers' cached levels
     out = capsys.readouterr()
     assert FLAGS[flags] in out.out and "unrecognized arguments" not in out.err, (flags, out.out[-2000:], out.err)
