@@ -8,6 +8,8 @@ on a GPU outlives the rebuild while its all-reduce works are held, is freed at o
 returns no tensor, so DDP reduces through a no-op comm hook): added from the plan (its ``buffers``)."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -38,28 +40,32 @@ def _tracked_step(st, tracker) -> float:
     return sum(d["Total"] for d in tracker.get_tracker_snapshot("peak").values())
 
 
-def _tracked_peak(plan) -> float:
-    """The tracker's peak over one training step (after a first one built the optimizer and buckets)."""
+def _tracked_peak(plan, fake: bool = False) -> float:
+    """The tracker's peak over one training step (after a first one built the optimizer and buckets); ``fake``:
+    under FakeTensorMode, the tensors' sizes without their compute (a 152k vocabulary's head in bf16 ran 8-20 min a
+    case on a CPU without bf16 instructions; the tracker counts a fake tensor's bytes as a real one's)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=plan.world_size)
     try:
-        st = get_spec(plan.strategy.name).implementation(plan)(
-            plan, DistContext(0, 0, plan.world_size, torch.device("cpu"), "gloo"))
-        st.setup()
-        if isinstance(st.model, torch.nn.parallel.DistributedDataParallel):
-            from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+        with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
+            st = get_spec(plan.strategy.name).implementation(plan)(
+                plan, DistContext(0, 0, plan.world_size, torch.device("cpu"), "gloo"))
+            st.setup()
+            if isinstance(st.model, torch.nn.parallel.DistributedDataParallel):
+                from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
-            st.model.register_comm_hook(None, noop_hook)
-        st.step(0)
-        opt = getattr(st.optimizer, "optimizer", st.optimizer)  # LocalShardAdamW wraps torch's
-        fsdp = plan.strategy.name == "fsdp"
-        tracker = FSDPMemTracker(st.model, opt) if fsdp else MemTracker()
-        if not fsdp:
-            tracker.track_external(st.model, opt)
-        return _tracked_step(st, tracker)
+                st.model.register_comm_hook(None, noop_hook)
+            st.step(0)
+            opt = getattr(st.optimizer, "optimizer", st.optimizer)  # LocalShardAdamW wraps torch's
+            fsdp = plan.strategy.name == "fsdp"
+            tracker = FSDPMemTracker(st.model, opt) if fsdp else MemTracker()
+            if not fsdp:
+                tracker.track_external(st.model, opt)
+            return _tracked_step(st, tracker)
     finally:
         dist.destroy_process_group()
 
@@ -97,15 +103,29 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# run under FakeTensorMode (sizes without compute): the single-rank 152k vocabularies (the FSDP2 one builds a
+# DeviceMesh, which FakeTensorMode cannot; it runs for real, 2-4 min, marked slow so it starts first)
+FAKE = {"single, 152k vocabulary", "single, 152k vocabulary, loss_chunks=4"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if "152k" in n and n not in FAKE else n
+                                  for n in CASES])
 def test_the_plan_is_within_10pct_of_torchs_memory_tracker(name):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         plan = validate(compose("config", overrides=[*BASE, *CASES[name]]), gpus=0)
     mem = memory_plan(plan)
     planned = mem["predicted_peak_allocated_mb"] * 2**20
-    tracked = _tracked_peak(plan) + (mem["buffers_mb"] * 2**20 if plan.strategy.name == "ddp" else 0.0)
+    tracked = _tracked_peak(plan, fake=name in FAKE) + (mem["buffers_mb"] * 2**20 if plan.strategy.name == "ddp" else 0.0)
     assert abs(planned / tracked - 1) <= 0.10, f"{name}: plan {planned / 2**20:.1f} MiB, tracker {tracked / 2**20:.1f}"
 
+
+
+def test_the_tracker_counts_a_fake_step_as_a_real_one():
+    """What lets the FAKE cases run without compute: the tracker's peak under FakeTensorMode is the real step's, to
+    the byte (checked on 2026-12-04 for three single-rank cases; this one kept)."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        plan = validate(compose("config", overrides=[*BASE, *CASES["single accumulating"]]), gpus=0)
+    assert _tracked_peak(plan, fake=True) == _tracked_peak(plan)
 
 
 def _fake_ddp_peak(plan) -> float:
