@@ -6,9 +6,11 @@ from bench.spec.layout import DIMS, Layout
 
 def build_mesh(layout: Layout, device_type: str, rank: int):
     """DeviceMesh of the layout's shape, dims named ``DIMS``; checked against bench.spec.layout's coordinates."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(device_type, layout.mesh_shape, mesh_dim_names=DIMS)
+    with unset_fake_temporarily():  # the mesh's rank table is real under FakeTensorMode (a memory estimate)
+        mesh = init_device_mesh(device_type, layout.mesh_shape, mesh_dim_names=DIMS)
     c = layout.coords(rank)
     if list(mesh.get_coordinate()) != [getattr(c, d) for d in DIMS]:
         raise RuntimeError(f"DeviceMesh coordinate {mesh.get_coordinate()} of rank {rank} differs from "
