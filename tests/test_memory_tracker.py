@@ -103,8 +103,9 @@ CASES = {
 }
 
 
-# run under FakeTensorMode (sizes without compute): the 152k vocabularies
-FAKE = {"single, 152k vocabulary", "single, 152k vocabulary, loss_chunks=4", "fsdp, 152k vocabulary, loss_chunks=4"}
+# run under FakeTensorMode (sizes without compute): all but DDP's, whose shape check and bucket rebuild read tensor
+# data (tests the tracker's peak fake = real: test_the_tracker_counts_a_fake_step_as_a_real_one)
+FAKE = {name for name, over in CASES.items() if "strategy=ddp" not in over}
 
 
 @pytest.mark.parametrize("name", list(CASES))
