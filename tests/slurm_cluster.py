@@ -350,6 +350,9 @@ class SlurmCluster:
     def _start(self, name: str, node: Optional[str] = None) -> None:
         """Start slurmctld, or the slurmd of ``node`` (two nodes: in its namespace, ``-N node``)."""
         cmd = [_which(name), "-f", str(self.conf)]
+        # a killed daemon's pid file names a dead pid until the new daemon (forked off after this call returns)
+        # writes its own: wait_ready read it as "slurmd node2 exited" a second after a restart (2026-12-04)
+        self._pidfile(name, node).unlink(missing_ok=True)
         if self.net is not None:
             cmd = self.net.prefix(node or self.nodes[0]) + cmd + (["-N", node] if node else [])
         p = subprocess.run(cmd, capture_output=True, text=True, env=self._daemon_env(), timeout=60)
