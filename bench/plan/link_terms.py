@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from typing import Optional
+
 from bench.machine.hardware import HardwareConfig
+from bench.plan.topology import KIND_GROUP, Topology
 from bench.spec.schema import Plan
 
 HOST_LINK_GBPS = 25.0  # host <-> device over PCIe (offload), one direction, achieved
@@ -12,6 +15,8 @@ HOST_LINK_GBPS = 25.0  # host <-> device over PCIe (offload), one direction, ach
 # packet headers and flow control: 55.3 of 63 GB/s both ways on an H200, benchmarks/host_link.py,
 # results/2026-12-02-h200x1-activation-offload); a profile or preset without the link: PCIe 4.0's
 PINNED_COPY_SHARE, DEFAULT_HOST_LINK_GBPS = 0.88, 31.5
+# the byte kinds (bench/costs/traffic.py) that travel over a node's link, read on the probe's curves
+LINK_KINDS = ("grad_reduce", "param_gather", "tail", "activation", "p2p", "context", "embedding_grad")
 
 
 def host_link_s(plan: Plan, hw: HardwareConfig, traffic: dict, mem: dict) -> float:
@@ -23,21 +28,41 @@ def host_link_s(plan: Plan, hw: HardwareConfig, traffic: dict, mem: dict) -> flo
             + 2 * mem["activations"]["offloaded_per_microbatch"] * plan.grad_accum / pinned)
 
 
-def measured_link(hw: HardwareConfig, traffic: dict) -> dict[str, float]:
+def measured_link(hw: HardwareConfig, traffic: dict, topo: Optional[Topology] = None) -> dict[str, float]:
     """How the link figure is read: ``link_fitted`` 1 for a datasheet figure (link_eff, fitted on such runs,
     applies); 0 for one that is NCCL's bus bandwidth already (a probe's profile, a PCIe preset: bench/machine/hardware.py
     gives those as NCCL's), used as measured, times ``link_factor``: the probe's all-reduce bus bandwidth at the
     step's typical message (its bytes over its collectives) over the figure (1 without a curve).  On a slow link
-    NCCL reaches its figure at a bucket's size; NVLink does not (its losses are in link_eff)."""
+    NCCL reaches its figure at a bucket's size; NVLink does not (its losses are in link_eff).  Where the probe also
+    measured smaller groups of a node (``group_curve``), each kind's bytes are read on the curve of the group they
+    travel over (``topo``, bench/plan/topology.py), and the factor is their bytes over their summed seconds."""
     if hw.source != "probe" and hw.intra_node_link != "pcie":
         return {"link_fitted": 1.0, "link_factor": 1.0}
-    curve = ((((hw.probe or {}).get("curves") or {}).get("intra_node") or {}).get("all_reduce")) or []
-    sent = sum(traffic.get(k, 0.0) for k in ("grad_reduce", "param_gather", "tail", "activation", "p2p", "context",
-                                        "embedding_grad"))
+    curves = ((hw.probe or {}).get("curves") or {})
+    curve = (curves.get("intra_node") or {}).get("all_reduce") or []
+    sent = {k: traffic.get(k, 0.0) for k in LINK_KINDS if traffic.get(k, 0.0)}
     calls = traffic.get("collectives", 0.0)
     if not curve or not hw.intra_node_gbps or not sent or not calls:
         return {"link_fitted": 0.0, "link_factor": 1.0}
-    return {"link_fitted": 0.0, "link_factor": on_curve(curve, sent / calls) / float(hw.intra_node_gbps)}
+    total = sum(sent.values())
+    gbps = {k: on_curve(group_curve(hw, topo, k) or curve, total / calls) for k in sent}
+    busbw = total / sum(b / gbps[k] for k, b in sent.items()) if len(set(gbps.values())) > 1 else gbps.popitem()[1]
+    return {"link_fitted": 0.0, "link_factor": busbw / float(hw.intra_node_gbps)}
+
+
+def group_curve(hw: HardwareConfig, topo: Optional[Topology], kind: str) -> Optional[list[dict]]:
+    """The probe's all-reduce curve over a smaller group of a node (bench/probe/comm.py subgroup_curves) for the
+    group bytes of ``kind`` travel over, where it measured one of that size: ``alone`` when the plan's ranks on a
+    node are that one group (a run on fewer GPUs than the node has), ``together`` when several groups of that size
+    share the node; None for a group of the whole node, one spanning nodes, or a size not measured."""
+    groups = ((hw.probe or {}).get("curves") or {}).get("intra_node_groups") or {}
+    if topo is None or not groups:
+        return None
+    g = topo.groups[KIND_GROUP[kind]]
+    if g.nodes > 1 or str(g.size) not in groups:
+        return None
+    # topo.gpus_per_node: the plan's ranks on one node (fewer than the node's GPUs on a small run)
+    return groups[str(g.size)]["alone" if topo.gpus_per_node == g.size else "together"] or None
 
 
 def on_curve(curve: list[dict], message: float) -> float:

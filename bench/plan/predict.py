@@ -31,7 +31,8 @@ One optimizer step of the slowest rank, in seconds::
              reduction outlasts the backward it hides behind)
              link' = a datasheet link x link_eff (fitted: NCCL's share of the datasheet, and NVLink's losses at
              a step's message sizes); a link given as NCCL's bus bandwidth (a probe's, a PCIe preset's) as it
-             is, at the step's typical message size on the probe's all-reduce curve (measured_link_factor)
+             is, at the step's typical message size on the probe's all-reduce curve (link_terms.measured_link;
+             where the probe measured smaller groups of a node, each kind on its own group's curve)
              bytes per kind from the strategy (StrategySpec.traffic, bench/costs/traffic.py); the link is the bus
              bandwidth of the group each kind travels over (bench/plan/topology.py: TP inside a node, a data-parallel
              group across nodes costed hierarchically, HSDP's gradient and parameter traffic over its shard group and
@@ -188,7 +189,7 @@ def terms(plan: Plan, hardware: Optional[HardwareConfig] = None) -> dict[str, fl
     topo = plan_topology(plan, hw)
     return {**_device_terms(plan, hw, mem, traffic), **_host_terms(plan, traffic),
             **{f"{k}_s": v for k, v in topo.seconds(traffic).items()},
-            "offload_s": host_link_s(plan, hw, traffic, mem), **measured_link(hw, traffic),
+            "offload_s": host_link_s(plan, hw, traffic, mem), **measured_link(hw, traffic, topo),
             "collectives": traffic.get("collectives", 0.0) + traffic.get("scalar_collectives", 0.0)}
 
 

@@ -5,6 +5,11 @@ all-reduce, the whole gathered output of an all-gather, the whole input of a red
 buffer each rank sends in a send/recv ring; busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for
 all-gather and reduce-scatter, x 1 for send/recv: a number comparable to the link's speed, whatever n.
 A sample is the slowest rank's time of a loop of calls between barriers; the curve keeps the median.
+
+Smaller groups of one node (``subgroup_curves``): the all-reduce over groups of 2, 4, ... of its ranks, one group
+alone (a run on fewer GPUs than the node has) and every group at once (tensor or data parallelism of that size over
+the whole node).  On a link the ranks share (host memory, the network stack) a group's bandwidth depends on how many
+ranks move data at once, which a curve over the whole node does not show.
 """
 from __future__ import annotations
 
@@ -79,11 +84,11 @@ def _slowest_rank_seconds(call: Callable[[], None], group, device, s: Sizes) -> 
     return statistics.median(t.tolist())
 
 
-def curves(ranks: list[int], group, device: torch.device, s: Sizes) -> dict:
+def curves(ranks: list[int], group, device: torch.device, s: Sizes, collectives=COLLECTIVES) -> dict:
     """{collective: [{bytes, time_us, algbw_gbps, busbw_gbps}, ...]} over the message sizes, on ``ranks``."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # what gradients travel in
     out = {}
-    for name in COLLECTIVES:
+    for name in collectives:
         rows = []
         for mib in s.message_mib:
             call, nbytes = _call(name, int(mib * MIB), ranks, group, device, dtype)
@@ -93,6 +98,37 @@ def curves(ranks: list[int], group, device: torch.device, s: Sizes) -> dict:
                          "busbw_gbps": round(algbw * bus_factor(name, len(ranks)), 3)})
         out[name] = rows
     return out
+
+
+def subgroup_sizes(n: int) -> list[int]:
+    """The smaller group sizes measured on a node of ``n`` ranks: 2, 4, ... below n that divide it."""
+    return [g for g in (2 ** k for k in range(1, n.bit_length())) if g < n and n % g == 0]
+
+
+def subgroup_curves(node: list[int], node_group, groups: dict, device: torch.device, s: Sizes) -> dict:
+    """{"<g>": {"alone": rows, "together": rows}}: the all-reduce curve (``curves``' rows) of the node's first group
+    of g ranks with its other ranks idle, then of the slowest group while every group of g measures at once (module
+    docstring).  ``groups``: (g, first rank) -> the process group of ``node``'s g ranks from that one, made by every
+    rank (bench/probe/ranks.py); every rank of the node calls this, the idle ones wait at the node's barrier."""
+    me = node.index(dist.get_rank())
+    out = {}
+    for g in subgroup_sizes(len(node)):
+        first = me // g * g
+        ranks, group = node[first:first + g], groups[(g, node[first])]
+        alone = curves(ranks, group, device, s, ("all_reduce",))["all_reduce"] if first == 0 else None
+        dist.barrier(group=node_group)
+        together = _slowest(curves(ranks, group, device, s, ("all_reduce",))["all_reduce"], node_group, device)
+        dist.barrier(group=node_group)
+        out[str(g)] = {"alone": alone, "together": together}
+    return out
+
+
+def _slowest(rows: list[dict], node_group, device: torch.device) -> list[dict]:
+    """Each message size's row of the group that took longest, over the node's groups (the step waits for it)."""
+    t = torch.tensor([r["time_us"] for r in rows], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=node_group)
+    return [{**r, "time_us": round(slow, 2), "algbw_gbps": round(r["algbw_gbps"] * r["time_us"] / slow, 3),
+             "busbw_gbps": round(r["busbw_gbps"] * r["time_us"] / slow, 3)} for r, slow in zip(rows, t.tolist())]
 
 
 def link_gbps(curve: dict) -> float:

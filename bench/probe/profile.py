@@ -25,8 +25,10 @@ def _rates(tflops: dict) -> str:
     return "; ".join(f"{part} " + " / ".join(f"{v:.4g}" for _, v in sorted(r.items())) for part, r in tflops.items())
 
 
-def build(name: str, alone: dict, intra: Optional[dict], inter: Optional[dict], run: dict) -> dict:
-    """The profile (module docstring) from rank 0's measurements, the curves and how the ranks ran."""
+def build(name: str, alone: dict, intra: Optional[dict], inter: Optional[dict], groups: Optional[dict],
+          run: dict) -> dict:
+    """The profile (module docstring) from rank 0's measurements, the curves (``groups``: the all-reduce over
+    smaller groups of a node, bench/probe/comm.py subgroup_curves) and how the ranks ran."""
     facts, per_node = alone["facts"], run["gpus_per_node"]
     intra_gbps = link_gbps(intra) if intra else None
     inter_gbps = link_gbps(inter) if inter else None
@@ -68,9 +70,13 @@ def build(name: str, alone: dict, intra: Optional[dict], inter: Optional[dict], 
                 "intra_node_link": link_how,
                 "memory_gib": facts.get("memory_note", "torch.cuda.get_device_properties().total_memory"),
                 "largest_message_bytes": largest["all_reduce"][-1]["bytes"] if largest else None,
+                "intra_node_groups": "all-reduce bus bandwidth over groups of 2, 4, ... ranks of one node: the "
+                                     "first group with the node's other ranks idle (alone), and the slowest group "
+                                     "with every group measuring at once (together)"
+                                     + ("" if groups else " (not measured: fewer than 4 ranks a node)"),
             },
             "not_measured": not_measured, "host_cost": alone["host"], "nccl": nccl,
-            "curves": {"intra_node": intra, "inter_node": inter},
+            "curves": {"intra_node": intra, "inter_node": inter, "intra_node_groups": groups or None},
         },
     }
 
@@ -106,8 +112,12 @@ def write(path: str, profile: dict) -> None:
     except ConfigError as e:
         verdict = f"INCOMPLETE, bench will refuse it until you set the field: {e}"
     peaks = ", ".join(f"{k} {v:g}" for k, v in profile["peak_tflops"].items() if v is not None)
+    groups = profile["probe"]["curves"].get("intra_node_groups") or {}
+    smaller = "".join(f"; groups of {g}: alone {c['alone'][-1]['busbw_gbps']:g}, all at once "
+                      f"{c['together'][-1]['busbw_gbps']:g} GB/s" for g, c in groups.items())
     print(f"probe: wrote {p} ({verdict}); TFLOP/s {peaks}; memory {profile['hbm_gbps']:g} GB/s; intra-node "
-          f"{profile['intra_node_gbps']} GB/s ({profile['intra_node_link']}); inter-node {profile['inter_node_gbps']} GB/s\nprobe: {use}", flush=True)
+          f"{profile['intra_node_gbps']} GB/s ({profile['intra_node_link']}){smaller}; inter-node "
+          f"{profile['inter_node_gbps']} GB/s\nprobe: {use}", flush=True)
 
 
 def usage(p: Path) -> str:

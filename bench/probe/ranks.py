@@ -80,15 +80,18 @@ def _measure_and_write(rank: int, world: int, device: torch.device, opts: dict) 
     dist.barrier()
     nodes = _nodes(world)
     groups = [dist.new_group(rs) for rs in nodes]  # every rank creates every group, in the same order
+    smaller = {(g, rs[i]): dist.new_group(rs[i:i + g]) for rs in nodes for g in comm.subgroup_sizes(len(rs))
+               for i in range(0, len(rs), g)}
     mine = next(i for i, rs in enumerate(nodes) if rank in rs)
     intra = comm.curves(nodes[mine], groups[mine], device, s) if len(nodes[mine]) > 1 else None
+    sub = comm.subgroup_curves(nodes[mine], groups[mine], smaller, device, s) if intra is not None else None
     inter = comm.curves(_across(nodes), None, device, s) if len(nodes) > 1 else None
     dist.barrier()  # every rank's connections made (and logged) before rank 0 reads NCCL's logs
     if rank == 0:
         alone["nccl"] = link_regime.record(Path(opts["nccl_dir"]).glob("nccl_rank*.log"), dist.get_backend(),
                                            alone["link"] == "nvlink" if device.type == "cuda" else None)
         per_node = len(nodes[0]) if device.type != "cuda" else max(torch.cuda.device_count(), len(nodes[0]))
-        profile = build(opts["name"], alone, intra, inter, {
+        profile = build(opts["name"], alone, intra, inter, sub, {
             "world_size": world, "nodes": len(nodes), "ranks_per_node": [len(r) for r in nodes],
             "gpus_per_node": per_node, "backend": dist.get_backend(), "quick": opts["quick"],
             "sizes": s.record(), "launcher": opts.get("launcher", "torch.multiprocessing")})
