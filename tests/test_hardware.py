@@ -186,3 +186,19 @@ def test_a_one_gpu_node_needs_no_intra_node_link():
 
     check(_preset(gpus_per_node=1, intra_node_gbps=None, intra_node_link=None))
     assert check_refuses(_preset(gpus_per_node=2, intra_node_gbps=None)).key == "hardware.intra_node_gbps"
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_a_cpu_run_in_half_precision_says_when_this_cpu_will_crawl(tmp_path, precision):
+    """bf16 on an x86 CPU below AVX-512 runs its matmuls in scalar code (docs/development.md): the plan says so,
+    naming torch's dispatch level; fp32, or a CPU with half-precision instructions, gets no note."""
+    import platform
+
+    import torch
+
+    p = run_bench("device=cpu", f"precision={precision}", "dry_run=true", run_dir=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    level = torch.backends.cpu.get_cpu_capability()
+    slow = precision == "bf16" and platform.machine() == "x86_64" and level in ("NO AVX", "AVX2", "DEFAULT")
+    out = p.stdout + p.stderr
+    assert (f"precision=bf16 on this CPU (torch's dispatch level {level}" in out) == slow, out[-2000:]

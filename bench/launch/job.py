@@ -309,7 +309,13 @@ def way_out(plan: Plan) -> str:
 
 
 def log_choices(plan: Plan) -> None:
-    """What tuning=best applied (and from which measured workload), and what micro_batch_size=auto chose."""
+    """What tuning=best applied (and from which measured workload), what micro_batch_size=auto chose, and a CPU
+    precision that will crawl (bench/machine/hardware_rules.py slow_cpu_precision)."""
+    from bench.machine.hardware_rules import slow_cpu_precision
+
+    slow = slow_cpu_precision(plan.device, plan.run.precision)
+    if slow:
+        log.warning("note: %s", slow)
     if plan.tuning:
         log.info("tuning=%s: %s", plan.tuning["profile"], plan.tuning["summary"])
     if plan.micro_batch_auto:

@@ -133,3 +133,27 @@ def compute_capability(run: BenchConfig) -> tuple[Optional[float], str]:
         major, minor = torch.cuda.get_device_capability(0)
         return major + minor / 10, torch.cuda.get_device_name(0)
     return None, ""
+
+
+# torch's CPU dispatch levels below AVX-512 on x86: no bf16 / fp16 instructions, and none that oneDNN emulates
+# them with, so half-precision matmuls fall back to scalar code
+_NO_HALF_MATMULS = ("NO AVX", "AVX2", "DEFAULT")
+
+
+def slow_cpu_precision(device: str, precision: str) -> Optional[str]:
+    """A note for a CPU run in bf16 / fp16 on an x86 CPU without half-precision instructions (torch's dispatch
+    level below AVX-512): its matmuls run about 100 times slower than fp32's (measured on an AVX2 CPU, torch
+    2.13, 2026-12-05: a 256 x 256 x 1024 matmul at 0.74 GFLOP/s in bf16 and 0.78 in fp16 against 66 in fp32, one
+    thread; docs/development.md).  None elsewhere: on other CPUs it is not known to crawl."""
+    import platform
+
+    import torch
+
+    if device != "cpu" or precision not in ("bf16", "fp16") or platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    level = torch.backends.cpu.get_cpu_capability()
+    if level not in _NO_HALF_MATMULS:
+        return None
+    return (f"precision={precision} on this CPU (torch's dispatch level {level}: no AVX-512, no {precision} "
+            f"instructions) runs its matmuls about 100 times slower than fp32 (measured on such a CPU: 0.74 against "
+            f"66 GFLOP/s); precision=fp32 (the CPU default) measures the strategy, not the emulation")
