@@ -147,7 +147,7 @@ def test_the_chunked_loss_runs_the_head_again_as_pytorchs_flop_counter_counts():
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_the_attention_flops_the_prediction_times_apart_are_half_the_counters_batched_matmuls(recompute):
-    """The prediction times causal attention at the fused kernel's own rate (bench/plan/predict.py ATTENTION):
+    """The prediction times causal attention at the fused kernel's own rate (bench/machine/hardware.py DEFAULT_ATTENTION):
     the FLOPs it takes out of the matmuls' are half of what FlopCounterMode counts in SDPA's math backend, whose two
     batched matmuls (QK^T, AV, and their gradients) compute the whole s x s where a causal kernel runs its lower
     half; under recompute=full, the recomputed forward's too.  The blocks' Linear layers run as mm, not bmm."""

@@ -51,10 +51,11 @@ class HardwareConfig(Section):
                                            "PCIe 5.0 x16: 63, 4.0 x16: 31.5): offload_activations' copies; null: "
                                            "PCIe 4.0's")
     attention: Dict[str, Any] = knob(None, "causal attention's kernels (a probe measures them): forward_share, "
-                                     "backward_share (their rates on the FLOPs they run, over the bf16 matmul peak, "
-                                     "at long sequences) and forward_seq_half, backward_seq_half (the sequence length "
-                                     "at which each runs at half of that); empty: one H200's (bench/plan/predict.py "
-                                     "ATTENTION)", factory=dict)
+                                     "backward_share (their rates on the FLOPs they run, over the matmul peak of the "
+                                     "precision they ran in: bf16 on a GPU, fp32 on a CPU; at long sequences) and "
+                                     "forward_seq_half, backward_seq_half (the sequence length at which each runs at "
+                                     "half of that); the prediction applies them to the run's precision's peak "
+                                     "(bf16's under fp8); empty: one H200's (DEFAULT_ATTENTION)", factory=dict)
     probe: Dict[str, Any] = knob(None, "a probe's record: date, device, what was measured and how, the raw curves "
                                  "(collective bus bandwidth per message size), host cost per kernel launch / hook",
                                  factory=dict)
@@ -173,7 +174,15 @@ PEER_FIELDS = ("intra_node_gbps", "intra_node_link")
 POSITIVE = ("memory_gib", "hbm_gbps", "intra_node_gbps", "inter_node_gbps", "gpus_per_node", "host_memory_gib",
             "compute_capability", "nics_per_node", "nic_gbps", "host_link_gbps")  # null allowed where not REQUIRED
 WHOLE = ("gpus_per_node", "nics_per_node")
-ATTENTION_KEYS = ("forward_share", "forward_seq_half", "backward_share", "backward_seq_half")
+# the causal attention kernels' rates (on the FLOPs they run) as shares of a large matmul's at the same clocks, the
+# forward's and the backward's, each at half its share at its seq_half tokens a sequence (short rows: fewer tiles to
+# fill the GPU).  Measured, not fitted: benchmarks/attention_rate.py on an H200 (cuDNN's kernels, torch's choice there),
+# 2k-32k tokens, where an 8192^3 matmul ran 784 TFLOP/s: forward 560-647 TFLOP/s, backward 299-415
+# (results/2026-12-04-h200x1-long-sequence).  In a step both run below those short bursts (the traces' matmuls at 0.88
+# of them, attention at 0.88-0.91): the prediction's e_max carries that.  A probe's profile gives its GPU's own
+# (hardware.attention); a preset without them, these
+DEFAULT_ATTENTION = {"forward_share": 0.79, "forward_seq_half": 190, "backward_share": 0.54, "backward_seq_half": 920}
+ATTENTION_KEYS = tuple(DEFAULT_ATTENTION)
 # shm / socket / ib: what NCCL used when it was kept off peer-to-peer (bench/machine/link_regime.py): host shared memory, the
 # network stack, InfiniBand
 LINKS = ("nvlink", "pcie", "host", "shm", "socket", "ib")

@@ -174,7 +174,7 @@ class ModelDescription:
 
     def causal_attention_flops_per_token(self, recompute: str, share: float = 1.0) -> tuple[int, int]:
         """The attention FLOPs a causal kernel runs (QK^T and AV below the diagonal), (forward passes, backward):
-        timed at the fused attention kernels' own rates, not the matmuls' (bench/plan/predict.py ATTENTION)."""
+        timed at the fused attention kernels' own rates, not the matmuls' (bench/machine/hardware.py DEFAULT_ATTENTION)."""
         passes = {"none": 0.0, "selective": 1.0, "full": share, "op": 0.0}[recompute]  # op: attention is saved
         unit = 0.5 * self.layers * self.d * self.seq
         return round(4 * (1 + passes) * unit), round(8 * unit)

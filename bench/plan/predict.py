@@ -14,7 +14,7 @@ One optimizer step of the slowest rank, in seconds::
            + A / (peak x measured share x e_max x a(s))  causal attention: the FLOPs its kernels run, forward and
                                                        backward each at its measured share of a large matmul's
                                                        rate under the same clocks, share x s / (s + seq_half)
-                                                       (ATTENTION; bf16's peak under fp8); s = seq_len / cp
+                                                       (hardware.attention; bf16's peak under fp8); s = seq_len / cp
            + passes x activation bytes / HBM x (fused if compiled)   elementwise work, memory bound
            + 1.75 x model-state bytes / HBM                          the AdamW step (reads p g m v, writes p m v)
            + fp8_cast x float8 cast bytes / HBM                      fp8: casting each converted Linear's input and
@@ -72,7 +72,7 @@ from typing import Optional
 
 import numpy as np
 
-from bench.machine.hardware import HardwareConfig, match
+from bench.machine.hardware import DEFAULT_ATTENTION, HardwareConfig, match
 from bench.plan.calibration_error import case_error, regime_error
 from bench.plan.link_terms import host_link_s, measured_link
 from bench.plan.memory_model import MB, memory_plan, plan_hardware
@@ -96,20 +96,14 @@ MEASURED_OVER_DATASHEET = 0.80
 # TFLOP/s datasheet) at the measured share.  A matmul's fixed cost (launch, the first wave's ramp) is a time, so the
 # size at which it equals the work scales with the GPU's rate: on a GPU k times slower, x_half / k
 REFERENCE_MATMUL_FLOPS = 989.4e12 * MEASURED_OVER_DATASHEET
-# the causal attention kernels' rates (on the FLOPs they run) as shares of a large matmul's at the same clocks, the
-# forward's and the backward's, each at half its share at its seq_half tokens a sequence (short rows: fewer tiles to
-# fill the GPU).  Measured, not fitted: benchmarks/attention_rate.py on an H200 (cuDNN's kernels, torch's choice there),
-# 2k-32k tokens, where an 8192^3 matmul ran 784 TFLOP/s: forward 560-647 TFLOP/s, backward 299-415
-# (results/2026-12-04-h200x1-long-sequence).  In a step both run below those short bursts (the traces' matmuls at 0.88
-# of them, attention at 0.88-0.91): e_max carries that.  A probe's profile gives its GPU's own (hardware.attention)
-ATTENTION = {"forward_share": 0.79, "forward_seq_half": 190, "backward_share": 0.54, "backward_seq_half": 920}
 # the share of a step's compute that gradient reductions issued during backward can hide behind (backward is two of
 # the three matmul passes); parameter gathers are prefetched through forward and backward (the whole compute)
 BACKWARD_SHARE = 2.0 / 3.0
 
 # The fitted constants (values: bench/plan/calibration.json), each with its physical reading and what checks it; here the
 # fit's starting point.  Set by hand, not fitted (python -m bench.calibrate's docstring says why): OPTIMIZER_PASSES,
-# COLLECTIVE_LATENCY_S and ATTENTION above, bench/plan/link_terms.py HOST_LINK_GBPS; the strategies'
+# COLLECTIVE_LATENCY_S above, bench/machine/hardware.py DEFAULT_ATTENTION, bench/plan/link_terms.py
+# HOST_LINK_GBPS; the strategies'
 # host-operation counts (bench/costs/traffic.py DTENSOR_LAYER_HOST and the pipeline's 4 hooks per micro-batch, ZeRO's
 # FETCH_OPS / PARAM_OPS, Megatron's PARAM_OPS).
 DEFAULTS = {
@@ -228,10 +222,11 @@ def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict, traffic: dict) -> d
 def _attention_peak(plan: Plan, hw: HardwareConfig, forward: float, backward: float) -> float:
     """The stated peak's share the causal attention kernels run at on a rank's sequence (s / cp), their forward and
     backward FLOPs each at its own: the run's precision's peak (bf16's under fp8: attention is not converted) x
-    share x s / (s + seq_half), from a probe's measurement of this GPU (hardware.attention) or else ATTENTION."""
+    share x s / (s + seq_half), from a probe's measurement of this GPU (hardware.attention) or else one H200's
+    (bench/machine/hardware.py DEFAULT_ATTENTION)."""
     peak = float(hw.peak_tflops["bf16"]) * 1e12 if plan.run.precision == "fp8" else _peak(plan, hw)
     s = plan.model.seq_len / plan.layout.cp
-    a = {**ATTENTION, **(hw.attention or {})}
+    a = {**DEFAULT_ATTENTION, **(hw.attention or {})}
     rate = {p: peak * a[f"{p}_share"] * s / (s + a[f"{p}_seq_half"]) for p in ("forward", "backward")}
     return (forward + backward) / (forward / rate["forward"] + backward / rate["backward"])
 

@@ -119,7 +119,7 @@ def matmul_peaks(device: torch.device, s: Sizes) -> tuple[dict, dict]:
 
 
 def attention_rate(device: torch.device, s: Sizes, peak: Optional[float]) -> dict:
-    """Causal attention's kernels as the prediction reads them (bench/plan/predict.py ATTENTION): TFLOP/s of
+    """Causal attention's kernels as the prediction reads them (bench/machine/hardware.py DEFAULT_ATTENTION): TFLOP/s of
     scaled_dot_product_attention's forward, and of its backward (forward + backward less the forward), on the FLOPs
     a causal kernel runs, at two sequence lengths; each fitted as share x ``peak`` x seq / (seq + seq_half).
     Llama-style heads (32 of 128, grouped 4 to a key/value head, bf16) on a GPU; 4 of 64 in fp32, not grouped, on
