@@ -4,8 +4,10 @@ gradient accumulation (bench/strategies/torch_native.py), one rank of a fake pro
 
 Where the tracker does not cover the case: DDP's reducer buckets are allocated in C++ when DDP wraps (before the
 tracked step); those that are the gradients' views are seen through the gradients, but the first step's set, which
-on a GPU outlives the rebuild while its all-reduce works are held, is freed at once here (the fake group's all-reduce
-returns no tensor, so DDP reduces through a no-op comm hook): added from the plan (its ``buffers``)."""
+on a GPU outlives the rebuild while its all-reduce works are held, is not counted here (the fake group's all-reduce
+returns no tensor, so DDP reduces through a no-op comm hook; under fake tensors the rebuild is skipped): added from
+the plan (its ``buffers``).  Every case runs under FakeTensorMode: sizes without compute, the tracker's peak the real
+step's to the byte (a test checks single, DDP and FSDP2 real against fake)."""
 from __future__ import annotations
 
 import contextlib
@@ -43,31 +45,63 @@ def _tracked_step(st, tracker) -> float:
 def _tracked_peak(plan, fake: bool = False) -> float:
     """The tracker's peak over one training step (after a first one built the optimizer and buckets); ``fake``:
     under FakeTensorMode, the tensors' sizes without their compute (a 152k vocabulary's head in bf16 ran 8-20 min a
-    case on a CPU without bf16 instructions; the tracker counts a fake tensor's bytes as a real one's)."""
+    case on a CPU without bf16 instructions; the tracker counts a fake tensor's bytes as a real one's).  DDP under
+    fake tensors: its shape check, broadcast and bucket rebuild read tensor data, which fake tensors have none of,
+    so they are skipped (the rebuild's second set of buckets, the plan's ``buffers``, is then not allocated)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    ddp = plan.strategy.name == "ddp"
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=plan.world_size)
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
+        with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext(), \
+                _ddp_without_tensor_data() if fake and ddp else contextlib.nullcontext():
             st = get_spec(plan.strategy.name).implementation(plan)(
                 plan, DistContext(0, 0, plan.world_size, torch.device("cpu"), "gloo"))
             st.setup()
-            if isinstance(st.model, torch.nn.parallel.DistributedDataParallel):
+            if ddp:
                 from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
                 st.model.register_comm_hook(None, noop_hook)
             st.step(0)
+            if fake and ddp:
+                st.model.reducer = _NoRebuild(st.model.reducer)
             opt = getattr(st.optimizer, "optimizer", st.optimizer)  # LocalShardAdamW wraps torch's
             fsdp = plan.strategy.name == "fsdp"
             tracker = FSDPMemTracker(st.model, opt) if fsdp else MemTracker()
             if not fsdp:
-                tracker.track_external(st.model, opt)
+                tracker.track_external(st.model, opt)  # DDP: the gradients are bucket views, the buckets are seen
             return _tracked_step(st, tracker)
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _ddp_without_tensor_data():
+    """DDP's parameter shape check and state broadcast at wrapping, skipped (they read tensor data)."""
+    import torch.nn.parallel.distributed as ddp_module
+
+    saved = ddp_module._verify_param_shape_across_processes, ddp_module._sync_module_states
+    ddp_module._verify_param_shape_across_processes = ddp_module._sync_module_states = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        ddp_module._verify_param_shape_across_processes, ddp_module._sync_module_states = saved
+
+
+class _NoRebuild:
+    """DDP's reducer (a C++ object) without its bucket rebuild, which DDP's forward asks for after the first step."""
+
+    def __init__(self, reducer):
+        self._reducer = reducer
+
+    def __getattr__(self, name):
+        return getattr(self._reducer, name)
+
+    def _rebuild_buckets(self):
+        return False
 
 
 # accumulation on / off and reshard on / off over the four FSDP2 cases; before the plan counted FSDP2's kept
@@ -103,11 +137,6 @@ CASES = {
 }
 
 
-# run under FakeTensorMode (sizes without compute): all but DDP's, whose shape check and bucket rebuild read tensor
-# data (tests the tracker's peak fake = real: test_the_tracker_counts_a_fake_step_as_a_real_one)
-FAKE = {name for name, over in CASES.items() if "strategy=ddp" not in over}
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_plan_is_within_10pct_of_torchs_memory_tracker(name):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -115,57 +144,18 @@ def test_the_plan_is_within_10pct_of_torchs_memory_tracker(name):
     mem = memory_plan(plan)
     planned = mem["predicted_peak_allocated_mb"] * 2**20
     ddp_buffers = mem["buffers_mb"] * 2**20 if plan.strategy.name == "ddp" else 0.0
-    tracked = _tracked_peak(plan, fake=name in FAKE) + ddp_buffers
+    tracked = _tracked_peak(plan, fake=True) + ddp_buffers  # sizes without compute: the next test
     assert abs(planned / tracked - 1) <= 0.10, f"{name}: plan {planned / 2**20:.1f} MiB, tracker {tracked / 2**20:.1f}"
 
 
 
-@pytest.mark.parametrize("name", ["single accumulating", "fsdp accumulating"])
+@pytest.mark.parametrize("name", ["single accumulating", "ddp accumulating", "fsdp accumulating"])
 def test_the_tracker_counts_a_fake_step_as_a_real_one(name):
-    """What lets the FAKE cases run without compute: the tracker's peak under FakeTensorMode is the real step's, to
+    """What lets the cases above run without compute: the tracker's peak under FakeTensorMode is the real step's, to
     the byte (on 2026-12-04 also for single and FSDP2 with op SAC, every second block checkpointed, no reshard)."""
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         plan = validate(compose("config", overrides=[*BASE, *CASES[name]]), gpus=0)
     assert _tracked_peak(plan, fake=True) == _tracked_peak(plan)
-
-
-def _fake_ddp_peak(plan) -> float:
-    """The tracker's peak over one DDP training step (after a first one), under FakeTensorMode: the real vocabulary and
-    sequence length at no compute.  DDP's shape check, broadcast and bucket rebuild read tensor data, which fake tensors
-    have none of: skipped (the rebuild's second set of buckets, the plan's ``buffers``, is then not allocated)."""
-    import torch.nn.parallel.distributed as ddp_module
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    class NoRebuild:  # DDP's forward asks its reducer (a C++ object) to rebuild the buckets
-        def __init__(self, reducer):
-            self._reducer = reducer
-
-        def __getattr__(self, name):
-            return getattr(self._reducer, name)
-
-        def _rebuild_buckets(self):
-            return False
-
-    saved = ddp_module._verify_param_shape_across_processes, ddp_module._sync_module_states
-    ddp_module._verify_param_shape_across_processes = ddp_module._sync_module_states = lambda *a, **k: None
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=plan.world_size)
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            st = get_spec(plan.strategy.name).implementation(plan)(
-                plan, DistContext(0, 0, plan.world_size, torch.device("cpu"), "gloo"))
-            st.setup()
-            st.model.register_comm_hook(None, noop_hook)
-            st.step(0)
-            st.model.reducer = NoRebuild(st.model.reducer)
-            tracker = MemTracker()
-            tracker.track_external(st.model, st.optimizer)  # the gradients are bucket views: the buckets are seen
-            return _tracked_step(st, tracker)
-    finally:
-        dist.destroy_process_group()
-        ddp_module._verify_param_shape_across_processes, ddp_module._sync_module_states = saved
 
 
 def test_ddp_accumulation_and_autocasts_forward_end_against_the_tracker():
@@ -184,6 +174,6 @@ def test_ddp_accumulation_and_autocasts_forward_end_against_the_tracker():
     assert mem["phase_buffers_mb"]["pass"] == pytest.approx(4 * mem["parameters_on_rank"] / 2**20, abs=0.1)
     assert act["forward_end"] > act["logits_mb"] * 2**20 + act["weight_copies"]  # the forward's end is the peak
     # the tracker does not see the rebuilt buckets (not allocated under fake tensors): the plan's buffers
-    tracked = _fake_ddp_peak(plan) + mem["buffers_mb"] * 2**20
+    tracked = _tracked_peak(plan, fake=True) + mem["buffers_mb"] * 2**20
     planned = mem["predicted_peak_allocated_mb"] * 2**20
     assert abs(planned / tracked - 1) <= 0.03, f"plan {planned / 2**20:.1f} MiB, tracker {tracked / 2**20:.1f}"
