@@ -52,8 +52,8 @@ from typing import Optional
 import numpy as np
 from scipy.optimize import least_squares
 
-from bench.plan.calibration_error import (agreement, by_case, error_statement, error_table, per_folder, report,  # noqa: F401
-                                     write_docs)
+from bench.plan.calibration_error import (agreement, by_case, error_statement, error_table, link_words,  # noqa: F401
+                                     per_folder, report, write_docs)
 from bench.run.recorded import device_name, load_runs, replan, result_folders  # noqa: F401 - also read here
 from bench.plan.predict import BOUNDED, CALIBRATION, DEFAULTS, ROOFLINE, combine, load_calibration
 
@@ -186,7 +186,8 @@ def calibrate(dirs: list[Path], out: Path = CALIBRATION, quiet: bool = False, fr
            "per_folder": per_folder(runs, predicted) if len(folders) > 1 else {},
            "fitted_on": {"folders": folders, "runs": len(runs)}, "frozen": {**scored, "folders": frozen},
            # what a prediction on a slow link quotes (bench/plan/calibration_error.py regime_error): each regime held out whole
-           "error_by_regime": {k: {"runs": v["runs"], "fitted_on": v["fitted_on"], **(v["error"] or {})}
+           "error_by_regime": {k: {"runs": v["runs"], "fitted_on": v["fitted_on"], "probed_link": v["probed_link"],
+                                   **(v["error"] or {})}
                                for k, v in by_regime(dirs).items()}}
     out.write_text(json.dumps(doc, indent=1) + "\n")
     if Path(out).resolve() == CALIBRATION.resolve():
@@ -228,26 +229,36 @@ def by_regime(dirs: list[Path]) -> dict[str, dict]:
     for regime in sorted({r["regime"] for r in runs}):
         inside, rest = [r for r in runs if r["regime"] == regime], [r for r in runs if r["regime"] != regime]
         if not rest:
-            out[regime] = {"runs": len(inside), "error": None, "fitted_on": 0}
+            out[regime] = {"runs": len(inside), "error": None, "fitted_on": 0, "probed_link": probed_link(inside)}
             continue
-        out[regime] = {"runs": len(inside), "fitted_on": len(rest),
+        out[regime] = {"runs": len(inside), "fitted_on": len(rest), "probed_link": probed_link(inside),
                        "error": error_statement(inside, predict_runs(inside, fit(rest)))}
     return out
 
 
+def probed_link(runs: list[dict]) -> Optional[dict]:
+    """The link figures (intra_node_gbps) of the distinct probe profiles ``runs`` were planned with: how far one
+    probe's figure, which the prediction scales with on a slow link, moved between probes of the same regime."""
+    gbps = sorted({r["probe"] for r in runs if r.get("probe")}, key=lambda p: p[2])
+    if not gbps:
+        return None
+    return {"probes": len(gbps), "min_gbps": gbps[0][2], "max_gbps": gbps[-1][2]}
+
+
 def regime_table(scores: dict[str, dict]) -> str:
     """The per-regime table ``--by-regime`` prints (docs/results.md quotes it)."""
-    rows = ["| link regime (held out) | runs | fitted on | median | 90th percentile | winner right |",
-            "|---|---:|---:|---:|---:|---:|"]
+    rows = ["| link regime (held out) | runs | fitted on | median | 90th percentile | winner right | probed link, "
+            "GB/s |", "|---|---:|---:|---:|---:|---:|---|"]
     for regime, v in scores.items():
-        e = v["error"]
+        e, link = v["error"], link_words(v.get("probed_link"))
         if e is None:
-            rows.append(f"| {regime} | {v['runs']} | 0 | - | - | - |")
+            rows.append(f"| {regime} | {v['runs']} | 0 | - | - | - | {link} |")
             continue
         win = f"{e['winner_agree']} of {e['winner_groups']}" if e["winner_groups"] else "no group"
         rows.append(f"| {regime} | {v['runs']} | {v['fitted_on']} | {100 * e['median_abs']:.1f}% | "
-                    f"{100 * e['p90_abs']:.1f}% | {win} |")
+                    f"{100 * e['p90_abs']:.1f}% | {win} | {link} |")
     return "\n".join(rows)
+
 
 
 def main(argv: Optional[list[str]] = None) -> int:

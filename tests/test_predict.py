@@ -13,7 +13,8 @@ from hydra import compose, initialize_config_dir
 from bench.calibrate import calibrate
 from bench.run.config import register_configs, validate
 from bench.machine.hardware import PRESETS
-from bench.plan.predict import MEASURED_OVER_DATASHEET, load_calibration, predict, prediction_line
+from bench.plan.predict import MEASURED_OVER_DATASHEET, load_calibration, predict
+from bench.plan.prediction_text import prediction_line
 from tests.conftest import REPO
 
 register_configs()

@@ -54,7 +54,8 @@ def test_a_prediction_on_a_slow_link_quotes_its_regime_held_out_error(scores):
 
     from bench.machine.hardware import resolve
     from bench.plan.calibration_error import regime_error
-    from bench.plan.predict import error_words, load_calibration
+    from bench.plan.predict import load_calibration
+    from bench.plan.prediction_text import error_words
     from omegaconf import OmegaConf
 
     from tests.test_planner import replan
@@ -69,3 +70,44 @@ def test_a_prediction_on_a_slow_link_quotes_its_regime_held_out_error(scores):
     assert "over the sockets link regime, held out of the fit" in error_words({"regime_error": quoted})
     assert regime_error(cal, plan, PRESETS["h100_sxm_80gb"]) is None
     assert regime_error(cal, plan, replace(PRESETS["h100_sxm_80gb"], intra_node_link="pcie"))["regime"] == "p2p_off"
+
+
+def test_a_slow_link_prediction_says_how_far_its_regimes_probes_moved(scores):
+    """The link figure a slow-link prediction scales with is one probe's: the words quote the range of the distinct
+    probe profiles its regime's recorded runs were planned with, read here from the profiles' files."""
+    from omegaconf import OmegaConf
+
+    from bench.plan.predict import load_calibration
+    from bench.plan.prediction_text import error_words
+
+    files = {f.read_text(): f for f in (REPO / "results").glob("*/hardware/*_sockets.yaml")}  # a copied file: once
+    figures = sorted(OmegaConf.load(f)["intra_node_gbps"] for f in files.values())
+    quoted = {**load_calibration()["error_by_regime"]["sockets"], "regime": "sockets"}
+    assert quoted["probed_link"] == {"probes": len(figures), "min_gbps": figures[0], "max_gbps": figures[-1]}
+    assert len(figures) >= 2 and (f"the {len(figures)} recorded probes of this regime measured its link at "
+                                  f"{figures[0]:.3g}-{figures[-1]:.3g} GB/s") in error_words({"regime_error": quoted})
+    assert scores["sockets"]["probed_link"] == quoted["probed_link"]  # today's records, as shipped
+
+
+def test_a_link_regime_on_hardware_of_another_link_has_no_prediction_and_says_why(tmp_path, capsys):
+    """link_regime=sockets sends NCCL's traffic through sockets (about 2.5 GB/s on the recorded H100 hosts): planned
+    on an NVLink preset (450 GB/s), a prediction would be off by that ratio.  A dry run states none and why, the
+    planner (which ranks by predicted speed) refuses in one line; planned with the regime's probe, both predict."""
+    import json
+
+    from bench.planner.cli import main
+    from tests.conftest import run_bench
+
+    common = ["model=llama3_1b", "link_regime=sockets", "model.global_batch=8"]
+    p = run_bench(*common, "strategy=ddp", "world_size=4", "hardware=h100_sxm_80gb", "dry_run=true", run_dir=tmp_path,
+                  timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "prediction: none (link_regime=sockets keeps NCCL off its own link, and hardware=h100_sxm_80gb describes " \
+           "its nvlink link" in p.stdout + p.stderr
+    assert json.loads((tmp_path / "plan.json").read_text())["prediction"] is None
+    assert main([*common, "hardware=h100_sxm_80gb", "nodes=1", "gpus_per_node=4", f"out={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("invalid config: link_regime='sockets': keeps NCCL off") and "\n" not in err
+    probed = ["--config-dir", str(SLOW), "hardware=h100x4_sockets"]
+    assert main([*probed, *common, "strategy=ddp", "top=1", f"out={tmp_path / 'p'}"]) == 0
+    assert json.loads((tmp_path / "p" / "plan.json").read_text())["rows"][0]["tokens_per_s"] > 0

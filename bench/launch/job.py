@@ -263,10 +263,10 @@ def dry_run(cfg: DictConfig, run_dir: Path, explicit: Iterable[str] = ()) -> str
              mem["summary"],
              f" -> would be skipped: {verdict}; {way_out(plan)}" if verdict else "")
     log_choices(plan)
-    from bench.plan.predict import predicted, prediction_line
+    from bench.plan.prediction_text import predicted, prediction_line
 
     pred = None if verdict else predicted(plan)  # a plan that cannot run has no throughput to state
-    log.info("%s", "prediction: none (the plan does not fit: it cannot run)" if verdict else prediction_line(pred))
+    log.info("%s", "prediction: none (the plan does not fit: it cannot run)" if verdict else prediction_line(pred, plan))
     nearest = auto_way_out(cfg, run_dir, explicit) if verdict and plan.micro_batch_auto is None else None
     write_json_atomic(run_dir / "plan.json", {"key": base["key"], "config": plan.cfg, "memory": mem,
                                               "tuning": plan.tuning, "micro_batch_size_auto": plan.micro_batch_auto,
@@ -280,7 +280,7 @@ def auto_way_out(cfg: DictConfig, run_dir: Path, explicit: Iterable[str]) -> Opt
     (the micro-batch, recompute and sharding knobs chosen to fit), planned and predicted, so the way out is a
     setting with its numbers rather than advice; None when it cannot be planned."""
     from bench.plan.memory_model import fits
-    from bench.plan.predict import predicted, prediction_line
+    from bench.plan.prediction_text import predicted, prediction_line
 
     auto = cfg.copy()
     auto.strategy.micro_batch_size = "auto"
@@ -292,7 +292,7 @@ def auto_way_out(cfg: DictConfig, run_dir: Path, explicit: Iterable[str]) -> Opt
     lay = plan.memory["layout"]
     log.info("with strategy.micro_batch_size=auto: micro-batch %d x %d, recompute=%s: %s; %s", lay["micro_batch_size"],
              lay["microbatches"], lay["recompute"], plan.memory["summary"],
-             f"does not fit either ({verdict})" if verdict else prediction_line(pred))
+             f"does not fit either ({verdict})" if verdict else prediction_line(pred, plan))
     return {"micro_batch_size": lay["micro_batch_size"], "microbatches": lay["microbatches"],
             "recompute": lay["recompute"], "fits": verdict is None, "reason": a.get("reason"),
             "summary": plan.memory["summary"], "prediction": pred}

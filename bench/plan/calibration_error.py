@@ -9,6 +9,8 @@ from typing import Optional
 
 import numpy as np
 
+from bench.plan.link_terms import LINK_REGIME
+
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "results.md"
 BEGIN = "<!-- calibration: begin (python -m bench.calibrate writes this block from bench/plan/calibration.json) -->"
 END = "<!-- calibration: end -->"
@@ -179,10 +181,6 @@ def case_error(cal: dict, gpu: str, nodes: int, strategy: str) -> dict:
     return {"runs": 0, "case": where, "scope": "none", "measured_on": measured}
 
 
-# a link a profile or preset names -> the link regime that stands in for it (bench/machine/link_regime.py REGIMES)
-LINK_REGIME = {"shm": "p2p_off", "pcie": "p2p_off", "socket": "sockets"}
-
-
 def regime_error(cal: dict, plan, hw) -> Optional[dict]:
     """On a slow link, the error measured with its whole link regime held out of the fit (``python -m
     bench.calibrate --by-regime``): the recorded runs like this one by GPU and strategy are NVLink runs, so their error
@@ -191,3 +189,11 @@ def regime_error(cal: dict, plan, hw) -> Optional[dict]:
     regime = regime if regime != "default" else LINK_REGIME.get(hw.intra_node_link or "", "default")
     e = (cal.get("error_by_regime") or {}).get(regime)
     return {**e, "regime": regime} if regime != "default" and e and e.get("median_abs") is not None else None
+
+
+def link_words(link: Optional[dict]) -> str:
+    """A regime's probed link figures (``probed_link``): "1.86-2.75 (3 probes)", or "-" without a probe."""
+    if not link:
+        return "-"
+    span = f"{link['min_gbps']:.3g}" + (f"-{link['max_gbps']:.3g}" if link["max_gbps"] != link["min_gbps"] else "")
+    return f"{span} ({link['probes']} probe{'s' if link['probes'] > 1 else ''})"

@@ -69,3 +69,22 @@ def on_curve(curve: list[dict], message: float) -> float:
     """Bus bandwidth at ``message`` bytes: log-linear between the probe's measured sizes, flat beyond them."""
     sizes = np.log([p["bytes"] for p in curve])
     return float(np.interp(np.log(max(message, 1.0)), sizes, [p["busbw_gbps"] for p in curve]))
+
+
+# a link a profile or preset names -> the link regime that stands in for it (bench/machine/link_regime.py REGIMES)
+LINK_REGIME = {"shm": "p2p_off", "pcie": "p2p_off", "socket": "sockets"}
+
+
+def regime_mismatch(regime: Optional[str], hw: HardwareConfig) -> Optional[str]:
+    """Why a plan under link regime ``regime`` (NCCL kept off its own link) cannot be predicted on ``hw``: the
+    hardware describes another link (an NVLink preset's 450 GB/s for a run through sockets at about 2.5), so every
+    communication term would be off by the ratio.  None where it matches: a probe profile measured under the regime,
+    or hardware whose link the regime stands in for (LINK_REGIME: a PCIe preset for p2p_off)."""
+    regime = regime or "default"
+    probed = (((hw.probe or {}).get("nccl") or {}).get("regime")) if hw.source == "probe" else None
+    if regime == "default" or probed == regime or LINK_REGIME.get(hw.intra_node_link or "") == regime:
+        return None
+    return (f"keeps NCCL off its own link, and hardware={hw.name} describes "
+            f"{'a probe under regime ' + probed if probed else 'its ' + str(hw.intra_node_link)} link "
+            f"({hw.intra_node_gbps} GB/s): no prediction can be made for it; plan with a probe of the regime (python -m "
+            f"bench.probe --regime {regime} --out DIR/hardware/NAME.yaml, then --config-dir DIR hardware=NAME)")

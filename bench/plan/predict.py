@@ -74,7 +74,7 @@ import numpy as np
 
 from bench.machine.hardware import DEFAULT_ATTENTION, HardwareConfig, match
 from bench.plan.calibration_error import case_error, regime_error
-from bench.plan.link_terms import host_link_s, measured_link
+from bench.plan.link_terms import host_link_s, measured_link, regime_mismatch
 from bench.plan.memory_model import MB, memory_plan, plan_hardware
 from bench.models.model_spec import describe_model
 from bench.metrics.flops import (causal_attention_flops_per_token, executed_flops_per_token,
@@ -316,6 +316,9 @@ def predict(plan: Plan, hardware: Optional[HardwareConfig] = None, host: Optiona
     calibration's measured error overall and on the recorded runs like it, and the bound no run can beat."""
     cal = calibration or load_calibration()
     hw = device_hardware(plan, hardware)
+    mismatch = regime_mismatch(plan.run.link_regime, hw)
+    if mismatch:
+        raise ValueError(f"link_regime={plan.run.link_regime} {mismatch}")
     t = terms(plan, hw)
     t["host_factor"] = (cal.get("host_factors") or {}).get(host, 1.0)
     parts = {name: float(v) for name, v in combine(t, cal["constants"]).items()}
@@ -341,46 +344,3 @@ def bound_step(t: dict) -> float:
     wire = sum(t[f"{k}_s"] for k in BYTE_KINDS)
     return max(t["flops"] / t["peak"], wire)
 
-
-def predicted(plan) -> Optional[dict]:
-    """The throughput prediction of a plan (bench/plan/predict.py), or None where there is no GPU to predict for."""
-    try:
-        return predict(plan)
-    except ValueError as e:  # a CPU plan with hardware=auto
-        return None
-
-
-def prediction_line(pred: Optional[dict]) -> str:
-    """The prediction with the error measured on the recorded runs most like it beside it (never one without the
-    other), and where its groups live."""
-    if pred is None:
-        return "prediction: none (no GPU to predict for: name one with hardware=<preset>)"
-    b = pred["breakdown"]
-    return (f"prediction: {pred['tokens_per_s']:,.0f} tokens/s, step {1000 * pred['step_time_s']:.1f} ms = compute "
-            f"{1000 * b['compute_s']:.1f} + exposed communication {1000 * b['exposed_comm_s']:.1f} + pipeline bubble "
-            f"{1000 * b['bubble_s']:.1f} + host {1000 * b['host_s']:.1f} ms on {pred.get('topology', '?')}; "
-            + error_words(pred))
-
-
-def error_words(pred: dict) -> str:
-    """How calibrated a prediction is: its case's held-out error, or "uncalibrated" with what still holds."""
-    c, e = pred.get("case_error") or {"runs": 0, "case": "?", "scope": "none"}, pred.get("error") or {}
-    pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
-    held = "each predicted with its results folder held out; python -m bench.calibrate results/"
-    r = pred.get("regime_error")
-    if r:  # a slow link: the error measured with its regime held out of the fit, not the NVLink runs' of this case
-        return (f"measured error on {r['runs']} recorded runs over the {r['regime']} link regime, held out of the fit "
-                f"(python -m bench.calibrate --by-regime results/): median {pct(r['median_abs'])}, 90th percentile "
-                f"{pct(r['p90_abs'])}, fastest strategy right in {r['winner_agree']} of {r['winner_groups']} groups")
-    if c["scope"] == "strategy":
-        return (f"measured error on {c['runs']} recorded {c['case']} runs: median {pct(c['median_abs'])}, "
-                f"90th percentile {pct(c['p90_abs'])} ({held})")
-    if c["scope"] == "gpu_nodes":
-        return (f"measured error on {c['runs']} recorded {c['case']} runs of every strategy (this one: "
-                f"{c['strategy_runs']}): median {pct(c['median_abs'])}, 90th percentile {pct(c['p90_abs'])} ({held})")
-    expect = (f"expect errors beyond the measured median {pct(e['median_abs'])}, 90th percentile {pct(e['p90_abs'])} "
-              f"on {', '.join(c.get('measured_on') or ['?'])}" if e.get("runs") else
-              "expect errors of unknown size (no calibration: python -m bench.calibrate results/)")
-    return (f"uncalibrated for {c['case']}: no recorded run; {expect}; what holds without "
-            f"calibration: at most {pred['bound_tokens_per_s']:,.0f} tokens/s (matmuls at the datasheet peak, every "
-            f"byte at its link's speed, all overlapped)")

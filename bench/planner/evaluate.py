@@ -13,7 +13,8 @@ from typing import Any, Optional
 
 from bench.run.config import validate
 from bench.plan.memory_model import memory_plan
-from bench.plan.predict import device_hardware, predict, prediction_line
+from bench.plan.predict import device_hardware, predict
+from bench.plan.prediction_text import prediction_line
 from bench.spec.schema import BenchConfig, ConfigError, Plan, setting
 
 FITS, TIGHT, NO_FIT, UNKNOWN = "fits", "tight", "does not fit", "unknown"

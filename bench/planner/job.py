@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from bench.machine.hardware import resolve as resolve_hardware
+from bench.plan.link_terms import regime_mismatch
 from bench.spec.commands import override_key
 from bench.spec.schema import ConfigError
 
@@ -121,6 +122,9 @@ def job_overrides(q: Question, cfg: dict) -> tuple[list[str], dict]:
     if hw is None or not hw.peak_tflops:
         raise ConfigError("hardware", (cfg.get("hardware") or {}).get("name"), "the planner predicts for a GPU: name "
                           "one (hardware=h100_sxm_80gb, a100_80gb, ...; bench/machine/hardware.py) or describe yours")
+    mismatch = regime_mismatch(cfg.get("link_regime"), hw)  # it ranks by predicted speed: none can be made
+    if mismatch:
+        raise ConfigError("link_regime", cfg["link_regime"], mismatch)
     per_node = q.gpus_per_node or hw.gpus_per_node or 8
     set_ws = any(override_key(o) == "world_size" for o in q.overrides)
     ws = q.nodes * per_node if q.nodes else (cfg["world_size"] if set_ws else per_node)

@@ -103,7 +103,10 @@ def load_runs(folders: list[Path]) -> tuple[list[dict], dict]:
                 continue
             m, prov = plan.model, rec.get("provenance") or {}
             nodes = len((rec.get("placement") or {}).get("nodes") or {}) or plan_topology(plan, hw).nodes
-            runs.append({"folder": path.name, "plan": plan, "device": hw.gpu, "terms": terms(plan, hw),
+            probe = (hw.probe or {}) if hw.source == "probe" else {}
+            runs.append({"folder": path.name, "plan": plan, "device": hw.gpu, "hardware": hw, "terms": terms(plan, hw),
+                         # the probe profile it was planned with: which one (host, date) and its link figure
+                         "probe": (probe.get("host"), probe.get("date"), hw.intra_node_gbps) if probe else None,
                          "case": (gpu_type(hw), str(nodes), plan.strategy.name),
                          "host": host_key(prov.get("hostname"), prov.get("cpu_count")),
                          "regime": plan.run.link_regime or "default",

@@ -101,7 +101,7 @@ def compose(job: Job, load: Callable[[list[str]], DictConfig], gpus: Callable[[d
     job.key, job.ident = run_key(job.cfg), identity(job.cfg)
     job.memory = memory_plan(plan, gpu_memory_gib=gpu_memory_gib(plan.run))
     if plan.run.dry_run:  # the answer before any GPU is spent: <sweep>/plans.json
-        from bench.plan.predict import predicted
+        from bench.plan.prediction_text import predicted
 
         job.prediction = predicted(plan)
     verdict = fits(job.memory, plan)

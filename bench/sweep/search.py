@@ -333,7 +333,7 @@ def by_prediction(st: dict) -> list[Job]:
     """Rung 0's runs of a base, the default first (the reference every gain is measured against), the others
     by predicted tokens/s (bench/plan/predict.py), without those predicted below DROP_BELOW of the best predicted
     (never measured: tune.json names them and why).  As they are where nothing can be predicted (a CPU run)."""
-    from bench.plan.predict import predicted
+    from bench.plan.prediction_text import predicted
 
     trials = [t for t in st["trials"] if t["rung"] == 0]
     for t in trials:
