@@ -46,10 +46,11 @@ def test_flops_per_token_match_pytorchs_flop_counter(overrides):
 def test_checkpointing_every_second_block_recomputes_half_as_much_as_pytorchs_flop_counter_counts():
     """recompute=full with recompute_every=2 (2 of llama_tiny's 4 blocks checkpointed): the extra FLOPs of the
     recomputed forward, as FlopCounterMode counts a checkpointed step, are the share the plan counts of full's.
-    (Their size: torch's non-reentrant checkpoint stops once every tensor backward needs is back, so a block's
-    last projection, whose output nothing saves, does not run again; the plan counts the whole block forward as
-    Megatron's recompute does: 1.23M against 1.58M FLOPs a token per block here.)"""
-    from bench.metrics.flops import hardware_flops_per_token
+    HFU counts the whole block forward, as Megatron's recompute runs it (1.58M FLOPs a token per block here); torch's
+    non-reentrant checkpoint stops once every tensor backward needs is back, so a block's last projection, whose
+    output nothing saves, does not run again (1.23M): the FLOPs the prediction times, checked here too."""
+    from bench.metrics.flops import executed_flops_per_token, hardware_flops_per_token
+    from bench.models.model_spec import describe_model
     from bench.parallel.ac import apply_ac
     from bench.spec.layout import Layout
 
@@ -67,6 +68,14 @@ def test_checkpointing_every_second_block_recomputes_half_as_much_as_pytorchs_fl
     share = (counted[2] - counted[0]) / (counted[1] - counted[0])
     planned = [hardware_flops_per_token(spec, "full", e) - flops_per_token(spec) for e in (1, 2)]
     assert share == pytest.approx(planned[1] / planned[0], rel=0.01) and share == pytest.approx(0.5, rel=0.01)
+    # what the prediction times (executed_flops_per_token): the recomputed forward less each block's last matmul,
+    # as the counter counts it; attention's FLOPs in full here (the math kernel computes the masked half too)
+    tokens = 2 * m["seq_len"]
+    for every in (1, 2):
+        executed = (executed_flops_per_token(spec, "full", every) - executed_flops_per_token(spec, "none")
+                    + describe_model(spec).causal_skipped_flops_per_token("full", 1 / every)
+                    - describe_model(spec).causal_skipped_flops_per_token("none"))
+        assert counted[every] - counted[0] == pytest.approx(executed * tokens, rel=0.01)
 
 
 @pytest.mark.parametrize("name", ["tiny", "llama_tiny"])

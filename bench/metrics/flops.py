@@ -61,9 +61,14 @@ def hardware_flops_per_token(model: ModelConfig, recompute: str, every: int = 1,
 
 def executed_flops_per_token(model: ModelConfig, recompute: str, every: int = 1, loss_chunks: int = 1) -> int:
     """FLOPs the device actually runs per token: the hardware FLOPs less what the causal attention kernel skips
-    (bench/models/model_spec.py ``causal_skipped_flops_per_token``): what the prediction times, not what MFU counts."""
-    return hardware_flops_per_token(model, recompute, every, loss_chunks) \
-        - describe_model(model).causal_skipped_flops_per_token(recompute, _checkpointed_share(model, recompute, every))
+    (bench/models/model_spec.py ``causal_skipped_flops_per_token``) and, under full recompute, the blocks' last
+    matmul that torch's checkpoint does not run again (``checkpoint_skipped_flops_per_token``; a strategy whose
+    recompute reruns it adds it back: megatron-core's, ``extra_flops``): what the prediction times, not what MFU
+    counts."""
+    share, spec = _checkpointed_share(model, recompute, every), describe_model(model)
+    skipped = spec.checkpoint_skipped_flops_per_token(share) if recompute == "full" else 0
+    return hardware_flops_per_token(model, recompute, every, loss_chunks) - skipped \
+        - spec.causal_skipped_flops_per_token(recompute, share)
 
 
 def causal_attention_flops_per_token(model: ModelConfig, recompute: str, every: int = 1) -> tuple[int, int]:

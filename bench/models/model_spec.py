@@ -140,6 +140,14 @@ class ModelDescription:
                  "op": 2 * self.layers * sum(mm.inputs * mm.outputs for mm in self.op_recomputed_matmuls())}
         return round(self.flops_per_token() + extra[recompute])
 
+    def checkpoint_skipped_flops_per_token(self, share: float = 1.0) -> int:
+        """Of full recompute's counted forward (hardware_flops_per_token), what torch's checkpoint does not run
+        again: each checkpointed block's last matmul, whose output only joins the residual stream (its
+        non-reentrant checkpoint stops once backward has every tensor it needs; a compiled backward has no use for
+        it either).  ``share``: the checkpointed share of the blocks."""
+        last = self.block_matmuls()[-1]
+        return round(share * 2 * self.layers * last.inputs * last.outputs)
+
     def head_forward_flops(self) -> int:
         """The output projection's forward per token (2 d vocab): what loss_chunks > 1 runs again in backward."""
         return 2 * self.d * self.vocab

@@ -3,8 +3,10 @@ calibrated on recorded runs (bench/calibrate.py writes bench/plan/calibration.js
 
 One optimizer step of the slowest rank, in seconds::
 
-  compute  = F / (peak x measured share x e(x))       matmuls: hardware FLOPs of the rank (recompute included)
-                                                       but causal attention's;
+  compute  = F / (peak x measured share x e(x))       matmuls: the FLOPs the rank runs (recompute included, less
+                                                       the last matmul of a block torch's checkpoint does not
+                                                       rerun: metrics/flops.py executed_flops_per_token) but
+                                                       causal attention's;
                                                        the peak a probe measured, or a datasheet's at the share
                                                        runs measure (MEASURED_OVER_DATASHEET);
                                                        fp8: the float8 matmuls' share at the fp8 peak (_peak)

@@ -143,6 +143,10 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
                          2 * plan.grad_accum * plan.layout.virtual_pipeline),
            "hooks": 0 if graphed else PARAM_OPS * param_tensors(plan) * plan.grad_accum,
            "graphed": 1 if graphed else 0}
+    if plan.layout.recompute == "full":  # its recompute reruns a layer's whole forward, the last matmul too
+        m = plan.model
+        own["extra_flops"] = (describe_model(m).checkpoint_skipped_flops_per_token() * m.global_batch * m.seq_len
+                              / plan.world_size)
     if plan.pp > 1 and plan.model.tie_embeddings:
         # the tied word embedding lives on the first and the last stage: finalize_model_grads all-reduces its
         # (vocab-parallel) main grad between the two after every backward (_allreduce_word_embedding_grads)
