@@ -4,14 +4,16 @@
 # Files in OUT: hardware/h100x4_<regime>.yaml (the profiles) and benchmarks/gpu.py's progress.log, table.txt,
 # runs.json, machine.txt.  HW_DIR: a folder whose hardware/ holds the profiles of an earlier call (default: OUT).
 # sockets and few_channels are probed --quick (messages up to 64 MiB: a full probe of sockets takes minutes).
+# PROBE_AFTER=1 probes each regime again after the runs, into hardware/h100x4_<regime>_after.yaml.
 set -u
 OUT=$1; DEADLINE=$(( $(date +%s) + $2 )); N=$(nvidia-smi -L | wc -l)
 mkdir -p "$OUT/hardware"
-for r in ${PROBE:-}; do
-  q=""; case $r in sockets|few_channels) q=--quick;; esac
-  timeout $(( DEADLINE - $(date +%s) - 60 )) python -m bench.probe --world-size "$N" --regime "$r" $q \
-    --out "$OUT/hardware/h100x4_$r.yaml" 2>&1 | grep -v "^\[W" | tail -3
-done
+probe() {  # probe REGIME SUFFIX: one profile, hardware/h100x4_<regime><suffix>.yaml
+  local q=""; case $1 in sockets|few_channels) q=--quick;; esac
+  timeout $(( DEADLINE - $(date +%s) - 60 )) python -m bench.probe --world-size "$N" --regime "$1" $q \
+    --out "$OUT/hardware/h100x4_$1$2.yaml" 2>&1 | grep -v "^\[W" | tail -3
+}
+for r in ${PROBE:-}; do probe "$r" ""; done
 presets=()
 for run in ${GPU_RUNS:-}; do
   IFS='|' read -r regime model world arms <<< "$run"
@@ -19,7 +21,10 @@ for run in ${GPU_RUNS:-}; do
 hardware=h100x4_$regime hydra.searchpath=[file://${HW_DIR:-$OUT}] steps=${STEPS:-10} warmup_steps=${WARMUP:-3}")
 done
 left=$(( DEADLINE - $(date +%s) ))
-[ ${#presets[@]} -gt 0 ] && python -m benchmarks.gpu "$OUT" "${presets[@]}" --deadline-s $(( left - 10 ))
+[ ${#presets[@]} -gt 0 ] && python -m benchmarks.gpu "$OUT" "${presets[@]}" --deadline-s $(( left - 10 ${PROBE_AFTER:+- 120} ))
+# PROBE_AFTER=1: each regime probed again after the runs (hardware/h100x4_<regime>_after.yaml): how far its link
+# moved during the call (three sockets probes of one kind of host moved 1.48x, docs/results.md)
+if [ -n "${PROBE_AFTER:-}" ]; then for r in ${PROBE:-}; do probe "$r" "_after"; done; fi
 python - "$OUT/runs.json" <<'PY'
 import json, sys
 for m in json.load(open(sys.argv[1])) if len(sys.argv) > 1 else []:
