@@ -2,9 +2,9 @@
 read (a datasheet's, or NCCL's bus bandwidth on a probe's measured curve).  Part of bench/plan/predict.py's terms."""
 from __future__ import annotations
 
-import numpy as np
-
 from typing import Optional
+
+import numpy as np
 
 from bench.machine.hardware import HardwareConfig
 from bench.plan.topology import KIND_GROUP, Topology
