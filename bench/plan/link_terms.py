@@ -1,5 +1,6 @@
 """The step's link terms before any fitted constant: seconds on the host link (offload), and how a link figure is
-read (a datasheet's, or NCCL's bus bandwidth on a probe's measured curve).  Part of bench/plan/predict.py's terms."""
+read (a datasheet's, or NCCL's bus bandwidth on a probe's measured curves), and whether a link regime's hardware
+describes its link.  Part of bench/plan/predict.py's terms."""
 from __future__ import annotations
 
 from typing import Optional
