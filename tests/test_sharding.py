@@ -250,10 +250,12 @@ def test_zero_autocast_follows_single_bf16(tmp_path_factory):
     torch.autocast, as in `single`. On one rank the losses are single's (bit for bit on the dev machine; CI
     once measured 3e-5 after the first update: CPU bf16 kernels are not bit-reproducible across processes);
     on two, Linear gradients are all-reduced in bf16, which moves the loss by far less than bf16's
-    resolution (0.06 at a loss of 9)."""
-    # half the blocks and sequence of tiny: bf16 on a CPU without bf16 instructions is slow (docs/development.md)
-    bf16 = [o for o in CPU_FAST if not o.startswith("precision=")] + ["precision=bf16", "model.n_layers=2",
-                                                                      "model.seq_len=64"]
+    resolution (0.03 at a loss of 6, ln 512)."""
+    # a narrower tiny (2 blocks of width 128, 64 tokens, 512 ids): bf16 on a CPU without bf16 instructions crawls
+    # (docs/development.md; at tiny's width and vocabulary a step took about 15 s a rank on the 2-core machine)
+    bf16 = [o for o in CPU_FAST if not o.startswith("precision=")] + [
+        "precision=bf16", "model.n_layers=2", "model.seq_len=64", "model.d_model=128", "model.d_ff=512",
+        "model.vocab_size=512"]
 
     # one sweep (one Hydra process): single, ZeRO on one rank, ZeRO-0/2/3 on two, all bf16
     zero = ("strategy=zero", "strategy.autocast=true")
