@@ -54,7 +54,7 @@ from scipy.optimize import least_squares
 
 from bench.plan.calibration_error import (agreement, by_case, error_statement, error_table, link_words,  # noqa: F401
                                      per_folder, report, write_docs)
-from bench.run.recorded import device_name, load_runs, replan, result_folders  # noqa: F401 - also read here
+from bench.run.recorded import device_name, load_runs, probe_of, replan, result_folders  # noqa: F401 - also read here
 from bench.plan.predict import BOUNDED, CALIBRATION, DEFAULTS, ROOFLINE, combine, load_calibration
 
 HUBER = 0.10  # residuals (log step) beyond 10% weigh linearly: noisy trials do not steer the fit
@@ -228,18 +228,15 @@ def by_regime(dirs: list[Path]) -> dict[str, dict]:
     out = {}
     for regime in sorted({r["regime"] for r in runs}):
         inside, rest = [r for r in runs if r["regime"] == regime], [r for r in runs if r["regime"] != regime]
-        if not rest:
-            out[regime] = {"runs": len(inside), "error": None, "fitted_on": 0, "probed_link": probed_link(inside)}
-            continue
         out[regime] = {"runs": len(inside), "fitted_on": len(rest), "probed_link": probed_link(inside),
-                       "error": error_statement(inside, predict_runs(inside, fit(rest)))}
+                       "error": error_statement(inside, predict_runs(inside, fit(rest))) if rest else None}
     return out
 
 
 def probed_link(runs: list[dict]) -> Optional[dict]:
     """The link figures (intra_node_gbps) of the distinct probe profiles ``runs`` were planned with: how far one
     probe's figure, which the prediction scales with on a slow link, moved between probes of the same regime."""
-    gbps = sorted({r["probe"] for r in runs if r.get("probe")}, key=lambda p: p[2])
+    gbps = sorted({p for p in map(probe_of, (r["hardware"] for r in runs)) if p}, key=lambda p: p[2])
     if not gbps:
         return None
     return {"probes": len(gbps), "min_gbps": gbps[0][2], "max_gbps": gbps[-1][2]}
@@ -258,7 +255,6 @@ def regime_table(scores: dict[str, dict]) -> str:
         rows.append(f"| {regime} | {v['runs']} | {v['fitted_on']} | {100 * e['median_abs']:.1f}% | "
                     f"{100 * e['p90_abs']:.1f}% | {win} | {link} |")
     return "\n".join(rows)
-
 
 
 def main(argv: Optional[list[str]] = None) -> int:

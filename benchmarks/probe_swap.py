@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from bench.plan.predict import combine, load_calibration, terms
-from bench.run.recorded import load_runs, result_folders
+from bench.run.recorded import load_runs, probe_of, result_folders
 
 
 def main(regime: str, dirs: list[str]) -> None:
@@ -19,8 +19,8 @@ def main(regime: str, dirs: list[str]) -> None:
     runs = [r for r in runs if r["regime"] == regime]
     profiles = {}  # (host, date, GB/s) -> the hardware of the first run planned with it
     for r in runs:
-        if r["probe"] and r["probe"] not in profiles:
-            profiles[r["probe"]] = r["hardware"]
+        profiles.setdefault(probe_of(r["hardware"]), r["hardware"])
+    profiles.pop(None, None)  # runs planned with a preset
     k = load_calibration()["constants"]
     names = [f"{date[:16]} {gbps:g} GB/s" for _, date, gbps in profiles]
     print("| run | " + " | ".join(names) + " |\n|---|" + "---:|" * len(names))
@@ -31,7 +31,7 @@ def main(regime: str, dirs: list[str]) -> None:
             t = terms(p, hw)
             e = r["step"] / float(combine(t, k)["step_time_s"]) - 1  # tokens/s: predicted / measured - 1
             errors[i].append(abs(e))
-            mark = "**" if r["probe"] == list(profiles)[i] else ""
+            mark = "**" if probe_of(r["hardware"]) == list(profiles)[i] else ""
             row.append(f"{mark}{100 * e:+.0f}%{mark}")
         lay = p.layout
         print(f"| {r['folder']}: {p.model.name} {p.strategy.name} ws={p.world_size} tp={lay.tp} pp={lay.pp} | "

@@ -86,10 +86,7 @@ def test_the_prediction_uses_the_probes_peak(probed):
     from bench.plan.predict import terms
 
     d, prof, _ = probed
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"hydra.searchpath=[file://{d}]", "hardware=ci_probe", "dry_run=true",
-                                           "strategy=ddp", "world_size=2"])
-    plan = validate(cfg, gpus=0)
+    plan = _plan(d, "strategy=ddp", "world_size=2")
     assert plan.cfg["precision"] == "bf16"
     t = terms(plan)
     assert t["peak"] == pytest.approx(prof["peak_tflops"]["bf16"] * 1e12)

@@ -13,8 +13,8 @@ from typing import Any, Optional
 
 from bench.run.config import validate
 from bench.plan.memory_model import memory_plan
-from bench.plan.predict import device_hardware, predict
-from bench.plan.prediction_text import prediction_line
+from bench.plan.predict import device_hardware
+from bench.plan.prediction_text import predicted, prediction_line
 from bench.spec.schema import BenchConfig, ConfigError, Plan, setting
 
 FITS, TIGHT, NO_FIT, UNKNOWN = "fits", "tight", "does not fit", "unknown"
@@ -101,15 +101,8 @@ class Evaluator:
         mem = memory_plan(plan)
         plan.memory = mem
         verdict = verdict_of(mem)
-        pred = None if verdict == NO_FIT else _predicted(plan)
+        pred = None if verdict == NO_FIT else predicted(plan)
         return Row(base["strategy"]["name"], dict(changes), plan, mem, verdict, pred)
-
-
-def _predicted(plan: Plan) -> Optional[dict]:
-    try:
-        return predict(plan)
-    except ValueError:  # no GPU to predict for (a CPU plan without hardware=<preset>)
-        return None
 
 
 def error_statement(pred: Optional[dict]) -> str:

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from bench.machine.hardware import recorded
+from bench.machine.hardware import HardwareConfig, recorded
 from bench.plan.predict import gpu_type, host_key, plan_topology, terms
 from bench.run.runs import with_added_defaults
 from bench.spec.schema import BenchConfig, fields_of
@@ -103,12 +103,15 @@ def load_runs(folders: list[Path]) -> tuple[list[dict], dict]:
                 continue
             m, prov = plan.model, rec.get("provenance") or {}
             nodes = len((rec.get("placement") or {}).get("nodes") or {}) or plan_topology(plan, hw).nodes
-            probe = (hw.probe or {}) if hw.source == "probe" else {}
             runs.append({"folder": path.name, "plan": plan, "device": hw.gpu, "hardware": hw, "terms": terms(plan, hw),
-                         # the probe profile it was planned with: which one (host, date) and its link figure
-                         "probe": (probe.get("host"), probe.get("date"), hw.intra_node_gbps) if probe else None,
                          "case": (gpu_type(hw), str(nodes), plan.strategy.name),
                          "host": host_key(prov.get("hostname"), prov.get("cpu_count")),
                          "regime": plan.run.link_regime or "default",
                          "step": float(rec["step_time_s"]["median"]), "tokens": m.global_batch * m.seq_len})
     return runs, left
+
+
+def probe_of(hw: HardwareConfig) -> Optional[tuple]:
+    """The probe profile a run was planned with, (host, date, link figure GB/s): None for a preset."""
+    probe = (hw.probe or {}) if hw.source == "probe" else {}
+    return (probe.get("host"), probe.get("date"), hw.intra_node_gbps) if probe else None
