@@ -143,8 +143,8 @@ _NO_HALF_MATMULS = ("NO AVX", "AVX2", "DEFAULT")
 def slow_cpu_precision(device: str, precision: str) -> Optional[str]:
     """A note for a CPU run in bf16 / fp16 on an x86 CPU without half-precision instructions (torch's dispatch
     level below AVX-512): its matmuls run about 100 times slower than fp32's (measured on an AVX2 CPU, torch
-    2.13, 2026-12-05: a 256 x 256 x 1024 matmul at 0.74 GFLOP/s in bf16 and 0.78 in fp16 against 66 in fp32, one
-    thread; docs/development.md).  None elsewhere: on other CPUs it is not known to crawl."""
+    2.13, 2026-12-05, benchmarks/cpu_matmul_dtypes.py: a 256 x 256 x 1024 matmul at 0.74 GFLOP/s in bf16 and 0.78
+    in fp16 against 60-66 in fp32, one thread; docs/development.md).  None elsewhere: on other CPUs it is not known to crawl."""
     import platform
 
     import torch
@@ -156,4 +156,4 @@ def slow_cpu_precision(device: str, precision: str) -> Optional[str]:
         return None
     return (f"precision={precision} on this CPU (torch's dispatch level {level}: no AVX-512, no {precision} "
             f"instructions) runs its matmuls about 100 times slower than fp32 (measured on such a CPU: 0.74 against "
-            f"66 GFLOP/s); precision=fp32 (the CPU default) measures the strategy, not the emulation")
+            f"60-66 GFLOP/s); precision=fp32 (the CPU default) measures the strategy, not the emulation")
