@@ -1,7 +1,8 @@
 """The slow-link runs as a table: each run's link regime, the link NCCL used, the measured tokens/s, the prediction the
 run printed before it started (the planner's choice under tuning=best: ``layout.tuning.planner.chosen``), the
 re-prediction of ``python -m multirun_analysis.prediction`` (the hardware the run recorded) and the GPU name's preset's
-(what the analysis used before), each with its error; then per regime the median and worst |error|.
+(what the analysis used before; since the prediction refuses a link regime on hardware of another link, "refused"
+where the run had one), each with its error; then per regime the median and worst |error|.
 
     python benchmarks/slow_links_table.py results/2026-11-27-h100x4-slow-links/runs.json
 """
@@ -23,12 +24,16 @@ def printed(m: dict):
 
 
 def preset_prediction(m: dict):
-    """The prediction with the GPU name's preset (hardware=auto's): how the analysis predicted before."""
+    """The prediction with the GPU name's preset (hardware=auto's): how the analysis predicted before; None where
+    the prediction refuses it (a link regime on the preset's NVLink: bench/plan/link_terms.py ``regime_mismatch``)."""
     from bench.calibrate import device_name, replan
     from bench.machine.hardware import match
     from bench.plan.predict import predict
 
-    return predict(replan(m), match(device_name(m)))["tokens_per_s"]
+    try:
+        return predict(replan(m), match(device_name(m)))["tokens_per_s"]
+    except ValueError:
+        return None
 
 
 def pct(p, x):
@@ -50,10 +55,10 @@ def main(path: str) -> None:
                              preset_prediction(m))
         regime = m["config"].get("link_regime", "default")
         by_regime.setdefault(regime, []).append((pct(pr, meas), pct(re_, meas), pct(gp, meas)))
-        f = lambda v: "" if v is None else f"{v:,.0f}"  # noqa: E731
+        f = lambda v, none="": none if v is None else f"{v:,.0f}"  # noqa: E731
         e = lambda v: "" if v is None else f"{v:+.1f}"  # noqa: E731
         print(f"| {regime} | {nccl.get('link')} | {m['run']['model']} | {m['run']['world_size']} | {row.strategy} | "
-              f"{row.layout} | {f(meas)} | {f(pr)} | {e(pct(pr, meas))} | {f(re_)} | {e(pct(re_, meas))} | {f(gp)} | "
+              f"{row.layout} | {f(meas)} | {f(pr)} | {e(pct(pr, meas))} | {f(re_)} | {e(pct(re_, meas))} | {f(gp, 'refused')} | "
               f"{e(pct(gp, meas))} |")
     print("\n| regime | runs | printed: median / worst abs err% | re-predicted | GPU preset |\n|---|---:|---|---|---|")
     for regime, errs in by_regime.items():
