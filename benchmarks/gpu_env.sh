@@ -6,3 +6,6 @@ export HYDRA_FULL_ERROR=1
 # DeepSpeed 0.19.8's op builder cannot parse '9.0a'
 [ "${TORCH_CUDA_ARCH_LIST:-}" = "9.0a" ] && export TORCH_CUDA_ARCH_LIST=9.0
 export TORCH_EXTENSIONS_DIR=/tmp/torch_extensions
+# a JIT build (DeepSpeed's fused Adam) stopped by an earlier call's limit leaves its lock, on which the next build of
+# the op would wait for ever; no build of this repo's calls runs while this file is sourced
+rm -f "$TORCH_EXTENSIONS_DIR"/*/lock 2>/dev/null
