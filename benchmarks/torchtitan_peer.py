@@ -24,7 +24,7 @@ type hints of models not run here) a placeholder; ``torch.distributed.set_timeou
 behaves so).  Settings (``peer``): ``parallelism.spmd_backend=partial_dtensor``; a plain ``CrossEntropyLoss`` in place
 of its chunked-loss wrapper (on torch 2.11 the wrapper frees the ``[norm, lm_head]`` FSDP group before the decoder's
 backward); CUDA graphs off (2.11 fails the graph's input check at step 2); profiling, checkpoints, validation and
-TensorBoard off.  results/README of the call that used it says which were applied (``bridges`` in peer.json).
+TensorBoard off.  ``bridges`` in peer.json lists the changes a call applied.
 
 Wheels: torchtitan and its pure-Python dependencies the GPU image lacks, in ``.whl/peer/`` (benchmarks/README.md): the
 call installs them into ``--site`` (default /tmp/peer_site), apart from bench's, and puts it first on the ranks' path.
