@@ -133,3 +133,25 @@ def test_best_trains_the_same_model(overrides, single_cpu, bench_run):
     if "strategy=fsdp" in overrides:
         assert m["layout"]["reshard_after_forward"] is False
     assert tuning["summary"] in p.stdout + p.stderr  # said in the log too
+
+
+def test_the_record_says_what_the_planners_search_set_not_the_profiles_value():
+    """tuning=best then the planner's search (bench/planner/resolve.py): where the search replaces a value the
+    profile applied (FSDP2's resharding for Llama-3 8B's width on one H200: the profile leaves it off, the search
+    turns it on), layout.tuning.applied and its summary say what runs, naming the profile's value, as the run of
+    results/2026-12-05-h200x1-torchtitan-peer did not."""
+    from bench.planner.resolve import resolved
+
+    base = plan("tuning=best", "model=llama3_8b", "model.n_layers=12", "model.global_batch=4", "strategy=fsdp",
+                "world_size=1", "precision=bf16", "compile=true", "recompute=none", "hardware=h200_141gb",
+                "device=cuda", "dry_run=true", gpus=1, explicit=["compile", "recompute", "precision"])
+    assert base.tuning["applied"]["strategy.reshard_after_forward"]["value"] is False
+    p = resolved(base, ["compile", "recompute", "precision"], gpus=1)
+    changes = {k: v for k, v in p.tuning["planner"]["changes"].items() if v is not None}
+    assert changes.get("strategy.reshard_after_forward") is True and p.strategy.reshard_after_forward is True
+    applied = p.tuning["applied"]
+    for k, v in changes.items():
+        assert applied[k]["value"] == v and applied[k]["evidence"].startswith("the planner's search"), (k, applied[k])
+    assert "the profile's strategy.reshard_after_forward=False" in applied["strategy.reshard_after_forward"]["evidence"]
+    assert "strategy.reshard_after_forward=True" in p.tuning["summary"]
+    assert "strategy.reshard_after_forward=False" not in p.tuning["summary"]

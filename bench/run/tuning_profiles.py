@@ -193,15 +193,25 @@ def _apply_one(out: dict, mem: Any, keys, values, evidence: str, unless: list, s
     return trial, new
 
 
+SEARCH_EVIDENCE = "the planner's search: fits, fastest predicted"
+
+
 def with_search(record: dict, spec, changes: dict) -> dict:
-    """The record after the planner's search (bench/planner/resolve.py) chose ``changes`` on top of the profile: a
-    setting the profile skipped that the search then set is applied, with the search as its evidence, so that the
-    log does not say "skipped" of what runs."""
+    """The record after the planner's search (bench/planner/resolve.py) chose ``changes`` on top of the profile: each
+    setting the search set is applied with the search as its evidence (naming the profile's value where the search
+    replaced it), so that the record and the log say neither "skipped" nor the profile's value of what runs."""
     out = {**record, "applied": dict(record["applied"]), "skipped": dict(record["skipped"])}
     for k, v in changes.items():
+        if v is None or k in out["kept"]:
+            continue
         if k in out["skipped"] and out["skipped"][k]["value"] == v:
             del out["skipped"][k]
-            out["applied"][k] = {"value": v, "evidence": "the planner's search: fits, fastest predicted"}
+        before = out["applied"].get(k)
+        if before is None:
+            out["applied"][k] = {"value": v, "evidence": SEARCH_EVIDENCE}
+        elif before["value"] != v:
+            out["applied"][k] = {"value": v, "evidence": f"{SEARCH_EVIDENCE} (the profile's {k}={before['value']}: "
+                                                         f"{before['evidence']})"}
     out["summary"] = _summary(out, spec, True)
     return out
 
