@@ -113,22 +113,20 @@ def test_a_link_regime_on_hardware_of_another_link_has_no_prediction_and_says_wh
     assert json.loads((tmp_path / "p" / "plan.json").read_text())["rows"][0]["tokens_per_s"] > 0
 
 
-def test_the_slow_link_table_prints_every_run_and_the_preset_it_refuses():
+def test_the_slow_link_table_prints_every_run_and_the_preset_it_refuses(capsys):
     """benchmarks/slow_links_table.py over a recorded folder: a row per completed run, and the GPU preset's column
     says "refused" on a slow link (the preset describes NVLink) and predicts the NVLink runs (it raised there when
     the prediction began refusing a regime on another link's hardware)."""
     import json
-    import subprocess
-    import sys
 
-    p = subprocess.run([sys.executable, "benchmarks/slow_links_table.py", str(SLOW / "runs.json")], cwd=REPO,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    rows = [line.split(" | ") for line in p.stdout.splitlines() if line.startswith(("| p2p_off ", "| sockets ",
-                                                                                      "| default "))]
+    from benchmarks.slow_links_table import main
+
+    main(str(SLOW / "runs.json"))
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| p2p_off ", "| sockets ", "| default "))]
     completed = [m for m in json.loads((SLOW / "runs.json").read_text()) if m.get("status") == "completed"]
     runs = [r for r in rows if len(r) == 13]
-    assert len(runs) == len(completed), p.stdout
+    assert len(runs) == len(completed), out
     for r in runs:
         regime, preset = r[0].strip("| "), r[11]
         assert (preset == "refused") == (regime != "default"), r
