@@ -28,12 +28,10 @@ def preset_prediction(m: dict):
     the prediction refuses it (a link regime on the preset's NVLink: bench/plan/link_terms.py ``regime_mismatch``)."""
     from bench.calibrate import device_name, replan
     from bench.machine.hardware import match
-    from bench.plan.predict import predict
+    from bench.plan.prediction_text import predicted
 
-    try:
-        return predict(replan(m), match(device_name(m)))["tokens_per_s"]
-    except ValueError:
-        return None
+    pred = predicted(replan(m), match(device_name(m)))
+    return pred["tokens_per_s"] if pred else None
 
 
 def pct(p, x):

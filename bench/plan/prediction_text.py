@@ -10,10 +10,11 @@ from bench.plan.predict import device_hardware, predict
 NO_GPU = "no GPU to predict for: name one with hardware=<preset>"
 
 
-def predicted(plan) -> Optional[dict]:
-    """The throughput prediction of a plan (bench/plan/predict.py), or None where it has none (``why_none``)."""
+def predicted(plan, hardware=None) -> Optional[dict]:
+    """The throughput prediction of a plan (bench/plan/predict.py; on ``hardware`` where given, else the plan's), or
+    None where it has none (``why_none``)."""
     try:
-        return predict(plan)
+        return predict(plan, hardware)
     except ValueError:  # a CPU plan with hardware=auto; a link regime the hardware does not describe
         return None
 
