@@ -43,6 +43,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.metrics.provenance import package_version
+
 PEER = "torchtitan==0.3.0"
 VOCAB_WORDS = 32_000
 ARGS_ENV = "BENCH_PEER_ARGS"
@@ -214,13 +216,10 @@ def main(argv: list[str]) -> int:
                                                                       *argv]),
               "returncode": rc, "bridges": json.loads(applied.group(1)) if applied else None,
               "steps": steps, "summary": summary(steps, a.warmup)}
-    try:
-        import torch
+    import torch
 
-        record["versions"] = {"torch": torch.__version__, "torchtitan": _version("torchtitan"),
-                              "torchao": _version("torchao")}
-    except ImportError:
-        pass
+    record["versions"] = {"torch": torch.__version__, "torchtitan": package_version("torchtitan"),
+                          "torchao": package_version("torchao")}
     (out / "peer.json").write_text(json.dumps(record, indent=1))
     s = record["summary"]
     print(f"torchtitan {settings}: rc {rc}, " + (f"{s['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU over "
@@ -238,15 +237,6 @@ def install(wheels: Path, site: Path) -> list[str]:
                     "--upgrade", "--target", str(site), *map(str, found)], check=True)
     sys.path.insert(0, str(site))
     return [str(site)]
-
-
-def _version(name: str):
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
 
 
 if __name__ == "__main__":

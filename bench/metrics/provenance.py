@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Optional
 
 
-def _version(pkg: str) -> Optional[str]:
+def package_version(pkg: str) -> Optional[str]:
+    """An installed distribution's version, None where it is not installed."""
     try:
         return md.version(pkg)
     except md.PackageNotFoundError:
@@ -71,12 +72,12 @@ def versions() -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "nccl": nccl,
-        "deepspeed": _version("deepspeed"),
-        "megatron_core": _version("megatron-core") or _version("megatron_core"),
-        "transformer_engine": _version("transformer_engine") or _version("transformer-engine"),
-        "hydra_core": _version("hydra-core"),
-        "nvidia_ml_py": _version("nvidia-ml-py"),
-        "bench": _version("bench"),
+        "deepspeed": package_version("deepspeed"),
+        "megatron_core": package_version("megatron-core") or package_version("megatron_core"),
+        "transformer_engine": package_version("transformer_engine") or package_version("transformer-engine"),
+        "hydra_core": package_version("hydra-core"),
+        "nvidia_ml_py": package_version("nvidia-ml-py"),
+        "bench": package_version("bench"),
     }
 
 
