@@ -202,7 +202,7 @@ def with_search(record: dict, spec, changes: dict) -> dict:
     replaced it), so that the record and the log say neither "skipped" nor the profile's value of what runs."""
     out = {**record, "applied": dict(record["applied"]), "skipped": dict(record["skipped"])}
     for k, v in changes.items():
-        if v is None or k in out["kept"]:
+        if v is None:
             continue
         if k in out["skipped"] and out["skipped"][k]["value"] == v:
             del out["skipped"][k]
