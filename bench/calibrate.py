@@ -52,8 +52,8 @@ from typing import Optional
 import numpy as np
 from scipy.optimize import least_squares
 
-from bench.plan.calibration_error import (agreement, by_case, error_statement, error_table, link_words,  # noqa: F401
-                                     per_folder, report, write_docs)
+from bench.plan.calibration_error import (agreement, by_case, by_layout, error_statement, error_table,  # noqa: F401
+                                     link_words, per_folder, report, write_docs)
 from bench.run.recorded import device_name, load_runs, probe_of, replan, result_folders  # noqa: F401 - also read here
 from bench.plan.predict import BOUNDED, CALIBRATION, DEFAULTS, ROOFLINE, combine, load_calibration
 
@@ -141,14 +141,17 @@ def leave_one_folder_out(runs: list[dict]) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------ frozen folders
-def score_frozen(folders: list[Path], cal: dict) -> dict:
+def score_frozen(folders: list[Path], cal: dict, scored: Optional[list] = None) -> dict:
     """Runs of ``folders`` predicted with a calibration's constants, no refit: the model's and the roofline's
-    error, per folder, and what was left out (``error`` None where no run could be scored)."""
+    error, per folder, and what was left out (``error`` None where no run could be scored); ``scored``, where given,
+    gets the runs and their predicted steps."""
     names = [f.name for f in folders]
     runs, left = load_runs(folders) if folders else ([], {})
     out = {"folders": names, "error": None, "roofline_error": None, "per_folder": {}, "runs_left_out": left}
     if runs:
         predicted = predict_runs(runs, cal)
+        if scored is not None:
+            scored[:] = [runs, predicted]
         out.update(error={**error_statement(runs, predicted), "method": "frozen: recorded after the fit, not refitted"},
                    roofline_error=error_statement(runs, combine(stack(runs), ROOFLINE)["step_time_s"]),
                    per_folder=per_folder(runs, predicted))
@@ -178,11 +181,14 @@ def calibrate(dirs: list[Path], out: Path = CALIBRATION, quiet: bool = False, fr
         predicted, method = leave_one_folder_out(runs), f"leave-one-results-folder-out over {len(folders)} folders"
     else:
         predicted, method = predict_runs(runs, fitted), "in-sample (one folder: nothing to hold out)"
-    scored = score_frozen([f for f in found if f.name in frozen], fitted)
+    after: list = []  # the frozen runs and their predictions: the layout error counts them beside the held-out ones
+    scored = score_frozen([f for f in found if f.name in frozen], fitted, after)
+    every, every_predicted = runs + (after[0] if after else []), np.concatenate([predicted, *after[1:]])
     doc = {**fitted, "error": {**error_statement(runs, predicted), "method": method},
            "roofline_error": {**error_statement(runs, combine(stack(runs), ROOFLINE)["step_time_s"]),
                               "method": "roofline: no fitted constant (bench/plan/predict.py ROOFLINE)"},
            "error_by_case": by_case(runs, predicted), "runs_left_out": left,
+           "error_by_layout": by_layout(every, every_predicted),
            "per_folder": per_folder(runs, predicted) if len(folders) > 1 else {},
            "fitted_on": {"folders": folders, "runs": len(runs)}, "frozen": {**scored, "folders": frozen},
            # what a prediction on a slow link quotes (bench/plan/calibration_error.py regime_error): each regime held out whole

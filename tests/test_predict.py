@@ -235,3 +235,19 @@ def test_a_prediction_for_two_a100_nodes_says_it_is_uncalibrated_and_what_still_
     assert f"expect errors beyond the measured median {100 * overall['median_abs']:.0f}%" in line
     assert 0 < pred["tokens_per_s"] <= pred["bound_tokens_per_s"]
     assert f"at most {pred['bound_tokens_per_s']:,.0f} tokens/s" in line
+
+
+def test_a_prediction_quotes_the_recorded_runs_that_share_its_layout_features():
+    """fp8 under torch TP: the runs recorded with both (counted here from the raw records, not the calibration) are
+    quoted with which way they went; a bf16 DDP plan has none of the features and quotes no such runs."""
+    recorded = [m for f in sorted((REPO / "results").glob("*/runs.json")) for m in json.loads(f.read_text())
+                if m.get("status") == "completed" and (m.get("config") or {}).get("precision") == "fp8"
+                and ((m.get("layout") or {}).get("tp") or 1) > 1]
+    assert len(recorded) >= 2
+    plan = plan_for("model=llama3_1b", "strategy=fsdp", "strategy.tp=2", "world_size=4", "precision=fp8",
+                    "compile=true", "hardware=h100_sxm_80gb")
+    e = predict(plan)["layout_error"]
+    assert e["features"] == "fp8 & tp > 1" and e["runs"] == len(recorded)
+    assert f"on the {len(recorded)} recorded runs with fp8 & tp > 1: median" in prediction_line(predict(plan))
+    plain = predict(plan_for("model=llama3_1b", "strategy=ddp", "world_size=4", "hardware=h100_sxm_80gb"))
+    assert plain["layout_error"] is None and "recorded runs with" not in prediction_line(plain)

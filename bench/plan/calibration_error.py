@@ -164,6 +164,49 @@ def docs_block_in(path: Path = DOCS) -> Optional[str]:
 
 CASE_MIN_RUNS = 5  # a strategy's own error is quoted from this many recorded runs of its case up; else its GPU's
 
+# what a layout does beyond plain data parallelism in bf16, each a test on a plan: a prediction also quotes the error
+# of the recorded runs that share the most of its features (one or two of them), the direction included, since a
+# feature the prediction models less well shows there and not in its case's median (layout_error)
+LAYOUT_FEATURES = {"fp8": lambda p: p.run.precision == "fp8", "tp > 1": lambda p: p.tp > 1,
+                   "pp > 1": lambda p: p.pp > 1, "cp > 1": lambda p: p.layout.cp > 1,
+                   "recompute": lambda p: p.layout.recompute != "none",
+                   "offloaded activations": lambda p: bool(p.layout.offload_activations)}
+LAYOUT_MIN_RUNS = 2
+
+
+def layout_features(plan) -> list[str]:
+    """The LAYOUT_FEATURES a plan has, in their order."""
+    return [name for name, has in LAYOUT_FEATURES.items() if has(plan)]
+
+
+def by_layout(runs: list[dict], predicted: np.ndarray) -> dict:
+    """Error per layout feature and pair of features (" & "-joined): every run with them, its absolute error's median
+    and 90th percentile, and in how many the prediction was faster than the measurement (``optimistic``) with the
+    median signed error (predicted / measured tokens/s - 1)."""
+    signed = np.array([r["step"] for r in runs]) / predicted - 1
+    groups: dict[str, list[float]] = {}
+    for r, e in zip(runs, signed):
+        names = layout_features(r["plan"])
+        for key in names + [f"{a} & {b}" for i, a in enumerate(names) for b in names[i + 1:]]:
+            groups.setdefault(key, []).append(float(e))
+    return {k: {"runs": len(v), "median_abs": float(np.median(np.abs(v))),
+                "p90_abs": float(np.percentile(np.abs(v), 90)), "median": float(np.median(v)),
+                "optimistic": int(sum(x > 0 for x in v))} for k, v in sorted(groups.items())}
+
+
+def layout_error(cal: dict, plan) -> Optional[dict]:
+    """The error of the recorded runs (held out by folder, or frozen) that share the most of this plan's layout
+    features, from LAYOUT_MIN_RUNS runs up (the larger error between equally specific groups); None for a plan with
+    none of them, or none recorded."""
+    names = layout_features(plan)
+    keys = names + [f"{a} & {b}" for i, a in enumerate(names) for b in names[i + 1:]]
+    found = [(k.count(" & "), e["median_abs"], k, e) for k in keys
+             if (e := (cal.get("error_by_layout") or {}).get(k)) and e["runs"] >= LAYOUT_MIN_RUNS]
+    if not found:
+        return None
+    *_, key, e = max(found, key=lambda f: f[:2])
+    return {**e, "features": key}
+
 
 def case_error(cal: dict, gpu: str, nodes: int, strategy: str) -> dict:
     """The held-out error measured on the recorded runs most like this prediction (bench/calibrate.py

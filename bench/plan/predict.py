@@ -9,7 +9,8 @@ One optimizer step of the slowest rank, in seconds::
                                                        causal attention's;
                                                        the peak a probe measured, or a datasheet's at the share
                                                        runs measure (MEASURED_OVER_DATASHEET);
-                                                       fp8: the float8 matmuls' share at the fp8 peak (_peak)
+                                                       fp8: the float8 matmuls' share at the fp8 peak (_peak),
+                                                       on e(x) at x bf16 / fp8 (_float8_split)
                e(x) = e_max x / (x + x_half)           x = a rank's tokens per micro-batch (seq_len / cp a
                                                        sequence) x d_model / tp (matmul size),
                                                        x REFERENCE_MATMUL_FLOPS / the GPU's bf16 matmul rate
@@ -75,7 +76,7 @@ from typing import Optional
 import numpy as np
 
 from bench.machine.hardware import DEFAULT_ATTENTION, HardwareConfig, match
-from bench.plan.calibration_error import case_error, regime_error
+from bench.plan.calibration_error import case_error, layout_error, regime_error
 from bench.plan.link_terms import host_link_s, measured_link, regime_mismatch
 from bench.plan.memory_model import MB, memory_plan, plan_hardware
 from bench.models.model_spec import describe_model
@@ -159,16 +160,33 @@ def device_hardware(plan: Plan, hardware: Optional[HardwareConfig] = None) -> Ha
 def _peak(plan: Plan, hw: HardwareConfig) -> float:
     """The matmuls' peak FLOP/s at the run's precision.  precision=fp8: the converted matmuls' share of the FLOPs
     (float8_matmul_params: the blocks' Linear layers, forward and backward) at the fp8 peak, the rest (head,
-    attention scores) at bf16's: the peak that gives their summed time.  The calibrated efficiency e(x) was fitted
-    on bf16 / fp16 / fp32 runs and is applied unchanged (float8 kernels' own efficiency is not calibrated)."""
+    attention scores) at bf16's: the peak that gives their summed time (each part's efficiency: _float8_split)."""
     prec = plan.run.precision
     if prec == "fp8":
-        bf16 = float(hw.peak_tflops["bf16"])
-        fp8 = float(hw.peak_tflops.get("fp8") or bf16)
-        share = float8_matmul_params(plan.model) / matmul_params(plan.model)  # attention: _attention_peak
+        bf16, fp8, share = _float8_rates(plan, hw)
         return 1e12 / (share / fp8 + (1 - share) / bf16)
     key = prec if prec != "fp32" else ("tf32" if plan.run.tf32 else "fp32")
     return float(hw.peak_tflops.get(key) or hw.peak_tflops["fp32"]) * 1e12
+
+
+def _float8_rates(plan: Plan, hw: HardwareConfig) -> tuple[float, float, float]:
+    """precision=fp8: the bf16 and fp8 peaks (TFLOP/s) and the converted matmuls' share of the FLOPs."""
+    bf16 = float(hw.peak_tflops["bf16"])
+    return bf16, float(hw.peak_tflops.get("fp8") or bf16), float8_matmul_params(plan.model) / matmul_params(plan.model)
+
+
+def _float8_split(plan: Plan, hw: HardwareConfig, matmul_size: float) -> dict[str, float]:
+    """The float8 matmuls' share of the matmul time at the peaks, and their size on e(x)'s scale.  A matmul's fixed
+    cost (launch, the first wave's ramp) is a time, and a float8 matmul does its work fp8 / bf16 times faster
+    (2 x on an H100 / H200), so it reaches a given efficiency only at that many times the size: the float8
+    matmuls' size is the bf16 size x bf16 / fp8 (the argument REFERENCE_MATMUL_FLOPS makes across GPUs).
+    Measured: precision=fp8 runs at 16.8M and 9.3M were 17-25% slower than a single e(x) predicted, those at
+    33.6M and over within 10% (python -m bench.calibrate's per-run table).  0 and the size itself for others."""
+    if plan.run.precision != "fp8":
+        return {"fp8_time_share": 0.0, "matmul_size_fp8": matmul_size}
+    bf16, fp8, share = _float8_rates(plan, hw)
+    return {"fp8_time_share": (share / fp8) / (share / fp8 + (1 - share) / bf16),
+            "matmul_size_fp8": matmul_size * bf16 / fp8}
 
 
 def plan_topology(plan: Plan, hardware: Optional[HardwareConfig] = None) -> Topology:
@@ -206,13 +224,14 @@ def _device_terms(plan: Plan, hw: HardwareConfig, mem: dict, traffic: dict) -> d
     tokens = m.global_batch * m.seq_len / plan.world_size
     forward, backward = causal_attention_flops_per_token(m, lay.recompute, lay.recompute_every)
     attention = (forward + backward) * tokens
+    size = (local_tokens(plan) * m.d_model / plan.tp * REFERENCE_MATMUL_FLOPS
+            / (float(hw.peak_tflops["bf16"]) * 1e12 * peak_ratio(hw)))
     return {
         "flops": executed_flops_per_token(m, lay.recompute, lay.recompute_every, lay.loss_chunks) * tokens
         - attention + traffic.get("extra_flops", 0.0),
         "attention_flops": attention, "attention_peak": _attention_peak(plan, hw, forward, backward),
         "peak": _peak(plan, hw), "peak_ratio": peak_ratio(hw),
-        "matmul_size": local_tokens(plan) * m.d_model / plan.tp * REFERENCE_MATMUL_FLOPS
-        / (float(hw.peak_tflops["bf16"]) * 1e12 * peak_ratio(hw)),
+        "matmul_size": size, **_float8_split(plan, hw, size),
         "elementwise_s": activations / hbm,
         "optimizer_s": OPTIMIZER_PASSES * sum(mem["model_states"]["device_mb"].values()) * MB / hbm,
         "bubble": (plan.pp - 1) / (plan.layout.virtual_pipeline * ga) if plan.pp > 1 else 0.0,
@@ -273,9 +292,14 @@ def _exposed(wire, window, share):
 
 def combine(t: dict, k: dict) -> dict:
     """The step and its parts from ``terms`` and the constants; works on floats or numpy arrays alike."""
-    eff = k["e_max"] * t["matmul_size"] / (t["matmul_size"] + k["x_half"])
+    def e(x):
+        return k["e_max"] * x / (x + k["x_half"])
+
+    w8 = t.get("fp8_time_share", 0.0)  # float8 matmuls: their own size on e(x) (_float8_split)
+    size8 = t.get("matmul_size_fp8", t["matmul_size"])
+    matmuls = t["flops"] / t["peak"] * ((1 - w8) / e(t["matmul_size"]) + w8 / e(size8))
     fused = np.where(t["compiled"] > 0, k["fused"], 1.0)
-    compute = ((t["flops"] / (t["peak"] * eff) + t["attention_flops"] / (t["attention_peak"] * k["e_max"]))
+    compute = ((matmuls + t["attention_flops"] / (t["attention_peak"] * k["e_max"]))
                / t["peak_ratio"] + k["passes"] * t["elementwise_s"] * fused + t["optimizer_s"]
                + k["fp8_cast"] * t["fp8_cast_s"] + t["device_bytes_s"])
     link = np.where(t.get("link_fitted", 1.0) > 0, k["link_eff"], 1.0) * t.get("link_factor", 1.0)
@@ -330,7 +354,8 @@ def predict(plan: Plan, hardware: Optional[HardwareConfig] = None, host: Optiona
     case = (gpu_type(hw), topo.nodes, plan.strategy.name)
     return {"tokens_per_s": tokens / step, "step_time_s": step, "breakdown": parts, "error": cal.get("error"),
             "topology": topo.describe(), "placement": topo.as_dict(), "case_error": case_error(cal, *case),
-            "regime_error": regime_error(cal, plan, hw), "bound_tokens_per_s": tokens / bound_step(t)}
+            "regime_error": regime_error(cal, plan, hw), "layout_error": layout_error(cal, plan),
+            "bound_tokens_per_s": tokens / bound_step(t)}
 
 
 def gpu_type(hw: HardwareConfig) -> str:

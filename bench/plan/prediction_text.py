@@ -41,6 +41,21 @@ def prediction_line(pred: Optional[dict], plan=None) -> str:
 
 
 def error_words(pred: dict) -> str:
+    """How calibrated a prediction is: its case's held-out error (or its link regime's), or "uncalibrated" with what
+    still holds; then the error of the recorded runs that share its layout's features, where there are some."""
+    return case_words(pred) + layout_words(pred.get("layout_error"))
+
+
+def layout_words(e: Optional[dict]) -> str:
+    """The recorded runs with this layout's features (bench/plan/calibration_error.py ``layout_error``): their median
+    error, and which way it went."""
+    if not e:
+        return ""
+    return (f"; on the {e['runs']} recorded runs with {e['features']}: median {100 * e['median_abs']:.0f}%, measured "
+            f"slower than predicted in {e['optimistic']} of {e['runs']} (median {100 * e['median']:+.0f}%)")
+
+
+def case_words(pred: dict) -> str:
     """How calibrated a prediction is: its case's held-out error, or "uncalibrated" with what still holds."""
     c, e = pred.get("case_error") or {"runs": 0, "case": "?", "scope": "none"}, pred.get("error") or {}
     pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
