@@ -226,13 +226,18 @@ def _planned(*overrides: str) -> tuple[dict, dict]:
     return memory_plan(plan), predict(plan)
 
 
-def test_fsdp_plan_under_fp8_gathers_one_byte_and_predicts_faster():
+def test_fsdp_plan_under_fp8_gathers_one_byte_and_gains_less_than_one_gpu():
+    """fp8 against bf16, as measured on 2 x H200 (results/2026-11-26-h200x2-fp8): 1.14 x on one GPU at 8 sequences,
+    0.86 x under FSDP2 at 4 sequences a rank, whose smaller matmuls gain less from the fp8 peak."""
     bf16, p_bf16 = _planned("precision=bf16", "strategy=fsdp", "world_size=2")
     fp8, p_fp8 = _planned("precision=fp8", "strategy=fsdp", "world_size=2")
     assert fp8["fits"] and fp8["model_states"] == bf16["model_states"]  # fp32 masters and AdamW states
     assert fp8["buffers_mb"] < bf16["buffers_mb"]  # the float8 all-gather: 1 B per gathered element, not 2
     assert fp8["predicted_peak_allocated_mb"] <= bf16["predicted_peak_allocated_mb"]
-    assert p_fp8["tokens_per_s"] > p_bf16["tokens_per_s"]  # the blocks' matmuls at the fp8 peak
+    _, one_bf16 = _planned("precision=bf16", "strategy=single", "world_size=1")
+    _, one_fp8 = _planned("precision=fp8", "strategy=single", "world_size=1")
+    assert one_fp8["tokens_per_s"] > one_bf16["tokens_per_s"]  # the blocks' matmuls at the fp8 peak
+    assert p_fp8["tokens_per_s"] / p_bf16["tokens_per_s"] < one_fp8["tokens_per_s"] / one_bf16["tokens_per_s"]
     gathered, _ = _planned("precision=fp8", "strategy=fsdp", "world_size=2", "strategy.fp8_all_gather=false")
     assert gathered["buffers_mb"] == bf16["buffers_mb"]  # bf16 all-gather
     # the head's bf16 copy only (llama3_1b's head is the tied embedding): no float8 copy of the blocks' weights
