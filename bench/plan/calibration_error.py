@@ -174,9 +174,10 @@ LAYOUT_FEATURES = {"fp8": lambda p: p.run.precision == "fp8", "tp > 1": lambda p
 LAYOUT_MIN_RUNS = 2
 
 
-def layout_features(plan) -> list[str]:
-    """The LAYOUT_FEATURES a plan has, in their order."""
-    return [name for name, has in LAYOUT_FEATURES.items() if has(plan)]
+def layout_keys(plan) -> list[str]:
+    """The groups a plan's run is counted in: each LAYOUT_FEATURE it has, and each pair of them (" & "-joined)."""
+    names = [name for name, has in LAYOUT_FEATURES.items() if has(plan)]
+    return names + [f"{a} & {b}" for i, a in enumerate(names) for b in names[i + 1:]]
 
 
 def by_layout(runs: list[dict], predicted: np.ndarray) -> dict:
@@ -186,8 +187,7 @@ def by_layout(runs: list[dict], predicted: np.ndarray) -> dict:
     signed = np.array([r["step"] for r in runs]) / predicted - 1
     groups: dict[str, list[float]] = {}
     for r, e in zip(runs, signed):
-        names = layout_features(r["plan"])
-        for key in names + [f"{a} & {b}" for i, a in enumerate(names) for b in names[i + 1:]]:
+        for key in layout_keys(r["plan"]):
             groups.setdefault(key, []).append(float(e))
     return {k: {"runs": len(v), "median_abs": float(np.median(np.abs(v))),
                 "p90_abs": float(np.percentile(np.abs(v), 90)), "median": float(np.median(v)),
@@ -198,9 +198,7 @@ def layout_error(cal: dict, plan) -> Optional[dict]:
     """The error of the recorded runs (held out by folder, or frozen) that share the most of this plan's layout
     features, from LAYOUT_MIN_RUNS runs up (the larger error between equally specific groups); None for a plan with
     none of them, or none recorded."""
-    names = layout_features(plan)
-    keys = names + [f"{a} & {b}" for i, a in enumerate(names) for b in names[i + 1:]]
-    found = [(k.count(" & "), e["median_abs"], k, e) for k in keys
+    found = [(k.count(" & "), e["median_abs"], k, e) for k in layout_keys(plan)
              if (e := (cal.get("error_by_layout") or {}).get(k)) and e["runs"] >= LAYOUT_MIN_RUNS]
     if not found:
         return None
