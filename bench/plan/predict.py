@@ -182,8 +182,7 @@ def _float8_split(plan: Plan, hw: HardwareConfig, matmul_size: float) -> dict[st
     matmuls' size is the bf16 size x bf16 / fp8 (the argument REFERENCE_MATMUL_FLOPS makes across GPUs).
     Measured: precision=fp8 runs at 16.8M and 9.3M were 17-25% slower than a single e(x) predicted, tensorwise
     ones at 33.6M and over within 10% but two slowed by allocator retries (benchmarks/run_errors.py precision=fp8;
-    docs/results.md).  0 and the size
-    itself for others."""
+    docs/results.md).  0 and the size itself for others."""
     if plan.run.precision != "fp8":
         return {"fp8_time_share": 0.0, "matmul_size_fp8": matmul_size}
     bf16, fp8, share = _float8_rates(plan, hw)
