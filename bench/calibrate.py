@@ -141,17 +141,21 @@ def leave_one_folder_out(runs: list[dict]) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------ frozen folders
-def score_frozen(folders: list[Path], cal: dict, scored: Optional[list] = None) -> dict:
-    """Runs of ``folders`` predicted with a calibration's constants, no refit: the model's and the roofline's
-    error, per folder, and what was left out (``error`` None where no run could be scored); ``scored``, where given,
-    gets the runs and their predicted steps."""
-    names = [f.name for f in folders]
+def frozen_runs(folders: list[Path], cal: dict) -> tuple[list[dict], dict, np.ndarray]:
+    """The runs of ``folders``, what was left out of them, and their steps predicted with a calibration's constants
+    (no refit)."""
     runs, left = load_runs(folders) if folders else ([], {})
+    return runs, left, predict_runs(runs, cal) if runs else np.empty(0)
+
+
+def score_frozen(folders: list[Path], cal: dict, scored: Optional[tuple] = None) -> dict:
+    """Runs of ``folders`` predicted with a calibration's constants, no refit (``scored``: ``frozen_runs``' answer,
+    where the caller has it): the model's and the roofline's error, per folder, and what was left out (``error``
+    None where no run could be scored)."""
+    names = [f.name for f in folders]
+    runs, left, predicted = scored or frozen_runs(folders, cal)
     out = {"folders": names, "error": None, "roofline_error": None, "per_folder": {}, "runs_left_out": left}
     if runs:
-        predicted = predict_runs(runs, cal)
-        if scored is not None:
-            scored[:] = [runs, predicted]
         out.update(error={**error_statement(runs, predicted), "method": "frozen: recorded after the fit, not refitted"},
                    roofline_error=error_statement(runs, combine(stack(runs), ROOFLINE)["step_time_s"]),
                    per_folder=per_folder(runs, predicted))
@@ -181,9 +185,11 @@ def calibrate(dirs: list[Path], out: Path = CALIBRATION, quiet: bool = False, fr
         predicted, method = leave_one_folder_out(runs), f"leave-one-results-folder-out over {len(folders)} folders"
     else:
         predicted, method = predict_runs(runs, fitted), "in-sample (one folder: nothing to hold out)"
-    after: list = []  # the frozen runs and their predictions: the layout error counts them beside the held-out ones
-    scored = score_frozen([f for f in found if f.name in frozen], fitted, after)
-    every, every_predicted = runs + (after[0] if after else []), np.concatenate([predicted, *after[1:]])
+    frozen_folders = [f for f in found if f.name in frozen]
+    after = frozen_runs(frozen_folders, fitted)
+    scored = score_frozen(frozen_folders, fitted, after)
+    # the layout error counts the frozen runs beside the held-out ones
+    every, every_predicted = runs + after[0], np.concatenate([predicted, after[2]])
     doc = {**fitted, "error": {**error_statement(runs, predicted), "method": method},
            "roofline_error": {**error_statement(runs, combine(stack(runs), ROOFLINE)["step_time_s"]),
                               "method": "roofline: no fitted constant (bench/plan/predict.py ROOFLINE)"},
