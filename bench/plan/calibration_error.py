@@ -44,6 +44,12 @@ def winner_agreement(runs: list[dict], predicted: np.ndarray, within: float = 0.
                       for r, p in zip(runs, predicted)), within)
 
 
+def signed_errors(runs: list[dict], predicted: np.ndarray) -> np.ndarray:
+    """Each run's predicted / measured tokens/s - 1 (its measured step over its predicted one, less 1): above 0 where
+    the prediction was faster than the measurement."""
+    return np.array([r["step"] for r in runs]) / predicted - 1
+
+
 def error_statement(runs: list[dict], predicted: np.ndarray) -> dict:
     """Median / p90 absolute error of tokens/s (all runs, steps >= 100 ms) and the winner agreement."""
     measured = np.array([r["step"] for r in runs])
@@ -59,7 +65,7 @@ def error_statement(runs: list[dict], predicted: np.ndarray) -> dict:
 
 def per_folder(runs: list[dict], predicted: np.ndarray) -> dict:
     """Each folder's run count and median absolute error."""
-    err = np.abs(np.array([r["step"] for r in runs]) / predicted - 1)
+    err = np.abs(signed_errors(runs, predicted))
     names = np.array([r["folder"] for r in runs])
     return {f: {"runs": int((names == f).sum()), "median_abs": float(np.median(err[names == f]))}
             for f in sorted(set(names))}
@@ -68,7 +74,7 @@ def per_folder(runs: list[dict], predicted: np.ndarray) -> dict:
 def by_case(runs: list[dict], predicted: np.ndarray) -> dict:
     """Held-out error per GPU type, node count and strategy ("*": every strategy), as predict.case_error reads it:
     {gpu: {nodes: {strategy: {runs, median_abs, p90_abs}}}}."""
-    err = np.abs(np.array([r["step"] for r in runs]) / predicted - 1)
+    err = np.abs(signed_errors(runs, predicted))
     cases: dict = {}
     for i, r in enumerate(runs):
         gpu, nodes, strategy = r["case"]
@@ -184,7 +190,7 @@ def by_layout(runs: list[dict], predicted: np.ndarray) -> dict:
     """Error per layout feature and pair of features (" & "-joined): every run with them, its absolute error's median
     and 90th percentile, and in how many the prediction was faster than the measurement (``optimistic``) with the
     median signed error (predicted / measured tokens/s - 1)."""
-    signed = np.array([r["step"] for r in runs]) / predicted - 1
+    signed = signed_errors(runs, predicted)
     groups: dict[str, list[float]] = {}
     for r, e in zip(runs, signed):
         for key in layout_keys(r["plan"]):

@@ -296,9 +296,8 @@ def combine(t: dict, k: dict) -> dict:
     def e(x):
         return k["e_max"] * x / (x + k["x_half"])
 
-    w8 = t.get("fp8_time_share", 0.0)  # float8 matmuls: their own size on e(x) (_float8_split)
-    size8 = t.get("matmul_size_fp8", t["matmul_size"])
-    matmuls = t["flops"] / t["peak"] * ((1 - w8) / e(t["matmul_size"]) + w8 / e(size8))
+    w8 = t["fp8_time_share"]  # float8 matmuls: their own size on e(x) (_float8_split)
+    matmuls = t["flops"] / t["peak"] * ((1 - w8) / e(t["matmul_size"]) + w8 / e(t["matmul_size_fp8"]))
     fused = np.where(t["compiled"] > 0, k["fused"], 1.0)
     compute = ((matmuls + t["attention_flops"] / (t["attention_peak"] * k["e_max"]))
                / t["peak_ratio"] + k["passes"] * t["elementwise_s"] * fused + t["optimizer_s"]
