@@ -27,7 +27,7 @@ from bench.spec.schema import (BenchConfig, ConfigError, Plan, StrategyConfig, S
                               check_whole, knob)
 from bench.strategies.registry import (AUTOCAST_COPY, FP32, MIXED, ModelStates, StrategySpec, knob_text,
                                       register)
-from bench.strategies.zero_engine import Zero
+from bench.strategies.zero_engine import Zero, fused_fp16_wrapper, runs_torch_autocast
 from bench.costs.traffic import all_gather, all_reduce, buckets, param_tensors
 
 
@@ -45,6 +45,7 @@ class ZeroFP16Config(Section):
 
 
 OFFLOAD = ("none", "cpu")
+ADAM = ("auto", "torch", "deepspeed")
 
 
 @dataclass
@@ -64,6 +65,10 @@ class ZeroConfig(StrategyConfig):
                                   choices=OFFLOAD, fallback=OFFLOAD)
     offload_param: str = knob("none", "cpu: stage 3's parameter shards on the host, copied in before each gather",
                               choices=OFFLOAD, fallback=OFFLOAD)
+    adam: str = knob("auto", "the Adam step without optimizer offload: torch = torch.optim.AdamW, its fused kernel on "
+                     "CUDA (the torch-native strategies' optimizer; nothing to build); deepspeed = DeepSpeed's FusedAdam "
+                     "(CUDA; JIT-built on a host's first DeepSpeed run); auto = torch, but deepspeed where DeepSpeed's "
+                     "own fp16 at stage 0 needs it for its fused fp16 optimizer", choices=ADAM)
     reduce_bucket_size: float = knob(5e8, "gradient bucket of the reduce (elements): bigger = fewer, later "
                                      "collectives; smaller = finer overlap with backward", tune=(5e8, 5e7))
     allgather_bucket_size: float = knob(5e8, "stages 1-2: bucket of the parameter all-gather after the step")
@@ -100,6 +105,15 @@ def rules(plan: Plan) -> None:
         raise ConfigError("strategy.offload_param", s.offload_param,
                           f"parameter offload needs ZeRO stage 3 (strategy.zero_stage={stage} here); "
                           "use offload_param=none or zero_stage=3")
+    if s.adam == "deepspeed" and (s.offload_optimizer != "none" or plan.device != "cuda"):
+        why = (f"optimizer offload steps on the host with DeepSpeedCPUAdam (strategy.offload_optimizer="
+               f"{s.offload_optimizer})" if s.offload_optimizer != "none" else
+               f"FusedAdam is a CUDA op (this run's device is {plan.device})")
+        raise ConfigError("strategy.adam", s.adam, f"{why}; use strategy.adam=auto or torch")
+    if s.adam == "torch" and fused_fp16_wrapper(plan) and s.fp16.initial_scale_power != 16:
+        raise ConfigError("strategy.adam", s.adam, "DeepSpeed's own fp16 at stage 0 wraps a torch optimizer in its "
+                          "unfused fp16 optimizer, which starts the loss scale at 2**16 whatever "
+                          f"strategy.fp16.initial_scale_power (={s.fp16.initial_scale_power}) says; use strategy.adam=auto")
     for key in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters"):
         check_whole(f"strategy.{key}", getattr(s, key))
     check_whole("strategy.param_persistence_threshold", s.param_persistence_threshold, allow_zero=True)
@@ -179,12 +193,6 @@ def _rules_deepcompile(plan: Plan) -> None:
     if c.compile_mode != "default":
         raise ConfigError("compile_mode", c.compile_mode, "DeepCompile compiles with its own Inductor backend, "
                           "which takes no mode; use compile_mode=default with strategy.deepcompile=true")
-
-
-def runs_torch_autocast(run: BenchConfig) -> bool:
-    """DeepSpeed's torch_autocast: strategy.autocast, or a raw ds_config that enables it."""
-    raw = ((run.strategy.ds_config or {}).get("torch_autocast") or {}).get("enabled")
-    return run.precision != "fp32" and bool(run.strategy.autocast or raw)
 
 
 def model_states(run: BenchConfig) -> ModelStates:

@@ -13,6 +13,7 @@ from bench.models.model import Block, build_model, model_loss
 from bench.parallel.ac import apply_ac, apply_loss_chunks
 from bench.parallel.compile import compile_kwargs
 from bench.strategies.base import StepResult, Strategy
+from bench.spec.schema import BenchConfig, Plan
 from bench.strategies.deepspeed_env import ensure_torch_extensions_dir, fix_cuda_arch_list
 
 AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # DeepSpeed's torch_autocast.dtype names
@@ -68,6 +69,26 @@ def build_ds_config(plan) -> dict:
     return OmegaConf.to_container(OmegaConf.merge(cfg, s.ds_config or {}))
 
 
+def fused_fp16_wrapper(plan: Plan) -> bool:
+    """DeepSpeed's own fp16 at stage 0 on CUDA: its FP16_Optimizer (flat fp32 master, the loss-scale knobs) wraps
+    FusedAdam only; any other optimizer gets FP16_UnfusedOptimizer (engine._configure_fp16_optimizer)."""
+    return (plan.strategy.zero_stage == 0 and plan.run.precision == "fp16" and plan.device == "cuda"
+            and not runs_torch_autocast(plan.run))
+
+
+def adam_of(plan: Plan) -> str:
+    """The Adam that runs without optimizer offload: strategy.adam, auto resolved."""
+    if plan.strategy.adam != "auto":
+        return plan.strategy.adam
+    return "deepspeed" if fused_fp16_wrapper(plan) else "torch"
+
+
+def runs_torch_autocast(run: BenchConfig) -> bool:
+    """DeepSpeed's torch_autocast: strategy.autocast, or a raw ds_config that enables it."""
+    raw = ((run.strategy.ds_config or {}).get("torch_autocast") or {}).get("enabled")
+    return run.precision != "fp32" and bool(run.strategy.autocast or raw)
+
+
 PRECISION_NOTES = {  # (precision, autocast) -> what ran
     ("fp32", False): "fp32",
     ("bf16", False): "DeepSpeed bf16: bf16 params/grads/compute, fp32 master weights + Adam states "
@@ -108,14 +129,15 @@ class Zero(Strategy):
 
             self.optimizer_name = "deepspeed.ops.adam.DeepSpeedCPUAdam(adamw_mode=True)"
             make_opt = lambda params: DeepSpeedCPUAdam(params, adamw_mode=True, **kw)  # noqa: E731
-        elif dev.type == "cuda":
+        elif adam_of(p) == "deepspeed":  # CUDA only (bench/strategies/zero.py rules)
             from deepspeed.ops.adam import FusedAdam
 
             self.optimizer_name = "deepspeed.ops.adam.FusedAdam(adam_w_mode=True)"
             make_opt = lambda params: FusedAdam(params, adam_w_mode=True, **kw)  # noqa: E731
-        else:  # CPU: a client torch optimizer avoids JIT-building fused_adam
-            self.optimizer_name = "torch.optim.AdamW(fused=False)"
-            make_opt = lambda params: torch.optim.AdamW(params, **kw)  # noqa: E731
+        else:  # torch's AdamW, as the torch-native strategies: its fused kernel on CUDA, no JIT build
+            fused = dev.type == "cuda"
+            self.optimizer_name = f"torch.optim.AdamW(fused={fused})"
+            make_opt = lambda params: torch.optim.AdamW(params, fused=fused, **kw)  # noqa: E731
         with self.setup_phase("deepspeed.initialize (optimizer op load included)"):
             self.engine, _, _, _ = deepspeed.initialize(
                 model=model, optimizer=make_opt, model_parameters=list(model.parameters()),
