@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from bench.models.model import Block, build_model, model_loss
 from bench.parallel.ac import apply_ac, apply_loss_chunks
 from bench.parallel.compile import compile_kwargs
+from bench.parallel.optim import adamw
 from bench.strategies.base import StepResult, Strategy
 from bench.spec.schema import BenchConfig, Plan
 from bench.strategies.deepspeed_env import ensure_torch_extensions_dir, fix_cuda_arch_list
@@ -137,7 +138,7 @@ class Zero(Strategy):
         else:  # torch's AdamW, as the torch-native strategies: its fused kernel on CUDA, no JIT build
             fused = dev.type == "cuda"
             self.optimizer_name = f"torch.optim.AdamW(fused={fused})"
-            make_opt = lambda params: torch.optim.AdamW(params, fused=fused, **kw)  # noqa: E731
+            make_opt = lambda params: adamw(params, o, fused)  # noqa: E731
         with self.setup_phase("deepspeed.initialize (optimizer op load included)"):
             self.engine, _, _, _ = deepspeed.initialize(
                 model=model, optimizer=make_opt, model_parameters=list(model.parameters()),
