@@ -202,14 +202,21 @@ def test_fsdp2_float8_all_gather_pays_for_its_weight_casts_as_an_h200_traced_the
 
 
 def test_ranks_in_lockstep_pay_for_the_slowest_host_only_where_hooks_meet_at_collectives():
-    """Several ranks with per-layer host hooks (FSDP2) wait for the slowest rank at every collective; one rank, or
-    ranks with no host hooks (DDP's C++ reducer), do not (bench/plan/predict.py, ``lockstep``)."""
+    """Several ranks with per-layer host hooks (FSDP2, ZeRO-3's gathers) wait for the slowest rank at every collective;
+    one rank, or ranks with no host hooks (DDP's C++ reducer), do not; ZeRO-1/2's hooks meet only where a bucket is
+    reduced (300m: one bucket of DeepSpeed's 5e8 elements), ZeRO-2's every micro-batch (bench/plan/predict.py,
+    ``lockstep``)."""
     from bench.plan.predict import terms
 
     base = ("model=300m", "hardware=h100_sxm_80gb")
     assert terms(plan_for(*base, "strategy=fsdp", "world_size=2"))["host_lockstep"] == 1.0
     assert terms(plan_for(*base, "strategy=fsdp", "world_size=1"))["host_lockstep"] == 0.0
     assert terms(plan_for(*base, "strategy=ddp", "world_size=2"))["host_lockstep"] == 0.0
+    zero = ("strategy=zero", "world_size=2", "model.global_batch=16", "strategy.micro_batch_size=2")  # 4 micro-batches
+    assert terms(plan_for(*base, *zero, "zero_stage=3"))["host_lockstep"] == 1.0
+    layer_passes = 24 * 4
+    assert terms(plan_for(*base, *zero, "zero_stage=1"))["host_lockstep"] == pytest.approx(2 / layer_passes)
+    assert terms(plan_for(*base, *zero, "zero_stage=2"))["host_lockstep"] == pytest.approx((4 + 1) / layer_passes)
     assert 0 < load_calibration()["constants"]["lockstep"] < 1
 
 

@@ -43,13 +43,14 @@ One optimizer step of the slowest rank, in seconds::
              cross nodes, context parallelism's K / V exchange over the cp group: waited on inside attention,
              all exposed)
   bubble   = (compute + comm) x (pp - 1) / (virtual x micro-batches)
-  host     = host factor x (1 + lockstep x [ranks > 1 and host hooks])
+  host     = host factor x (1 + lockstep x [ranks > 1 and host hooks] x meets)
              x (launch x (per_layer x layer_host x layers x micro-batches
              + per_microbatch x micro-batches) + per_step + per_hook x hooks)
              lockstep: ranks whose host work (hooks) meets at every per-layer collective wait for the slowest
              one each time, so a host-bound step is the slowest rank's, not the average's (measured: one
              host-bound FSDP2 rank sets the pace while the other's NCCL kernels wait,
-             results/2026-11-23-h200x2-cpu-affinity)
+             results/2026-11-23-h200x2-cpu-affinity); meets: the share of layer passes at which they meet
+             (traffic "lockstep": 1, but ZeRO-1/2's hooks launch a reduction only once a bucket is full)
              launch: 1 eager, compiled_host with compile, graph_host with CUDA graphs; layer_host (eager
              only): the strategy's cost of a layer's ops against plain tensors' (DTensor dispatch)
   step     = max(G, H) + overlap x min(G, H) + per_sync x syncs + per_adam_param x host Adam parameters
@@ -281,7 +282,7 @@ def _host_terms(plan: Plan, traffic: dict) -> dict[str, float]:
             "layer_passes": plan.model.n_layers / plan.pp * plan.grad_accum,
             "layer_host": traffic.get("layer_host", 1.0), "hooks": traffic.get("hooks", 0.0), "syncs": syncs,
             "host_waits": float(sync_timing or syncs > 0), "host_adam": traffic.get("host_adam", 0.0),
-            "host_lockstep": float(plan.world_size > 1 and traffic.get("hooks", 0.0) > 0)}
+            "host_lockstep": float(plan.world_size > 1 and traffic.get("hooks", 0.0) > 0) * traffic.get("lockstep", 1.0)}
 
 
 def _exposed(wire, window, share):

@@ -307,9 +307,10 @@ FETCH_OPS, PARAM_OPS = 12, 8
 
 
 def traffic(plan: Plan, params: float) -> dict[str, float]:
-    """Stage 0: one all-reduce of the gradients after backward; 1-2: gradients reduce-scattered from the
-    per-parameter backward hooks of every micro-batch (overlapped only with overlap_comm; stage 2 also copies
-    each gradient into its partition), the updated parameters all-gathered after the step; 3: every
+    """Stage 0: one all-reduce of the gradients after backward; 1-2: gradients reduced in buckets (overlapped only
+    with overlap_comm), at stage 2 every micro-batch from the per-parameter backward hooks (each gradient then
+    copied into its partition), at stage 1 once, at the accumulation boundary (stage_1_and_2.py
+    reduce_ready_partitions_and_remove_grads), the updated parameters all-gathered after the step; 3: every
     micro-batch gathers each module's parameters for forward and again for backward and reduce-scatters the
     gradients.  Gradients and parameters travel in the parameters' dtype (fp32 under autocast).  Host: those
     Python hooks (per module at stage 3, per block with leaf_blocks), the step's pass over the parameters
@@ -329,10 +330,14 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
         # each reduce bucket all-reduced whole, every rank keeping its partition (use_multi_rank_bucket_allreduce,
         # DeepSpeed's default); without it one reduce per partition to its owner: the bucket's bytes, in n calls
         multi = _zero_option(plan, "use_multi_rank_bucket_allreduce", True)
-        reduce = all_reduce(grads, dp) if multi else grads * (dp > 1)
+        per_mb = m if stage == 2 else 1  # stage 2 reduces every micro-batch from its hooks; stage 1 at the boundary
+        reduce = per_mb * (all_reduce(grads, dp) if multi else grads * (dp > 1))
         out["grad_reduce" if overlap else "tail"] = reduce
+        nb = buckets(grads, s.reduce_bucket_size * elem)
         out.update(tail=out.get("tail", 0.0) + all_gather(grads, dp), hooks=out["hooks"] + stage * n * m,
-                   collectives=(2 if multi else dp + 1) * buckets(grads, s.reduce_bucket_size * elem))
+                   collectives=(per_mb * (1 if multi else dp) + 1) * nb)
+        # the hooks launch a reduction only when a bucket fills: the ranks meet once a bucket, not once a layer
+        out["lockstep"] = min(1.0, out["collectives"] / (plan.model.n_layers / plan.pp * m))
     else:
         per_block = s.leaf_blocks or s.deepcompile
         modules = plan.model.n_layers * (1 if per_block else 12) + 5
