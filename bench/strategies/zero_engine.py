@@ -90,6 +90,17 @@ def runs_torch_autocast(run: BenchConfig) -> bool:
     return run.precision != "fp32" and bool(run.strategy.autocast or raw)
 
 
+def comms_calls() -> Optional[dict]:
+    """DeepSpeed's own count of its collectives since the engine started, warm-up included: {op: {message bytes:
+    calls}} from its comms logger (on with +strategy.ds_config.comms_logger.enabled=true and .prof_all=true; each
+    logged op then synchronises, so it is a diagnostic, not a timing), None with the logger off."""
+    from deepspeed.comm.comm import comms_logger
+
+    if not comms_logger.enabled:
+        return None
+    return {op: {str(size): v[0] for size, v in sizes.items()} for op, sizes in comms_logger.get_raw_data().items()}
+
+
 PRECISION_NOTES = {  # (precision, autocast) -> what ran
     ("fp32", False): "fp32",
     ("bf16", False): "DeepSpeed bf16: bf16 params/grads/compute, fp32 master weights + Adam states "
@@ -217,5 +228,6 @@ class Zero(Strategy):
             "recompute": getattr(self, "ac", {}).get("recompute", p.layout.recompute),
             "activation_offload": getattr(self, "ac", {}).get("activation_offload"),
             "token_rule": "sum over data-parallel ranks",
+            "comms": comms_calls() if engine is not None else None,
             **getattr(self, "loss_info", {}),
         }
