@@ -1,6 +1,7 @@
-"""``strategy.adam`` for ZeRO: torch's AdamW (the torch-native strategies' optimizer, nothing to JIT-build) by
-default, DeepSpeed's FusedAdam where DeepSpeed's own fp16 at stage 0 needs it (its fused FP16_Optimizer wraps
-FusedAdam only; any other optimizer gets the unfused one, which ignores strategy.fp16.initial_scale_power).
+"""``strategy.adam`` for ZeRO: DeepSpeed's FusedAdam on CUDA and torch's AdamW on CPU (auto: what ran before the
+knob), or torch's AdamW on CUDA too (the torch-native strategies' optimizer, nothing to JIT-build), refused where
+DeepSpeed's own fp16 at stage 0 would wrap it in its unfused fp16 optimizer with a strategy.fp16.initial_scale_power
+that one ignores.
 The rules are checked here; the runs on a GPU (both optimizers keep single's losses; the record names the one
 that ran) in the marked test below."""
 from __future__ import annotations
@@ -35,15 +36,14 @@ def test_adam_that_cannot_apply_is_refused_naming_the_key(overrides, says):
 
 
 @pytest.mark.parametrize("overrides,adam", [
-    ((*CUDA, "precision=bf16"), "torch"),
-    ((*CUDA, "precision=fp16"), "deepspeed"),  # DeepSpeed's own fp16 at stage 0: FP16_Optimizer needs FusedAdam
-    ((*CUDA, "precision=fp16", "strategy.zero_stage=1"), "torch"),  # ZeRO's own optimizer wraps any Adam
-    ((*CUDA, "precision=fp16", "strategy.autocast=true"), "torch"),  # torch's GradScaler, no DeepSpeed wrapper
-    ((*CUDA, "precision=fp16", "strategy.adam=torch"), "torch"),  # at the default initial scale: allowed
-    ((*CUDA, "precision=bf16", "strategy.adam=deepspeed"), "deepspeed"),
+    ((*CUDA, "precision=bf16"), "deepspeed"),  # auto: what ran before the knob
+    ((*CUDA, "precision=fp16"), "deepspeed"),
     (("device=cpu",), "torch"),
+    ((*CUDA, "precision=bf16", "strategy.adam=torch"), "torch"),
+    ((*CUDA, "precision=fp16", "strategy.adam=torch"), "torch"),  # at the default initial scale: allowed
+    (("device=cpu", "strategy.adam=torch"), "torch"),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v))
-def test_auto_resolves_to_the_adam_deepspeed_can_wrap(overrides, adam):
+def test_auto_is_what_ran_before_the_knob(overrides, adam):
     assert adam_of(plan_of(*overrides, gpus=1)) == adam
 
 

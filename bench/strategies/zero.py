@@ -65,10 +65,10 @@ class ZeroConfig(StrategyConfig):
                                   choices=OFFLOAD, fallback=OFFLOAD)
     offload_param: str = knob("none", "cpu: stage 3's parameter shards on the host, copied in before each gather",
                               choices=OFFLOAD, fallback=OFFLOAD)
-    adam: str = knob("auto", "the Adam step without optimizer offload: torch = torch.optim.AdamW, its fused kernel on "
-                     "CUDA (the torch-native strategies' optimizer; nothing to build); deepspeed = DeepSpeed's FusedAdam "
-                     "(CUDA; JIT-built on a host's first DeepSpeed run); auto = torch, but deepspeed where DeepSpeed's "
-                     "own fp16 at stage 0 needs it for its fused fp16 optimizer", choices=ADAM)
+    adam: str = knob("auto", "the Adam step without optimizer offload: torch = torch.optim.AdamW, fused on CUDA (the "
+                     "torch-native strategies' optimizer; nothing to JIT-build); deepspeed = DeepSpeed's FusedAdam (CUDA; "
+                     "JIT-built on a host's first DeepSpeed run); auto = deepspeed on CUDA, torch on CPU",
+                     choices=ADAM, added=True)
     reduce_bucket_size: float = knob(5e8, "gradient bucket of the reduce (elements): bigger = fewer, later "
                                      "collectives; smaller = finer overlap with backward", tune=(5e8, 5e7))
     allgather_bucket_size: float = knob(5e8, "stages 1-2: bucket of the parameter all-gather after the step")

@@ -78,10 +78,12 @@ def fused_fp16_wrapper(plan: Plan) -> bool:
 
 
 def adam_of(plan: Plan) -> str:
-    """The Adam that runs without optimizer offload: strategy.adam, auto resolved."""
+    """The Adam that runs without optimizer offload: strategy.adam, auto resolved to what bench ran before the knob
+    (DeepSpeed's FusedAdam on CUDA, torch's AdamW on CPU) until torch's fused AdamW under DeepSpeed has run on a GPU
+    (tests/test_zero_adam.py, marked gpu)."""
     if plan.strategy.adam != "auto":
         return plan.strategy.adam
-    return "deepspeed" if fused_fp16_wrapper(plan) else "torch"
+    return "deepspeed" if plan.device == "cuda" else "torch"
 
 
 def runs_torch_autocast(run: BenchConfig) -> bool:
