@@ -59,22 +59,42 @@ RUNS = {  # id -> (overrides, expected layout fields)
 }
 
 
+# one sweep for the two tests below (a module fixture: one unit for pytest-xdist, tests/conftest.py), each run
+# against the sweep's own single run; 64 tokens a sequence (no check depends on the length; half the step time)
+SEQ = 64
+CLIP = "optim.grad_clip=0.1"
+CASES = {"single": ("strategy=single",), **{run_id: tuple(overrides) for run_id, (overrides, _) in RUNS.items()},
+         "single_clip": ("strategy=single", CLIP), "tp2_pp2_clip": (*RUNS["tp2_pp2"][0], CLIP)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Every case of CASES, one sweep (the runs one after another); {case: its run folder}."""
+    return case_sweep(tmp_path_factory.mktemp("model_parallel"), CASES, *CPU_FAST, f"model.seq_len={SEQ}",
+                      all_must_pass=False)
+
+
+def _single(d: Path) -> list[float]:
+    m = metrics_of(d)
+    assert m["status"] == "completed" and m["config"]["strategy"]["name"] == "single", m.get("error")
+    return m["loss"]["per_step"]
+
+
 @pytest.mark.slow
-def test_torch_native_matches_single(single_cpu, tmp_path):
-    """Every layout of RUNS, one sweep (one Hydra process, the runs one after another): each run checked in turn."""
-    dirs = case_sweep(tmp_path, {run_id: tuple(overrides) for run_id, (overrides, _) in RUNS.items()}, *CPU_FAST)
+def test_torch_native_matches_single(runs):
+    """Every layout of RUNS: each run checked in turn (a failure names its run)."""
     for run_id, (overrides, layout) in RUNS.items():
-        _check_torch_native(run_id, overrides, layout, dirs[run_id], single_cpu)
+        _check_torch_native(run_id, overrides, layout, runs[run_id], runs["single"])
 
 
-def _check_torch_native(run_id: str, overrides: list[str], layout: dict, d: Path, single_cpu: Path) -> None:
+def _check_torch_native(run_id: str, overrides: list[str], layout: dict, d: Path, single: Path) -> None:
     m = metrics_of(d)
     assert m["status"] == "completed", (run_id, m.get("error"))
     assert m["config"]["world_size"] == int(next(o for o in overrides if o.startswith("world_size=")).split("=")[1])
-    ref, got = loss_curve(single_cpu), loss_curve(d)
+    ref, got = _single(single), loss_curve(d)
     assert _max_diff(ref, got) < 1e-5, (run_id, ref, got)
     t = m["throughput"]
-    assert t["tokens_per_step"] == t["tokens_per_step_expected"] == 8 * 128
+    assert t["tokens_per_step"] == t["tokens_per_step_expected"] == 8 * SEQ
     lay = m["layout"]
     assert lay["impl"] == "torch" and lay["token_rule"] == t["token_rule"]
     for k, v in layout.items():
@@ -96,17 +116,15 @@ def _check_torch_native(run_id: str, overrides: list[str], layout: dict, d: Path
     assert c10d_threads_left(d) == []  # DTensor's meshes kept the gloo group (and its threads) alive
 
 
-def test_torch_tp_pp_gradient_clipping_matches_single(single_cpu, tmp_path):
+def test_torch_tp_pp_gradient_clipping_matches_single(runs):
     """optim.grad_clip with TP=2 x PP=2: the global norm sums the TP shards over tp and the stages
     over pp, so the clipped curve equals single's clipped curve (and differs from the unclipped one)."""
-    clip = "optim.grad_clip=0.1"
-    dirs = case_sweep(tmp_path, {"single": ("strategy=single",), "tp2_pp2": tuple(RUNS["tp2_pp2"][0])}, *CPU_FAST, clip)
-    d1, d2 = dirs["single"], dirs["tp2_pp2"]
+    d1, d2 = runs["single_clip"], runs["tp2_pp2_clip"]
     assert metrics_of(d1)["config"]["optim"]["grad_clip"] == metrics_of(d2)["config"]["optim"]["grad_clip"] == 0.1
     assert metrics_of(d1)["status"] == metrics_of(d2)["status"] == "completed"
     assert metrics_of(d2)["layout"]["grad_clip"] == "global norm over tp shards and pp stages"
     assert _max_diff(loss_curve(d1), loss_curve(d2)) < 1e-5, (loss_curve(d1), loss_curve(d2))
-    assert _max_diff(loss_curve(d1), loss_curve(single_cpu)) > 1e-4  # clipping took effect
+    assert _max_diff(loss_curve(d1), _single(runs["single"])) > 1e-4  # clipping took effect
 
 
 # --------------------------------------------------------------------------- megatron-core on CPU

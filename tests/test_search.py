@@ -37,15 +37,24 @@ def _stamps(sweep) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
+    """The search of SEARCH, stopped by its GPU-time budget after its first run, then resumed to its end: the first
+    command's output, statuses and metrics.json times (for test_budget_stops_the_search_and_resume_goes_on), then
+    (sweep folder, the resumed search's output), which the other tests read: the resumed command plans and runs the
+    whole search (rung 0 again, the completed trial reused, then rung 1), prints it and records its winner."""
     sweep = tmp_path_factory.mktemp("search") / "sweep"
-    p = run_bench(*SEARCH, run_dir=sweep, multirun=True, timeout=600,
-                  env={"BENCH_BESTS": str(sweep.parent / "bests.json")})
+    env = {"BENCH_BESTS": str(sweep.parent / "bests.json")}
+    # a budget of 0.001 GPU-minutes: the first run starts (nothing spent yet), none after it
+    p = run_bench(*SEARCH, "hydra.sweeper.budget_min=0.001", run_dir=sweep, multirun=True, timeout=600, env=env)
+    st = _statuses(sweep)
+    stopped = {"returncode": p.returncode, "out": p.stdout + p.stderr, "statuses": st, "stamps": _stamps(sweep),
+               "reasons": {d: json.loads((sweep / d / "status.json").read_text()).get("reason") for d in st}}
+    p = run_bench(*SEARCH, "resume=true", run_dir=sweep, multirun=True, timeout=600, env=env)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    return sweep, p.stdout + p.stderr
+    return sweep, p.stdout + p.stderr, stopped
 
 
 def test_search_halves_the_candidates_and_names_a_winner(searched):
-    sweep, out = searched
+    sweep, out, _ = searched
     base = _tune(sweep)["bases"][0]
     trials = {t["name"]: t for t in base["trials"]}
     # bucket_cap_mb=25 is the default: the same run key, one trial
@@ -75,7 +84,7 @@ def test_search_halves_the_candidates_and_names_a_winner(searched):
 def test_the_winner_goes_into_the_store_of_measured_bests(searched):
     """The search's winner becomes an entry of the user's store (BENCH_BESTS): strategy, the knob values where
     it differs from the base, tokens/s, peak memory and the workload (on CPU the device is "cpu")."""
-    sweep, out = searched
+    sweep, out, _ = searched
     base = _tune(sweep)["bases"][0]
     entries = json.loads((sweep.parent / "bests.json").read_text())["entries"]
     assert len(entries) == 1 and "1 winner(s) recorded in the store of measured bests" in out
@@ -88,7 +97,7 @@ def test_the_winner_goes_into_the_store_of_measured_bests(searched):
 
 
 def test_analysis_of_a_search_shows_default_beside_best(searched, tmp_path):
-    sweep, _ = searched
+    sweep, _, _ = searched
     p = subprocess.run([sys.executable, "-m", "multirun_analysis", str(sweep), "--no-plots", "--out", str(tmp_path)],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -155,23 +164,20 @@ def test_a_budget_of_no_gpu_minutes_is_refused_before_any_run(tmp_path, budget):
 
 
 @pytest.mark.slow
-def test_budget_stops_the_search_and_resume_goes_on(tmp_path):
-    sweep = tmp_path / "sweep"
-    # a budget of 0.001 GPU-minutes: the first run starts (nothing spent yet), none after it
-    p = run_bench(*SEARCH, "hydra.sweeper.budget_min=0.001", run_dir=sweep, multirun=True, timeout=600)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-3000:]
+def test_budget_stops_the_search_and_resume_goes_on(searched):
+    """The budget stopped the search after its first run (the other trial of rung 0 pending, for the budget); the
+    resumed search reused the completed trial, ran the pending one, then rung 1 (twice)."""
+    sweep, _, stopped = searched
+    assert stopped["returncode"] == 0, stopped["out"][-3000:]
+    out = stopped["out"]
     assert "the search's budget is spent" in out and "hydra.sweeper.budget_min=0.001" in out
-    st = _statuses(sweep)
+    st = stopped["statuses"]
     assert sorted(st.values()) == ["completed", "pending"], st
     pending = next(d for d, s in st.items() if s == "pending")
-    assert "budget" in json.loads((sweep / pending / "status.json").read_text())["reason"]
-    first = _stamps(sweep)
+    assert "budget" in stopped["reasons"][pending]
+    first = stopped["stamps"]
 
-    p = run_bench(*SEARCH, "resume=true", run_dir=sweep, multirun=True, timeout=600)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-3000:]
-    st = _statuses(sweep)
+    st = _statuses(sweep)  # after resume=true
     assert sorted(st.values()) == ["completed"] * 4, st  # the pending trial ran, then rung 1 (twice)
     assert {d: t for d, t in _stamps(sweep).items() if d in first} == first  # the completed trial was reused
     assert _tune(sweep)["bases"][0]["winner"]["rung"] == 1
