@@ -36,8 +36,11 @@ def main(setting: str, dirs: list[str], held_out: bool = False) -> None:
     for i, r in enumerate(runs):
         if of(r["plan"]) != value:
             continue
-        t = {**r["terms"], "host_factor": (cal.get("host_factors") or {}).get(r["host"], 1.0)}
-        predicted = held[i] if held is not None else float(combine(t, cal["constants"])["step_time_s"])
+        if held is not None:
+            predicted = held[i]
+        else:
+            t = {**r["terms"], "host_factor": (cal.get("host_factors") or {}).get(r["host"], 1.0)}
+            predicted = float(combine(t, cal["constants"])["step_time_s"])
         by_folder.setdefault(r["folder"], []).append(r["step"] / predicted - 1)
     print("| folder | runs | median \\|error\\| | mean error |\n|---|---:|---:|---:|")
     for folder, errors in sorted(by_folder.items()):

@@ -46,6 +46,7 @@ class ZeroFP16Config(Section):
 
 OFFLOAD = ("none", "cpu")
 ADAM = ("auto", "torch", "deepspeed")
+UNFUSED_FP16_SCALE_POWER = 16  # DeepSpeed's FP16_UnfusedOptimizer starts its loss scale at 2**16 (loss_scaler.py)
 
 
 @dataclass
@@ -110,7 +111,7 @@ def rules(plan: Plan) -> None:
                f"{s.offload_optimizer})" if s.offload_optimizer != "none" else
                f"FusedAdam is a CUDA op (this run's device is {plan.device})")
         raise ConfigError("strategy.adam", s.adam, f"{why}; use strategy.adam=auto or torch")
-    if s.adam == "torch" and fused_fp16_wrapper(plan) and s.fp16.initial_scale_power != 16:
+    if s.adam == "torch" and fused_fp16_wrapper(plan) and s.fp16.initial_scale_power != UNFUSED_FP16_SCALE_POWER:
         raise ConfigError("strategy.adam", s.adam, "DeepSpeed's own fp16 at stage 0 wraps a torch optimizer in its "
                           "unfused fp16 optimizer, which starts the loss scale at 2**16 whatever "
                           f"strategy.fp16.initial_scale_power (={s.fp16.initial_scale_power}) says; use strategy.adam=auto")
