@@ -35,10 +35,12 @@ class Sizes:
 
 
 def sizes(device: torch.device, quick: bool) -> Sizes:
+    """32 MiB on GPUs: the steps' messages sit between 16 and 64 MiB (DDP's 25 MB buckets, a 300M model's 50 MB
+    reductions a block), where the slow links' curves bend (docs/results.md: the 300m runs on slow links)."""
     if device.type == "cuda":
         if quick:
-            return Sizes(8192, 512, (1, 16, 64), 3, 5, 500)
-        return Sizes(8192, 2048, (1, 4, 16, 64, 256, 1024), 7, 10, 2000)
+            return Sizes(8192, 512, (1, 16, 32, 64), 3, 5, 500)
+        return Sizes(8192, 2048, (1, 4, 16, 32, 64, 256, 1024), 7, 10, 2000)
     if quick:  # CPU in CI: 2 shared cores
         return Sizes(256, 32, (0.0625, 1), 3, 3, 200, (128, 512), 1024)
     return Sizes(1024, 256, (0.0625, 1, 16, 64), 5, 5, 2000, (256, 1024), 4096)
