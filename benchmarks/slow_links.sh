@@ -5,6 +5,7 @@
 # runs.json, machine.txt.  HW_DIR: a folder whose hardware/ holds the profiles of an earlier call (default: OUT).
 # sockets and few_channels are probed --quick (messages up to 64 MiB: a full probe of sockets takes minutes).
 # PROBE_AFTER=1 probes each regime again after the runs, into hardware/h100x4_<regime>_after.yaml.
+# RUN_EXTRA: overrides added to every run (metrics.profile_steps=1: each run's profiled step, its kernels by kind).
 set -u
 OUT=$1; DEADLINE=$(( $(date +%s) + $2 )); N=$(nvidia-smi -L | wc -l)
 mkdir -p "$OUT/hardware"
@@ -18,7 +19,7 @@ presets=()
 for run in ${GPU_RUNS:-}; do
   IFS='|' read -r regime model world arms <<< "$run"
   presets+=("gpu_predict_x2:model=$model world_size=$world +experiment/arm=$arms link_regime=$regime \
-hardware=h100x4_$regime hydra.searchpath=[file://${HW_DIR:-$OUT}] steps=${STEPS:-10} warmup_steps=${WARMUP:-3}")
+hardware=h100x4_$regime hydra.searchpath=[file://${HW_DIR:-$OUT}] steps=${STEPS:-10} warmup_steps=${WARMUP:-3} ${RUN_EXTRA:-}")
 done
 left=$(( DEADLINE - $(date +%s) ))
 [ ${#presets[@]} -gt 0 ] && python -m benchmarks.gpu "$OUT" "${presets[@]}" --deadline-s $(( left - 10 ${PROBE_AFTER:+- 120} ))
