@@ -64,11 +64,12 @@ def main(settings: list[str], dirs: list[str], held_out: bool = False, breakdown
     for i, r in enumerate(runs):
         if any(SETTINGS[k](r) != v for k, v in wanted):
             continue
-        parts = combine({**r["terms"], "host_factor": (cal.get("host_factors") or {}).get(r["host"], 1.0)},
-                        cal["constants"])
+        parts = None if held is not None and not breakdown else combine(
+            {**r["terms"], "host_factor": (cal.get("host_factors") or {}).get(r["host"], 1.0)}, cal["constants"])
         predicted = held[i] if held is not None else float(parts["step_time_s"])
         by_folder.setdefault(r["folder"], []).append(r["step"] / predicted - 1)
-        lines.append(breakdown_line(r, parts))
+        if breakdown:
+            lines.append(breakdown_line(r, parts))
     if not by_folder:
         sys.exit(f"no recorded run under {', '.join(dirs)} has {' '.join(settings)}")
     print("| folder | runs | median \\|error\\| | mean error |\n|---|---:|---:|---:|")
