@@ -26,6 +26,9 @@ CUDA = ("device=cuda",)
 @pytest.mark.parametrize("overrides,says", [
     (("device=cpu", "strategy.adam=deepspeed"), "CUDA op"),
     ((*CUDA, "strategy.zero_stage=1", "strategy.offload_optimizer=cpu", "strategy.adam=deepspeed"), "DeepSpeedCPUAdam"),
+    # torch's AdamW named beside offload would not run either: the record would name what did not run
+    ((*CUDA, "strategy.zero_stage=1", "strategy.offload_optimizer=cpu", "strategy.adam=torch"), "DeepSpeedCPUAdam"),
+    (("device=cpu", "strategy.zero_stage=2", "strategy.offload_optimizer=cpu", "strategy.adam=torch"), "DeepSpeedCPUAdam"),
     ((*CUDA, "precision=fp16", "strategy.adam=torch", "strategy.fp16.initial_scale_power=8"), "initial_scale_power"),
     ((*CUDA, "strategy.adam=lamb"), "deepspeed"),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v))

@@ -106,11 +106,13 @@ def rules(plan: Plan) -> None:
         raise ConfigError("strategy.offload_param", s.offload_param,
                           f"parameter offload needs ZeRO stage 3 (strategy.zero_stage={stage} here); "
                           "use offload_param=none or zero_stage=3")
-    if s.adam == "deepspeed" and (s.offload_optimizer != "none" or plan.device != "cuda"):
-        why = (f"optimizer offload steps on the host with DeepSpeedCPUAdam (strategy.offload_optimizer="
-               f"{s.offload_optimizer})" if s.offload_optimizer != "none" else
-               f"FusedAdam is a CUDA op (this run's device is {plan.device})")
-        raise ConfigError("strategy.adam", s.adam, f"{why}; use strategy.adam=auto or torch")
+    if s.adam != "auto" and s.offload_optimizer != "none":  # the engine steps offloaded states with its CPU Adam only
+        raise ConfigError("strategy.adam", s.adam, "optimizer offload steps on the host with DeepSpeedCPUAdam, whichever "
+                          f"Adam is named (strategy.offload_optimizer={s.offload_optimizer}); use strategy.adam=auto "
+                          "or strategy.offload_optimizer=none")
+    if s.adam == "deepspeed" and plan.device != "cuda":
+        raise ConfigError("strategy.adam", s.adam, f"FusedAdam is a CUDA op (this run's device is {plan.device}); use "
+                          "strategy.adam=auto or torch")
     if s.adam == "torch" and fused_fp16_wrapper(plan) and s.fp16.initial_scale_power != UNFUSED_FP16_SCALE_POWER:
         raise ConfigError("strategy.adam", s.adam, "DeepSpeed's own fp16 at stage 0 wraps a torch optimizer in its "
                           "unfused fp16 optimizer, which starts the loss scale at 2**16 whatever "
