@@ -73,8 +73,8 @@ class ZeroConfig(StrategyConfig):
     reduce_bucket_size: float = knob(5e8, "gradient bucket of the reduce (elements): bigger = fewer, later "
                                      "collectives; smaller = finer overlap with backward", tune=(5e8, 5e7))
     allgather_bucket_size: float = knob(5e8, "stages 1-2: bucket of the parameter all-gather after the step")
-    overlap_comm: Optional[bool] = knob(None, "overlap gradient reduction with backward; null = DeepSpeed's "
-                                        "default (true for stage 3, false for 0-2)", tune=(None, True))
+    overlap_comm: Optional[bool] = knob(None, "stages 1-3: overlap gradient reduction with backward; null = "
+                                        "DeepSpeed's default (true for stage 3, false for 1-2)", tune=(None, True))
     contiguous_gradients: bool = knob(True, "copy gradients into one contiguous buffer as produced")
     compute_grad_norm: bool = knob(True, "stages 1-2: false skips DeepSpeed's per-step global gradient norm and its "
                                    "host check (needs no clipping and no optimizer offload)", tune=(True, False),
@@ -106,6 +106,10 @@ def rules(plan: Plan) -> None:
         raise ConfigError("strategy.offload_param", s.offload_param,
                           f"parameter offload needs ZeRO stage 3 (strategy.zero_stage={stage} here); "
                           "use offload_param=none or zero_stage=3")
+    if s.overlap_comm is not None and stage == 0:  # engine.py: stage 0 all-reduces after backward (allreduce_gradients)
+        raise ConfigError("strategy.overlap_comm", s.overlap_comm, "stage 0 all-reduces the gradients after backward, "
+                          "with no reduction to overlap (DeepSpeed reads overlap_comm in its ZeRO optimizers only); "
+                          "leave strategy.overlap_comm unset (null) or use zero_stage>=1")
     if s.adam != "auto" and s.offload_optimizer != "none":  # the engine steps offloaded states with its CPU Adam only
         raise ConfigError("strategy.adam", s.adam, "optimizer offload steps on the host with DeepSpeedCPUAdam, whichever "
                           f"Adam is named (strategy.offload_optimizer={s.offload_optimizer}); use strategy.adam=auto "
