@@ -106,7 +106,7 @@ def rules(plan: Plan) -> None:
         raise ConfigError("strategy.offload_param", s.offload_param,
                           f"parameter offload needs ZeRO stage 3 (strategy.zero_stage={stage} here); "
                           "use offload_param=none or zero_stage=3")
-    if s.overlap_comm is not None and stage == 0:  # engine.py: stage 0 all-reduces after backward (allreduce_gradients)
+    if s.overlap_comm and stage == 0:  # engine.py: stage 0 all-reduces after backward (allreduce_gradients)
         raise ConfigError("strategy.overlap_comm", s.overlap_comm, "stage 0 all-reduces the gradients after backward, "
                           "with no reduction to overlap (DeepSpeed reads overlap_comm in its ZeRO optimizers only); "
                           "leave strategy.overlap_comm unset (null) or use zero_stage>=1")
