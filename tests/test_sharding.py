@@ -294,6 +294,11 @@ def test_zero_autocast_follows_single_bf16(runs):
     (["strategy.zero_stage=2", "strategy.offload_param=cpu"], "strategy.offload_param"),
     (["strategy.zero_stage=0", "strategy.offload_optimizer=cpu"], "strategy.offload_optimizer"),
     (["strategy.zero_stage=0", "strategy.overlap_comm=true"], "strategy.overlap_comm"),  # stage 0 has none to overlap
+    # knobs their stage does not read (stage 0: DeepSpeed's fixed 5e8-element all-reduce buffer)
+    (["strategy.zero_stage=0", "strategy.reduce_bucket_size=5e7"], "strategy.reduce_bucket_size"),
+    (["strategy.zero_stage=3", "strategy.allgather_bucket_size=1e8"], "strategy.allgather_bucket_size"),
+    (["strategy.zero_stage=2", "strategy.prefetch_bucket_size=1e7"], "strategy.prefetch_bucket_size"),
+    (["strategy.zero_stage=1", "strategy.max_live_parameters=1e8"], "strategy.max_live_parameters"),
     (["strategy.zero_stage=2", "strategy.offload_optimizer=nvme"], "strategy.offload_optimizer"),
     (["strategy.reduce_bucket_size=0"], "strategy.reduce_bucket_size"),
     (["strategy.allgather_bucket_size=-5e8"], "strategy.allgather_bucket_size"),

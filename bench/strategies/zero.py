@@ -27,7 +27,7 @@ from bench.spec.schema import (BenchConfig, ConfigError, Plan, StrategyConfig, S
                               check_whole, knob)
 from bench.strategies.registry import (AUTOCAST_COPY, FP32, MIXED, ModelStates, StrategySpec, knob_text,
                                       register)
-from bench.strategies.zero_engine import Zero, fused_fp16_wrapper, runs_torch_autocast
+from bench.strategies.zero_engine import Zero, check_adam, runs_torch_autocast
 from bench.costs.traffic import all_gather, all_reduce, buckets, param_tensors
 
 
@@ -45,8 +45,13 @@ class ZeroFP16Config(Section):
 
 
 OFFLOAD = ("none", "cpu")
+# the stages whose DeepSpeed code reads each knob (stage 0: engine.allreduce_gradients, a fixed 5e8-element buffer, no
+# overlap; 1-2: stage_1_and_2.py; 3: stage3.py; leaf_blocks: bench's ZeRO-3 leaf modules); elsewhere only the default
+STAGE_KNOBS = {"reduce_bucket_size": (1, 2, 3), "allgather_bucket_size": (1, 2), "overlap_comm": (1, 2, 3),
+               "contiguous_gradients": (1, 2, 3), "prefetch_bucket_size": (3,), "param_persistence_threshold": (3,),
+               "max_live_parameters": (3,), "leaf_blocks": (3,)}
+STAGE_KNOB_INERT = {"overlap_comm": (False,)}  # says what runs where the knob is not read
 ADAM = ("auto", "torch", "deepspeed")
-UNFUSED_FP16_SCALE_POWER = 16  # DeepSpeed's FP16_UnfusedOptimizer starts its loss scale at 2**16 (loss_scaler.py)
 
 
 @dataclass
@@ -106,29 +111,18 @@ def rules(plan: Plan) -> None:
         raise ConfigError("strategy.offload_param", s.offload_param,
                           f"parameter offload needs ZeRO stage 3 (strategy.zero_stage={stage} here); "
                           "use offload_param=none or zero_stage=3")
-    if s.overlap_comm and stage == 0:  # engine.py: stage 0 all-reduces after backward (allreduce_gradients)
-        raise ConfigError("strategy.overlap_comm", s.overlap_comm, "stage 0 all-reduces the gradients after backward, "
-                          "with no reduction to overlap (DeepSpeed reads overlap_comm in its ZeRO optimizers only); "
-                          "leave strategy.overlap_comm unset (null) or use zero_stage>=1")
-    if s.adam != "auto" and s.offload_optimizer != "none":  # the engine steps offloaded states with its CPU Adam only
-        raise ConfigError("strategy.adam", s.adam, "optimizer offload steps on the host with DeepSpeedCPUAdam, whichever "
-                          f"Adam is named (strategy.offload_optimizer={s.offload_optimizer}); use strategy.adam=auto "
-                          "or strategy.offload_optimizer=none")
-    if s.adam == "deepspeed" and plan.device != "cuda":
-        raise ConfigError("strategy.adam", s.adam, f"FusedAdam is a CUDA op (this run's device is {plan.device}); use "
-                          "strategy.adam=auto or torch")
-    if s.adam == "torch" and fused_fp16_wrapper(plan) and s.fp16.initial_scale_power != UNFUSED_FP16_SCALE_POWER:
-        raise ConfigError("strategy.adam", s.adam, "DeepSpeed's own fp16 at stage 0 wraps a torch optimizer in its "
-                          "unfused fp16 optimizer, which starts the loss scale at 2**16 whatever "
-                          f"strategy.fp16.initial_scale_power (={s.fp16.initial_scale_power}) says; use strategy.adam=auto")
+    for key, stages in STAGE_KNOBS.items():  # a knob its stage does not read: the record would say it ran
+        value, default = getattr(s, key), ZeroConfig.__dataclass_fields__[key].default
+        if stage not in stages and value not in (default, *STAGE_KNOB_INERT.get(key, ())):
+            raise ConfigError(f"strategy.{key}", value, f"is read at ZeRO stage{'s' * (len(stages) > 1)} "
+                              f"{', '.join(map(str, stages))} only (strategy.zero_stage={stage} here); leave it at "
+                              f"{'null' if default is None else knob_text(default)} or change zero_stage")
+    check_adam(plan)
     for key in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters"):
         check_whole(f"strategy.{key}", getattr(s, key))
     check_whole("strategy.param_persistence_threshold", s.param_persistence_threshold, allow_zero=True)
     if not s.compute_grad_norm:
         _rules_no_grad_norm(plan)
-    if s.leaf_blocks and stage != 3:
-        raise ConfigError("strategy.leaf_blocks", True, f"leaf modules are a ZeRO-3 notion (strategy.zero_stage={stage} "
-                          "here); use zero_stage=3 or leaf_blocks=false")
     if s.deepcompile:
         _rules_deepcompile(plan)
     if stage == 3 and c.compile and plan.device == "cuda" and not s.deepcompile:

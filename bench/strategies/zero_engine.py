@@ -14,7 +14,7 @@ from bench.parallel.ac import apply_ac, apply_loss_chunks
 from bench.parallel.compile import compile_kwargs
 from bench.parallel.optim import adamw
 from bench.strategies.base import StepResult, Strategy
-from bench.spec.schema import BenchConfig, Plan
+from bench.spec.schema import BenchConfig, ConfigError, Plan
 from bench.strategies.deepspeed_env import ensure_torch_extensions_dir, fix_cuda_arch_list
 
 AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # DeepSpeed's torch_autocast.dtype names
@@ -75,6 +75,25 @@ def fused_fp16_wrapper(plan: Plan) -> bool:
     FusedAdam only; any other optimizer gets FP16_UnfusedOptimizer (engine._configure_fp16_optimizer)."""
     return (plan.strategy.zero_stage == 0 and plan.run.precision == "fp16" and plan.device == "cuda"
             and not runs_torch_autocast(plan.run))
+
+
+UNFUSED_FP16_SCALE_POWER = 16  # DeepSpeed's FP16_UnfusedOptimizer starts its loss scale at 2**16 (loss_scaler.py)
+
+
+def check_adam(plan: Plan) -> None:
+    """strategy.adam where it cannot apply (bench/strategies/zero.py rules): the record would name another Adam."""
+    s = plan.strategy
+    if s.adam != "auto" and s.offload_optimizer != "none":  # the engine steps offloaded states with its CPU Adam only
+        raise ConfigError("strategy.adam", s.adam, "optimizer offload steps on the host with DeepSpeedCPUAdam, whichever "
+                          f"Adam is named (strategy.offload_optimizer={s.offload_optimizer}); use strategy.adam=auto "
+                          "or strategy.offload_optimizer=none")
+    if s.adam == "deepspeed" and plan.device != "cuda":
+        raise ConfigError("strategy.adam", s.adam, f"FusedAdam is a CUDA op (this run's device is {plan.device}); use "
+                          "strategy.adam=auto or torch")
+    if s.adam == "torch" and fused_fp16_wrapper(plan) and s.fp16.initial_scale_power != UNFUSED_FP16_SCALE_POWER:
+        raise ConfigError("strategy.adam", s.adam, "DeepSpeed's own fp16 at stage 0 wraps a torch optimizer in its "
+                          "unfused fp16 optimizer, which starts the loss scale at 2**16 whatever "
+                          f"strategy.fp16.initial_scale_power (={s.fp16.initial_scale_power}) says; use strategy.adam=auto")
 
 
 def adam_of(plan: Plan) -> str:
