@@ -51,6 +51,7 @@ STAGE_KNOBS = {"reduce_bucket_size": (1, 2, 3), "allgather_bucket_size": (1, 2),
                "contiguous_gradients": (1, 2, 3), "prefetch_bucket_size": (3,), "param_persistence_threshold": (3,),
                "max_live_parameters": (3,), "leaf_blocks": (3,)}
 STAGE_KNOB_INERT = {"overlap_comm": (False,)}  # says what runs where the knob is not read
+STAGE0_ALLREDUCE_ELEMENTS = 5e8  # stage 0's gradient all-reduce buffer (engine.py MEMORY_OPT_ALLREDUCE_SIZE), fixed
 ADAM = ("auto", "torch", "deepspeed")
 
 
@@ -326,7 +327,7 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     norm = s.compute_grad_norm and (stage > 0 or wrapper)  # stage 0 under autocast: torch's AdamW, no norm
     out = {"hooks": n * (3 if wrapper else 1), "syncs": 1 if norm else 0, "eager": 1 if wrapper else 0}
     if stage == 0:
-        out.update(tail=all_reduce(grads, dp), collectives=buckets(grads, s.reduce_bucket_size * elem))
+        out.update(tail=all_reduce(grads, dp), collectives=buckets(grads, STAGE0_ALLREDUCE_ELEMENTS * elem))
     elif stage in (1, 2):
         # each reduce bucket all-reduced whole, every rank keeping its partition (use_multi_rank_bucket_allreduce,
         # DeepSpeed's default); without it one reduce per partition to its owner: the bucket's bytes, in n calls
