@@ -20,6 +20,7 @@ from bench.spec.schema import ConfigError, ModelConfig, typed
 from bench.metrics import flops
 from bench.models.model import GPT, apply_rope, build_model, lm_loss, rope_cos_sin, sdpa_kv
 from tests.conftest import REPO
+from tests.megatron_by_hand import grads_as_model, run_virtual_pipeline_by_hand
 
 register_configs()
 
@@ -275,13 +276,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _grads_as_model(model):
-    g = copy.deepcopy(model)
-    for q, p in zip(g.parameters(), model.parameters()):
-        q.data = p.grad.clone()
-    return g
-
-
 def _megatron_llama_worker(rank: int, world: int, port: int) -> None:
     import torch.distributed as dist
 
@@ -305,7 +299,7 @@ def _megatron_llama_worker(rank: int, world: int, port: int) -> None:
         logits = bench(x)
         ref = lm_loss(logits, y)
         ref.backward()
-        bench_grads = _grads_as_model(bench)
+        bench_grads = grads_as_model(bench)
 
         # TP = 2 (2 of the 4 query groups per rank): logits, loss and every gradient equal bench's
         ps.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
@@ -346,20 +340,9 @@ def _megatron_llama_worker(rank: int, world: int, port: int) -> None:
     chunks = mm.build_chunks(cfg, typed(ModelConfig, mc), "sdpa")
     for c in chunks:
         mm.load_bench_weights(c, bench, mc["n_heads"], 0, 1)
-    h = torch.empty(mc["seq_len"], 2, mc["d_model"])
-    with torch.no_grad():
-        for stage in range(4):
-            owner, c = stage % 2, chunks[stage // 2]
-            if owner != rank:
-                continue
-            if stage > 0:
-                dist.recv(h, src=1 - rank)
-                c.set_input_tensor(h)
-            if stage < 3:
-                dist.send(c(x, pos, None).contiguous(), dst=1 - rank)
-            else:
-                out = c(x, pos, None, labels=y).mean()
-                assert abs(out.item() - ref.item()) < 1e-5, (out.item(), ref.item())
+    out = run_virtual_pipeline_by_hand(chunks, x, pos, y, mc["d_model"], rank)
+    if rank == 1:
+        assert abs(out - ref.item()) < 1e-5, (out, ref.item())
     ps.destroy_model_parallel()
     dist.destroy_process_group()
 

@@ -23,6 +23,7 @@ import torch
 from bench.run.config import ConfigError, register_configs, validate
 from bench.spec.schema import ModelConfig, OptimConfig, typed
 from tests.conftest import CPU_FAST, REPO, c10d_threads_left, case_sweep, loss_curve, metrics_of, run_bench, spawn_ranks
+from tests.megatron_by_hand import grads_as_model, run_virtual_pipeline_by_hand
 
 register_configs()
 
@@ -133,14 +134,6 @@ def test_torch_tp_pp_gradient_clipping_matches_single(runs):
 MC = dict(name="t", d_model=64, n_heads=4, n_layers=4, d_ff=256, vocab_size=128, seq_len=16, global_batch=2)
 
 
-def _grads_as_model(model):
-    """A copy of ``model`` whose parameters are its gradients (to map them like weights)."""
-    g = copy.deepcopy(model)
-    for q, p in zip(g.parameters(), model.parameters()):
-        q.data = p.grad.clone()
-    return g
-
-
 def _megatron_cpu_worker(rank: int, world: int) -> None:
     import torch.distributed as dist
 
@@ -161,7 +154,7 @@ def _megatron_cpu_worker(rank: int, world: int) -> None:
     x, y = batch[:, :-1], batch[:, 1:]
     ref = lm_loss(bench(x), y)
     ref.backward()
-    bench_grads = _grads_as_model(bench)
+    bench_grads = grads_as_model(bench)
     pos = torch.arange(MC["seq_len"]).expand(2, -1)
 
     # TP = 2: loss and every gradient equal bench's (sliced like the weights)
@@ -189,20 +182,9 @@ def _megatron_cpu_worker(rank: int, world: int) -> None:
     assert (chunks[0].pre_process, chunks[1].post_process) == (rank == 0, rank == 1)
     for c in chunks:
         mm.load_bench_weights(c, bench, MC["n_heads"], 0, 1)
-    h = torch.empty(MC["seq_len"], 2, MC["d_model"])
-    with torch.no_grad():
-        for stage in range(4):
-            owner, c = stage % 2, chunks[stage // 2]
-            if owner != rank:
-                continue
-            if stage > 0:
-                dist.recv(h, src=1 - rank)
-                c.set_input_tensor(h)
-            if stage < 3:
-                dist.send(c(x, pos, None).contiguous(), dst=1 - rank)
-            else:
-                out = c(x, pos, None, labels=y).mean()
-                assert abs(out.item() - ref.item()) < 1e-5, (out.item(), ref.item())
+    out = run_virtual_pipeline_by_hand(chunks, x, pos, y, MC["d_model"], rank)
+    if rank == 1:
+        assert abs(out - ref.item()) < 1e-5, (out, ref.item())
     ps.destroy_model_parallel()
 
 
