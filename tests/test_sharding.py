@@ -225,6 +225,30 @@ def test_zero_gradient_reductions_are_the_traffic_models(runs):
         assert traffic["tail"] == pytest.approx(((4 if stage == 2 else 1) * 2 + 1) * grad_bytes * (2 - 1) / 2)
 
 
+@pytest.mark.parametrize("stage, overlap, syncs", [(1, "true", 1), (2, "true", 4), (1, "false", 0), (2, "false", 0)])
+def test_zero_overlap_comm_makes_the_host_wait_once_a_reducing_backward(stage, overlap, syncs):
+    """DeepSpeed's ZeRO-1/2 with overlap_comm synchronizes the host with the device at the end of every backward that
+    reduces (its epilogue, before it frees the buckets; on CUDA, whose accelerator does not resolve data
+    dependencies): every micro-batch at stage 2, once a step at stage 1.  The traffic counts those waits (the host
+    cannot run ahead of the reduction there), none without overlap_comm; read from DeepSpeed's code, so that a
+    version that drops the wait fails here."""
+    import inspect
+    import re
+
+    from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    src = inspect.getsource(DeepSpeedZeroOptimizer.independent_gradient_partition_epilogue)
+    assert re.search(r"self\.reduce_ipg_grads\(\).*if self\.overlap_comm:\s*if not get_accelerator\(\)"
+                     r"\.resolves_data_dependency\(\):\s*get_accelerator\(\)\.synchronize\(\)", src, re.S), src
+    assert CUDA_Accelerator.resolves_data_dependency(CUDA_Accelerator.__new__(CUDA_Accelerator)) is False
+    plan = plan_of("strategy=zero", f"strategy.zero_stage={stage}", f"strategy.overlap_comm={overlap}",
+                   "strategy.compute_grad_norm=false", "world_size=2", "model.global_batch=8",
+                   "strategy.micro_batch_size=1", *COMMON)
+    assert plan.grad_accum == 4
+    assert get_spec("zero").traffic(plan, total_params(plan.model))["syncs"] == syncs
+
+
 @pytest.mark.slow
 def test_every_second_block_checkpointed_matches_single(runs):
     """recompute=full recompute_every=2: blocks 0 and 2 of the 4 checkpointed, the same losses as single's

@@ -134,7 +134,7 @@ def test_the_slow_link_table_prints_every_run_and_the_preset_it_refuses(capsys):
 
 def test_the_300m_runs_spend_longer_outside_compute_than_llama_1b_on_the_same_links(capsys):
     """benchmarks/run_errors.py --breakdown over the folder's 4-GPU slow-link runs (shipped fit): what is not compute
-    in the 300m model's measured step is 1.2-1.4x the prediction's communication and host time, Llama 3.2 1B's
+    in the 300m model's measured step is 1.1-1.4x the prediction's communication and host time, Llama 3.2 1B's
     0.93-1.05x, on the same host and probe profile (docs/results.md quotes both ranges)."""
     from benchmarks.run_errors import main
 
@@ -147,5 +147,6 @@ def test_the_300m_runs_spend_longer_outside_compute_than_llama_1b_on_the_same_li
                 ratios.setdefault(cells[1].split()[0], []).append(float(cells[7]))
     assert len(ratios["300m"]) == 6 and len(ratios["llama3_1b"]) == 8, ratios
     # the quoted ranges, to the refit's noise: every 300m run above every Llama 1B run of the same links
-    assert 1.15 <= min(ratios["300m"]) and max(ratios["300m"]) <= 1.45, ratios
+    assert 1.05 <= min(ratios["300m"]) and max(ratios["300m"]) <= 1.45, ratios
+    assert min(ratios["300m"]) > max(ratios["llama3_1b"]), ratios
     assert 0.9 <= min(ratios["llama3_1b"]) and max(ratios["llama3_1b"]) <= 1.1, ratios

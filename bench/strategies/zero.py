@@ -312,7 +312,8 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     """Stage 0: one all-reduce of the gradients after backward; 1-2: gradients reduced in buckets (overlapped only
     with overlap_comm), at stage 2 every micro-batch from the per-parameter backward hooks (each gradient then
     copied into its partition), at stage 1 once, at the accumulation boundary (stage_1_and_2.py
-    reduce_ready_partitions_and_remove_grads), the updated parameters all-gathered after the step; 3: every
+    reduce_ready_partitions_and_remove_grads), the updated parameters all-gathered after the step, and with
+    overlap_comm the host waits for the device at the end of each reducing backward (a sync); 3: every
     micro-batch gathers each module's parameters for forward and again for backward and reduce-scatters the
     gradients.  Gradients and parameters travel in the parameters' dtype (fp32 under autocast).  Host: those
     Python hooks (per module at stage 3, per block with leaf_blocks), the step's pass over the parameters
@@ -340,6 +341,8 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
                    collectives=(per_mb * (1 if multi else dp) + 1) * nb)
         # the hooks launch a reduction only when a bucket fills: the ranks meet once a bucket, not once a layer
         out["lockstep"] = min(1.0, out["collectives"] / (plan.model.n_layers / plan.pp * m))
+        if overlap:  # its epilogue synchronizes before it frees the buckets (independent_gradient_partition_epilogue)
+            out["syncs"] += per_mb
     else:
         per_block = s.leaf_blocks or s.deepcompile
         modules = plan.model.n_layers * (1 if per_block else 12) + 5
