@@ -225,13 +225,19 @@ def test_zero_gradient_reductions_are_the_traffic_models(runs):
         assert traffic["tail"] == pytest.approx(((4 if stage == 2 else 1) * 2 + 1) * grad_bytes * (2 - 1) / 2)
 
 
-@pytest.mark.parametrize("stage, overlap, syncs", [(1, "true", 1), (2, "true", 4), (1, "false", 0), (2, "false", 0)])
-def test_zero_overlap_comm_makes_the_host_wait_once_a_reducing_backward(stage, overlap, syncs):
+MULTI_OFF = "+strategy.ds_config.zero_optimization.use_multi_rank_bucket_allreduce=false"
+
+
+@pytest.mark.parametrize("stage, overlap, extra, syncs", [(1, "true", (), 1), (2, "true", (), 4), (1, "false", (), 0),
+                                                          (2, "false", (), 0), (1, "true", (MULTI_OFF,), 1 + 2),
+                                                          (2, "true", (MULTI_OFF,), 4 * (1 + 2))])
+def test_zero_overlap_comm_makes_the_host_wait_once_a_reducing_backward(stage, overlap, extra, syncs):
     """DeepSpeed's ZeRO-1/2 with overlap_comm synchronizes the host with the device at the end of every backward that
     reduces (its epilogue, before it frees the buckets; on CUDA, whose accelerator does not resolve data
-    dependencies): every micro-batch at stage 2, once a step at stage 1.  The traffic counts those waits (the host
-    cannot run ahead of the reduction there), none without overlap_comm; read from DeepSpeed's code, so that a
-    version that drops the wait fails here."""
+    dependencies): every micro-batch at stage 2, once a step at stage 1; without the multi-rank bucket all-reduce
+    also before each reduce to a partition's owner (one per rank and bucket).  The traffic counts those waits (the
+    host cannot run ahead of the reduction there), none without overlap_comm; read from DeepSpeed's code, so that a
+    version that drops a wait fails here."""
     import inspect
     import re
 
@@ -241,10 +247,13 @@ def test_zero_overlap_comm_makes_the_host_wait_once_a_reducing_backward(stage, o
     src = inspect.getsource(DeepSpeedZeroOptimizer.independent_gradient_partition_epilogue)
     assert re.search(r"self\.reduce_ipg_grads\(\).*if self\.overlap_comm:\s*if not get_accelerator\(\)"
                      r"\.resolves_data_dependency\(\):\s*get_accelerator\(\)\.synchronize\(\)", src, re.S), src
+    src = inspect.getsource(DeepSpeedZeroOptimizer.allreduce_and_copy)
+    assert re.search(r"if self\.overlap_comm:\s*if not get_accelerator\(\)\.resolves_data_dependency\(\):\s*"
+                     r"get_accelerator\(\)\.synchronize\(\)", src), src
     assert CUDA_Accelerator.resolves_data_dependency(CUDA_Accelerator.__new__(CUDA_Accelerator)) is False
     plan = plan_of("strategy=zero", f"strategy.zero_stage={stage}", f"strategy.overlap_comm={overlap}",
                    "strategy.compute_grad_norm=false", "world_size=2", "model.global_batch=8",
-                   "strategy.micro_batch_size=1", *COMMON)
+                   "strategy.micro_batch_size=1", *extra, *COMMON)
     assert plan.grad_accum == 4
     assert get_spec("zero").traffic(plan, total_params(plan.model))["syncs"] == syncs
 
