@@ -230,18 +230,21 @@ MULTI_OFF = "+strategy.ds_config.zero_optimization.use_multi_rank_bucket_allredu
 
 @pytest.mark.parametrize("stage, overlap, extra, syncs", [(1, "true", (), 1), (2, "true", (), 4), (1, "false", (), 0),
                                                           (2, "false", (), 0), (1, "true", (MULTI_OFF,), 1 + 2),
-                                                          (2, "true", (MULTI_OFF,), 4 * (1 + 2))])
-def test_zero_overlap_comm_makes_the_host_wait_once_a_reducing_backward(stage, overlap, extra, syncs):
+                                                          (2, "true", (MULTI_OFF,), 4 * (1 + 2)), (3, "true", (), 1 + 4),
+                                                          (3, "false", (), 1 + 4)])
+def test_zero_makes_the_host_wait_where_deepspeed_synchronizes(stage, overlap, extra, syncs):
     """DeepSpeed's ZeRO-1/2 with overlap_comm synchronizes the host with the device at the end of every backward that
     reduces (its epilogue, before it frees the buckets; on CUDA, whose accelerator does not resolve data
     dependencies): every micro-batch at stage 2, once a step at stage 1; without the multi-rank bucket all-reduce
-    also before each reduce to a partition's owner (one per rank and bucket).  The traffic counts those waits (the
-    host cannot run ahead of the reduction there), none without overlap_comm; read from DeepSpeed's code, so that a
-    version that drops a wait fails here."""
+    also before each reduce to a partition's owner (one per rank and bucket).  ZeRO-3's epilogue waits for its
+    reduce stream every micro-batch, with or without overlap_comm (without, that stream is the default one).  The
+    traffic counts those waits (the host cannot run ahead of the reduction there), none at stages 1-2 without
+    overlap_comm; read from DeepSpeed's code, so that a version that drops a wait fails here."""
     import inspect
     import re
 
     from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     src = inspect.getsource(DeepSpeedZeroOptimizer.independent_gradient_partition_epilogue)
@@ -250,10 +253,14 @@ def test_zero_overlap_comm_makes_the_host_wait_once_a_reducing_backward(stage, o
     src = inspect.getsource(DeepSpeedZeroOptimizer.allreduce_and_copy)
     assert re.search(r"if self\.overlap_comm:\s*if not get_accelerator\(\)\.resolves_data_dependency\(\):\s*"
                      r"get_accelerator\(\)\.synchronize\(\)", src), src
+    wrapped = DeepSpeedZeroOptimizer_Stage3.independent_gradient_partition_epilogue  # under instrument_w_nvtx
+    src = inspect.getsource(next(c.cell_contents for c in wrapped.__closure__ if inspect.isfunction(c.cell_contents)))
+    assert re.search(r"if not get_accelerator\(\)\.resolves_data_dependency\(\):\s*"
+                     r"self\.reduce_and_partition_stream\.synchronize\(\)", src), src
     assert CUDA_Accelerator.resolves_data_dependency(CUDA_Accelerator.__new__(CUDA_Accelerator)) is False
-    plan = plan_of("strategy=zero", f"strategy.zero_stage={stage}", f"strategy.overlap_comm={overlap}",
-                   "strategy.compute_grad_norm=false", "world_size=2", "model.global_batch=8",
-                   "strategy.micro_batch_size=1", *extra, *COMMON)
+    norm = () if stage == 3 else ("strategy.compute_grad_norm=false",)  # stage 3's norm read: one sync more
+    plan = plan_of("strategy=zero", f"strategy.zero_stage={stage}", f"strategy.overlap_comm={overlap}", *norm,
+                   "world_size=2", "model.global_batch=8", "strategy.micro_batch_size=1", *extra, *COMMON)
     assert plan.grad_accum == 4
     assert get_spec("zero").traffic(plan, total_params(plan.model))["syncs"] == syncs
 

@@ -351,7 +351,8 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
         regather = 1.0 - min(1.0, _kept_params(plan, param_groups(plan.model)["block"]) / params)
         out.update(param_gather=(1 + regather) * m * all_gather(grads, dp), grad_reduce=m * all_gather(grads, dp),
                    collectives=2 * m * modules + m * buckets(grads, s.reduce_bucket_size * elem),
-                   hooks=out["hooks"] + m * (FETCH_OPS * modules + (0 if s.deepcompile else PARAM_OPS * n)))
+                   hooks=out["hooks"] + m * (FETCH_OPS * modules + (0 if s.deepcompile else PARAM_OPS * n)),
+                   syncs=out["syncs"] + m)  # each backward's epilogue waits for its reduce stream (stage3.py)
     if s.offload_optimizer != "none":  # gradients out, updated parameters in, the Adam step on the host
         out.update(offload=(elem + 2) * params / dp, host_adam=params / dp)
     if s.offload_param != "none":  # the shard copied in before each gather
