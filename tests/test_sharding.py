@@ -231,13 +231,15 @@ MULTI_OFF = "+strategy.ds_config.zero_optimization.use_multi_rank_bucket_allredu
 @pytest.mark.parametrize("stage, overlap, extra, syncs", [(1, "true", (), 1), (2, "true", (), 4), (1, "false", (), 0),
                                                           (2, "false", (), 0), (1, "true", (MULTI_OFF,), 1 + 2),
                                                           (2, "true", (MULTI_OFF,), 4 * (1 + 2)), (3, "true", (), 1 + 4),
-                                                          (3, "false", (), 1 + 4)])
+                                                          (3, "false", (), 1 + 4),
+                                                          (3, "true", ("strategy.deepcompile=true", "compile=true", "device=cuda"), 1)])
 def test_zero_makes_the_host_wait_where_deepspeed_synchronizes(stage, overlap, extra, syncs):
     """DeepSpeed's ZeRO-1/2 with overlap_comm synchronizes the host with the device at the end of every backward that
     reduces (its epilogue, before it frees the buckets; on CUDA, whose accelerator does not resolve data
     dependencies): every micro-batch at stage 2, once a step at stage 1; without the multi-rank bucket all-reduce
     also before each reduce to a partition's owner (one per rank and bucket).  ZeRO-3's epilogue waits for its
-    reduce stream every micro-batch, with or without overlap_comm (without, that stream is the default one).  The
+    reduce stream every micro-batch, with or without overlap_comm (without, that stream is the default one), but not
+    under DeepCompile, which reduces in its graph and skips the epilogue (engine.allreduce_gradients).  The
     traffic counts those waits (the host cannot run ahead of the reduction there), none at stages 1-2 without
     overlap_comm; read from DeepSpeed's code, so that a version that drops a wait fails here."""
     import inspect
@@ -260,7 +262,8 @@ def test_zero_makes_the_host_wait_where_deepspeed_synchronizes(stage, overlap, e
     assert CUDA_Accelerator.resolves_data_dependency(CUDA_Accelerator.__new__(CUDA_Accelerator)) is False
     norm = () if stage == 3 else ("strategy.compute_grad_norm=false",)  # stage 3's norm read: one sync more
     plan = plan_of("strategy=zero", f"strategy.zero_stage={stage}", f"strategy.overlap_comm={overlap}", *norm,
-                   "world_size=2", "model.global_batch=8", "strategy.micro_batch_size=1", *extra, *COMMON)
+                   "world_size=2", "model.global_batch=8", "strategy.micro_batch_size=1",
+                   *(o for o in COMMON if not (o.startswith("device=") and "device=cuda" in extra)), *extra, gpus=2)
     assert plan.grad_accum == 4
     assert get_spec("zero").traffic(plan, total_params(plan.model))["syncs"] == syncs
 

@@ -315,7 +315,7 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     reduce_ready_partitions_and_remove_grads), the updated parameters all-gathered after the step, and with
     overlap_comm the host waits for the device at the end of each reducing backward (a sync); 3: every
     micro-batch gathers each module's parameters for forward and again for backward and reduce-scatters the
-    gradients.  Gradients and parameters travel in the parameters' dtype (fp32 under autocast).  Host: those
+    gradients, the host waiting for them at the backward's end.  Gradients and parameters travel in the parameters' dtype (fp32 under autocast).  Host: those
     Python hooks (per module at stage 3, per block with leaf_blocks), the step's pass over the parameters
     (twice with DeepSpeed's 16-bit wrapper, whose module hooks also leave a compiled step eager), a host read
     of the gradient norm; offload crosses PCIe and runs Adam on the host."""
@@ -352,7 +352,8 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
         out.update(param_gather=(1 + regather) * m * all_gather(grads, dp), grad_reduce=m * all_gather(grads, dp),
                    collectives=2 * m * modules + m * buckets(grads, s.reduce_bucket_size * elem),
                    hooks=out["hooks"] + m * (FETCH_OPS * modules + (0 if s.deepcompile else PARAM_OPS * n)),
-                   syncs=out["syncs"] + m)  # each backward's epilogue waits for its reduce stream (stage3.py)
+                   # each backward's epilogue waits for its reduce stream (stage3.py), unless DeepCompile reduces
+                   syncs=out["syncs"] + (0 if s.deepcompile else m))
     if s.offload_optimizer != "none":  # gradients out, updated parameters in, the Adam step on the host
         out.update(offload=(elem + 2) * params / dp, host_adam=params / dp)
     if s.offload_param != "none":  # the shard copied in before each gather
