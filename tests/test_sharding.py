@@ -225,6 +225,14 @@ def test_zero_gradient_reductions_are_the_traffic_models(runs):
         assert traffic["tail"] == pytest.approx(((4 if stage == 2 else 1) * 2 + 1) * grad_bytes * (2 - 1) / 2)
 
 
+def source_of(fn) -> str:
+    """A DeepSpeed method's own source, through its instrument_w_nvtx wrapper where it has one."""
+    import inspect
+
+    inner = [c.cell_contents for c in (fn.__closure__ or ()) if inspect.isfunction(c.cell_contents)]
+    return inspect.getsource(inner[0] if fn.__name__ == "wrapped_fn" and inner else fn)
+
+
 MULTI_OFF = "+strategy.ds_config.zero_optimization.use_multi_rank_bucket_allreduce=false"
 
 
@@ -232,33 +240,36 @@ MULTI_OFF = "+strategy.ds_config.zero_optimization.use_multi_rank_bucket_allredu
                                                           (2, "false", (), 0), (1, "true", (MULTI_OFF,), 1 + 2),
                                                           (2, "true", (MULTI_OFF,), 4 * (1 + 2)), (3, "true", (), 1 + 4),
                                                           (3, "false", (), 1 + 4),
-                                                          (3, "true", ("strategy.deepcompile=true", "compile=true", "device=cuda"), 1)])
+                                                          (3, "true", ("strategy.deepcompile=true", "compile=true", "device=cuda"), 1),
+                                                          (1, "true", ("strategy.deepcompile=true", "compile=true", "device=cuda"), 0)])
 def test_zero_makes_the_host_wait_where_deepspeed_synchronizes(stage, overlap, extra, syncs):
     """DeepSpeed's ZeRO-1/2 with overlap_comm synchronizes the host with the device at the end of every backward that
     reduces (its epilogue, before it frees the buckets; on CUDA, whose accelerator does not resolve data
     dependencies): every micro-batch at stage 2, once a step at stage 1; without the multi-rank bucket all-reduce
     also before each reduce to a partition's owner (one per rank and bucket).  ZeRO-3's epilogue waits for its
-    reduce stream every micro-batch, with or without overlap_comm (without, that stream is the default one), but not
-    under DeepCompile, which reduces in its graph and skips the epilogue (engine.allreduce_gradients).  The
+    reduce stream every micro-batch, with or without overlap_comm (without, that stream is the default one).  Under
+    DeepCompile, which reduces in its graph, the engine skips the epilogue at every stage (allreduce_gradients).  The
     traffic counts those waits (the host cannot run ahead of the reduction there), none at stages 1-2 without
     overlap_comm; read from DeepSpeed's code, so that a version that drops a wait fails here."""
-    import inspect
     import re
 
     from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
-    src = inspect.getsource(DeepSpeedZeroOptimizer.independent_gradient_partition_epilogue)
+    src = source_of(DeepSpeedZeroOptimizer.independent_gradient_partition_epilogue)
     assert re.search(r"self\.reduce_ipg_grads\(\).*if self\.overlap_comm:\s*if not get_accelerator\(\)"
                      r"\.resolves_data_dependency\(\):\s*get_accelerator\(\)\.synchronize\(\)", src, re.S), src
-    src = inspect.getsource(DeepSpeedZeroOptimizer.allreduce_and_copy)
+    src = source_of(DeepSpeedZeroOptimizer.allreduce_and_copy)
     assert re.search(r"if self\.overlap_comm:\s*if not get_accelerator\(\)\.resolves_data_dependency\(\):\s*"
                      r"get_accelerator\(\)\.synchronize\(\)", src), src
-    wrapped = DeepSpeedZeroOptimizer_Stage3.independent_gradient_partition_epilogue  # under instrument_w_nvtx
-    src = inspect.getsource(next(c.cell_contents for c in wrapped.__closure__ if inspect.isfunction(c.cell_contents)))
+    src = source_of(DeepSpeedZeroOptimizer_Stage3.independent_gradient_partition_epilogue)
     assert re.search(r"if not get_accelerator\(\)\.resolves_data_dependency\(\):\s*"
                      r"self\.reduce_and_partition_stream\.synchronize\(\)", src), src
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    src = source_of(DeepSpeedEngine.allreduce_gradients)
+    assert re.search(r"if self\.is_deepcompile_active\(\)[^:]*:\s*return", src), src
     assert CUDA_Accelerator.resolves_data_dependency(CUDA_Accelerator.__new__(CUDA_Accelerator)) is False
     norm = () if stage == 3 else ("strategy.compute_grad_norm=false",)  # stage 3's norm read: one sync more
     plan = plan_of("strategy=zero", f"strategy.zero_stage={stage}", f"strategy.overlap_comm={overlap}", *norm,

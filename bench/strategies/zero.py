@@ -341,8 +341,9 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
                    collectives=(per_mb * (1 if multi else dp) + 1) * nb)
         # the hooks launch a reduction only when a bucket fills: the ranks meet once a bucket, not once a layer
         out["lockstep"] = min(1.0, out["collectives"] / (plan.model.n_layers / plan.pp * m))
-        if overlap:  # the host waits on the device before the buckets are freed: after each reducing backward
-            # (independent_gradient_partition_epilogue) and, without the multi-rank all-reduce, before each reduce
+        if overlap and not s.deepcompile:  # the host waits on the device before the buckets are freed: after each
+            # reducing backward (independent_gradient_partition_epilogue; DeepCompile reduces in its graph and skips
+            # it) and, without the multi-rank all-reduce, before each reduce
             out["syncs"] += per_mb * (1 + (0 if multi else dp * nb))  # (allreduce_and_copy)
     else:
         per_block = s.leaf_blocks or s.deepcompile
