@@ -315,10 +315,10 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     reduce_ready_partitions_and_remove_grads), the updated parameters all-gathered after the step, and with
     overlap_comm the host waits for the device at the end of each reducing backward (a sync); 3: every
     micro-batch gathers each module's parameters for forward and again for backward and reduce-scatters the
-    gradients, the host waiting for them at the backward's end.  Gradients and parameters travel in the parameters' dtype (fp32 under autocast).  Host: those
-    Python hooks (per module at stage 3, per block with leaf_blocks), the step's pass over the parameters
-    (twice with DeepSpeed's 16-bit wrapper, whose module hooks also leave a compiled step eager), a host read
-    of the gradient norm; offload crosses PCIe and runs Adam on the host."""
+    gradients, the host waiting for them at the backward's end.  Gradients and parameters travel in the parameters'
+    dtype (fp32 under autocast).  Host: those Python hooks (per module at stage 3, per block with leaf_blocks), the
+    step's pass over the parameters (twice with DeepSpeed's 16-bit wrapper, whose module hooks also leave a compiled
+    step eager), a host read of the gradient norm; offload crosses PCIe and runs Adam on the host."""
     s, dp, m, n = plan.strategy, plan.dp_size, plan.grad_accum, param_tensors(plan)
     autocast = runs_torch_autocast(plan.run)
     stage, elem = s.zero_stage, 4 if plan.run.precision == "fp32" or autocast else 2
