@@ -1,5 +1,5 @@
-"""``strategy.adam`` for ZeRO: DeepSpeed's FusedAdam on CUDA and torch's AdamW on CPU (auto: what ran before the
-knob), or torch's AdamW on CUDA too (the torch-native strategies' optimizer, nothing to JIT-build), refused where
+"""``strategy.adam`` for ZeRO: torch's AdamW (auto; fused on CUDA, the torch-native strategies' optimizer, nothing
+to JIT-build) but DeepSpeed's FusedAdam inside DeepSpeed's own fp16 at stage 0, or either as named, refused where
 DeepSpeed's own fp16 at stage 0 would wrap it in its unfused fp16 optimizer with a strategy.fp16.initial_scale_power
 that one ignores.
 The rules are checked here; the runs on a GPU (both optimizers keep single's losses; the record names the one
@@ -39,14 +39,16 @@ def test_adam_that_cannot_apply_is_refused_naming_the_key(overrides, says):
 
 
 @pytest.mark.parametrize("overrides,adam", [
-    ((*CUDA, "precision=bf16"), "deepspeed"),  # auto: what ran before the knob
-    ((*CUDA, "precision=fp16"), "deepspeed"),
+    ((*CUDA, "precision=bf16"), "torch"),  # auto
+    ((*CUDA, "precision=fp16"), "deepspeed"),  # stage 0: DeepSpeed's fused FP16_Optimizer takes FusedAdam only
+    ((*CUDA, "precision=fp16", "strategy.zero_stage=1"), "torch"),  # ZeRO's optimizer wraps any
+    ((*CUDA, "precision=fp16", "strategy.autocast=true"), "torch"),  # torch_autocast: no fp16 wrapper
     (("device=cpu",), "torch"),
     ((*CUDA, "precision=bf16", "strategy.adam=torch"), "torch"),
     ((*CUDA, "precision=fp16", "strategy.adam=torch"), "torch"),  # at the default initial scale: allowed
     (("device=cpu", "strategy.adam=torch"), "torch"),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v))
-def test_auto_is_what_ran_before_the_knob(overrides, adam):
+def test_auto_is_torch_but_where_fp16_wraps_fusedadam(overrides, adam):
     assert adam_of(plan_of(*overrides, gpus=1)) == adam
 
 

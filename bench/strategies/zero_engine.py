@@ -97,12 +97,12 @@ def check_adam(plan: Plan) -> None:
 
 
 def adam_of(plan: Plan) -> str:
-    """The Adam that runs without optimizer offload: strategy.adam, auto resolved to what bench ran before the knob
-    (DeepSpeed's FusedAdam on CUDA, torch's AdamW on CPU) until torch's fused AdamW under DeepSpeed has run on a GPU
-    (tests/test_zero_adam.py, marked gpu)."""
+    """The Adam that runs without optimizer offload: strategy.adam, auto resolved to torch's AdamW (fused on CUDA:
+    the speed and losses of DeepSpeed's FusedAdam with nothing to JIT-build, results/2026-12-06-h200x1-adam-and-host)
+    except where DeepSpeed's fused fp16 wrapper takes FusedAdam only."""
     if plan.strategy.adam != "auto":
         return plan.strategy.adam
-    return "deepspeed" if plan.device == "cuda" else "torch"
+    return "deepspeed" if fused_fp16_wrapper(plan) else "torch"
 
 
 def runs_torch_autocast(run: BenchConfig) -> bool:
