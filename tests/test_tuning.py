@@ -65,6 +65,32 @@ def test_best_skips_what_its_measurements_do_not_cover():
     assert p.cfg["compile"] is True and "need a GPU" in p.tuning["skipped"]["compile_mode"]["reason"]
 
 
+GRAPHED = ("device=cuda", "compile=true", "compile_mode=reduce-overhead", "model.global_batch=8")
+
+
+@pytest.mark.parametrize("strategy", [("strategy=single",), ("strategy=ddp",), ("strategy=zero", "zero_stage=0"),
+                                      ("strategy=zero", "zero_stage=1")], ids=lambda s: " ".join(s))
+def test_cuda_graphs_across_micro_batches_are_refused_where_gradients_accumulate(strategy):
+    """One H100, Llama 3.2 1B, 2 micro-batches a step: DDP at one rank and ZeRO-1 failed in their first step under
+    CUDA graphs (results/2026-12-06-h100x1-graphs-and-host); refused before launch, naming the micro-batches."""
+    with pytest.raises(ConfigError) as e:
+        plan(*strategy, *GRAPHED, "strategy.micro_batch_size=4", gpus=1)
+    assert e.value.key == "compile_mode" and "2 micro-batches a step" in str(e.value)
+    p = plan(*strategy, *GRAPHED, "strategy.micro_batch_size=8", gpus=1)  # one micro-batch: graphs run
+    assert p.grad_accum == 1 and p.cfg["compile_mode"] == "reduce-overhead"
+
+
+def test_zero2_keeps_cuda_graphs_across_micro_batches_and_best_skips_them_elsewhere():
+    """ZeRO-2 moves every gradient out each micro-batch (it ran with 2); where the memory plan leaves 2 micro-batches
+    on an H100, tuning=best skips ZeRO-1's graphs with the rule's message."""
+    p = plan("strategy=zero", "zero_stage=2", *GRAPHED, "strategy.micro_batch_size=4", gpus=1)
+    assert p.grad_accum == 2 and p.cfg["compile_mode"] == "reduce-overhead"
+    h100 = ("model=llama3_1b", "recompute=none", "device=cuda", "tuning=best", "dry_run=true", "hardware=h100_sxm_80gb")
+    p = plan("strategy=zero", "zero_stage=1", *h100, gpus=1)
+    assert p.grad_accum == 2 and p.cfg["compile_mode"] == "default"
+    assert "micro-batches a step" in p.tuning["skipped"]["compile_mode"]["reason"]
+
+
 def test_an_explicit_setting_wins_over_the_profile():
     p = plan("strategy=fsdp", "world_size=2", "device=cpu", "precision=fp32", "tuning=best",
              "strategy.reshard_after_forward=true", explicit=["strategy.reshard_after_forward"])

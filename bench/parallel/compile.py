@@ -6,7 +6,7 @@ import logging
 
 import torch.nn as nn
 
-from bench.spec.schema import BenchConfig
+from bench.spec.schema import BenchConfig, ConfigError, Plan
 
 log = logging.getLogger("bench.compile")
 
@@ -17,6 +17,27 @@ COMPILE_PHASES = {"forward capture and compile": "_compile.compile_inner",
                   "backward compile": "compile_fx.<locals>.bw_compiler"}
 CACHES = {"inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss"),
           "aot_autograd": ("autograd_cache_hit", "autograd_cache_miss")}
+
+
+# CUDA graphs (compile_mode=reduce-overhead) over several micro-batches of a step, where each micro-batch's backward
+# leaves its gradients in param.grad for the next one to add to: one H100, Llama 3.2 1B, micro-batch 4 of 8 (2
+# micro-batches), DDP at one rank and ZeRO-1 failed in their first step, the next graph replay having overwritten a
+# tensor the gradient accumulation still read; ZeRO-2, whose hooks move every gradient out each micro-batch, ran
+# (results/2026-12-06-h100x1-graphs-and-host).  No step with graphs and accumulation has completed otherwise.
+GRAPHS_ACROSS_MICROBATCHES = ("CUDA graphs over {n} micro-batches a step (strategy.micro_batch_size={mb} of a per-rank "
+                              "batch of {batch}): the next replay overwrites what the gradient accumulation still "
+                              "reads (one H100, Llama 3.2 1B, 2 micro-batches: DDP and ZeRO-1 failed in their first "
+                              "step; results/2026-12-06-h100x1-graphs-and-host); use compile_mode=default, or one "
+                              "micro-batch of the whole per-rank batch where it fits")
+
+
+def refuse_graphs_across_microbatches(plan: Plan) -> None:
+    """For a step that accumulates gradients in param.grad across micro-batches (single, DDP, ZeRO-0/1): CUDA graphs
+    only with one micro-batch a step (GRAPHS_ACROSS_MICROBATCHES)."""
+    run, n = plan.run, plan.grad_accum
+    if run.compile and run.compile_mode == "reduce-overhead" and n > 1:
+        raise ConfigError("compile_mode", "reduce-overhead", GRAPHS_ACROSS_MICROBATCHES.format(
+            n=n, mb=plan.micro_batch_size, batch=plan.layout.per_rank_batch))
 
 
 def compile_kwargs(run: BenchConfig) -> dict:

@@ -9,6 +9,7 @@ from typing import Optional
 from bench.spec.schema import BenchConfig, ConfigError, Plan, StrategyConfig, fields_of, knob
 from bench.strategies.registry import ModelStates, StrategySpec, register, replicated_states
 from bench.strategies.single import REDUCE_OVERHEAD
+from bench.parallel.compile import refuse_graphs_across_microbatches
 from bench.parallel.dp import TorchDDP
 from bench.strategies.torch_native import torch_native
 from bench.costs.traffic import all_reduce, buckets
@@ -38,6 +39,7 @@ def rules(plan: Plan) -> None:
     s = plan.strategy
     if s.bucket_cap_mb <= 0:
         raise ConfigError("strategy.bucket_cap_mb", s.bucket_cap_mb, "must be > 0")
+    refuse_graphs_across_microbatches(plan)
     if plan.dp_size == 1:  # one replica: DDP wraps nothing and the step is single's, so its own knobs would not run
         common = fields_of(StrategyConfig)  # (micro_batch_size still accumulates)
         for name, f in fields_of(DDPConfig).items():

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from bench.spec.schema import ConfigError, Plan, StrategyConfig
 from bench.strategies.registry import StrategySpec, register
+from bench.parallel.compile import refuse_graphs_across_microbatches
 from bench.parallel.dp import DataParallel
 from bench.strategies.torch_native import torch_native
 
@@ -18,6 +19,7 @@ def rules(plan: Plan) -> None:
     if plan.world_size != 1:
         raise ConfigError("world_size", plan.world_size, "strategy=single runs on exactly 1 device; use world_size=1 "
                                                          "or a parallel strategy (e.g. strategy=ddp)")
+    refuse_graphs_across_microbatches(plan)
 
 
 # CUDA graphs of the compiled step: the launch cost a small step is bound by goes (CUDA only; skipped on CPU)

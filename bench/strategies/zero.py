@@ -1,11 +1,10 @@
 """DeepSpeed ZeRO stages 0-3 (optionally with optimizer / parameter offload) on bench's GPT.
 
 The DeepSpeed config is generated from the Hydra config (``build_ds_config``, bench/strategies/zero_engine.py),
-never read from a file, and recorded in ``describe()["ds_config"]``.  One ``step(n)`` is one optimizer
-step over global batch n: this rank's slice is cut into ``plan.grad_accum`` micro-batches, each
-goes through ``engine(x)`` / ``engine.backward`` / ``engine.step``; DeepSpeed scales each
-micro-batch loss by 1/grad_accum and only reduces and steps at the accumulation boundary
-(checked against ``engine.global_steps``).
+never read from a file, and recorded in ``describe()["ds_config"]``.  One ``step(n)`` is one optimizer step over
+global batch n: this rank's slice is cut into ``plan.grad_accum`` micro-batches, each through ``engine(x)`` /
+``engine.backward`` / ``engine.step``; DeepSpeed scales each micro-batch loss by 1/grad_accum and only reduces and
+steps at the accumulation boundary (checked against ``engine.global_steps``).
 
 Precision is DeepSpeed's own by default: bf16/fp16 mean 16-bit parameters, gradients and
 compute with fp32 master weights and Adam states inside DeepSpeed's optimizer wrapper; fp16
@@ -29,6 +28,7 @@ from bench.strategies.registry import (AUTOCAST_COPY, FP32, MIXED, ModelStates, 
                                       register)
 from bench.strategies.zero_engine import Zero, check_adam, runs_torch_autocast
 from bench.costs.traffic import all_gather, all_reduce, buckets, param_tensors
+from bench.parallel.compile import refuse_graphs_across_microbatches
 
 
 # --------------------------------------------------------------------------- schema
@@ -107,6 +107,8 @@ DERIVED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_
 def rules(plan: Plan) -> None:
     s, c = plan.strategy, plan.run
     stage = s.zero_stage
+    if stage < 2:  # stages 0-1 keep gradients in param.grad across micro-batches; 2-3 move them out each one
+        refuse_graphs_across_microbatches(plan)
     if s.offload_optimizer != "none" and stage == 0:
         raise ConfigError("strategy.offload_optimizer", s.offload_optimizer,
                           "optimizer offload needs ZeRO stage 1, 2 or 3 (strategy.zero_stage=0 here); "
