@@ -103,6 +103,22 @@ def test_zero_cuda_graphs_follow_single(bench_run):
 
 
 @pytest.mark.gpu
+def test_zero2_cuda_graphs_over_two_micro_batches_follow_single(bench_run):
+    """ZeRO-2 keeps CUDA graphs with gradient accumulation (its hooks move each gradient out every micro-batch), where
+    single / DDP / ZeRO-0-1 are refused (bench/parallel/compile.py; one H100, Llama 3.2 1B: ZeRO-2 ran at 4 x 2,
+    results/2026-12-06-h100x1-graphs-and-host): the same losses as single's eager step at the same micro-batches."""
+    a = ["device=cuda", "precision=bf16", "model=10m", "steps=8", "warmup_steps=3", "model.global_batch=8",
+         "strategy.micro_batch_size=4", "metrics.measure_matmul_peak=false"]
+    p, d = bench_run(*a)
+    assert p.returncode == 0, p.stderr[-2000:]
+    pz, dz = bench_run(*a, "strategy=zero", "strategy.zero_stage=2", "strategy.autocast=true", "compile=true",
+                       "compile_mode=reduce-overhead")
+    assert pz.returncode == 0, pz.stderr[-2000:]
+    assert metrics_of(dz)["layout"]["grad_accum"] == 2
+    assert max(abs(x - y) for x, y in zip(loss_curve(d), loss_curve(dz))) < 2e-3
+
+
+@pytest.mark.gpu
 def test_zero3_leaf_blocks_and_deepcompile_follow_single(bench_run):
     """The two ways past ZeRO-3's per-module hooks keep single's losses on CUDA: blocks as leaf
     modules (eager) and DeepSpeed's DeepCompile, past the step (5) where it adds its prefetch passes."""
