@@ -200,9 +200,9 @@ def table(path: str, base: str = None) -> str:
     t = totals(d)
     lines.append("totals: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(t.items())))
     if base:
-        b = totals(load(base))
-        lines.append(f"over {base}, collectives left out: "
-                     f"{sum(v for k, v in t.items() if k != 'collective') - sum(v for k, v in b.items() if k != 'collective'):+.3f}")
+        def work(x):  # what the step moves, the collectives left out
+            return sum(v for k, v in x.items() if k != "collective")
+        lines.append(f"over {base}, collectives left out: {work(t) - work(totals(load(base))):+.3f}")
     return "\n".join(lines)
 
 

@@ -73,10 +73,10 @@ class ZeroConfig(StrategyConfig):
     offload_param: str = knob("none", "cpu: stage 3's parameter shards on the host, copied in before each gather",
                               choices=OFFLOAD, fallback=OFFLOAD)
     adam: str = knob("auto", "the Adam step without optimizer offload: torch = torch.optim.AdamW, fused on CUDA (the "
-                     "torch-native strategies' optimizer; nothing to JIT-build); deepspeed = DeepSpeed's FusedAdam (CUDA; "
-                     "JIT-built on a host's first DeepSpeed run); auto = torch, but deepspeed for DeepSpeed's own fp16 at stage 0 "
-                     "on CUDA (its fused FP16_Optimizer takes FusedAdam only): on one H200 both ran Llama 3.2 1B "
-                     "ZeRO-1/2 at the same speed and losses, torch without the 37 s build "
+                     "torch-native strategies' optimizer; nothing to JIT-build); deepspeed = DeepSpeed's FusedAdam "
+                     "(CUDA; JIT-built on a host's first DeepSpeed run); auto = torch, but deepspeed for DeepSpeed's "
+                     "own fp16 at stage 0 on CUDA (its fused FP16_Optimizer takes FusedAdam only): on one H200 both "
+                     "ran Llama 3.2 1B ZeRO-1/2 at the same speed and losses, torch without the 37 s build "
                      "(results/2026-12-06-h200x1-adam-and-host)",
                      choices=ADAM, added=True)
     reduce_bucket_size: float = knob(5e8, "gradient bucket of the reduce (elements): bigger = fewer, later "
