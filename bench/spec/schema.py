@@ -226,7 +226,8 @@ class BenchConfig(Section):
     seed: int = 0
     device: str = knob("auto", "auto (CUDA when visible) | cuda | cpu", choices=("auto", "cuda", "cpu"))
     compile: bool = knob(False, "torch.compile the model (per block where a wrapper needs it)", tune=(False, True))
-    compile_mode: str = knob("default", "torch.compile mode: default | reduce-overhead (CUDA graphs) | "
+    compile_mode: str = knob("default", "torch.compile mode: default | reduce-overhead (CUDA graphs; with one "
+                             "micro-batch a step under single, DDP and ZeRO-0/1) | "
                              "max-autotune-no-cudagraphs", choices=("default", "reduce-overhead",
                                                                     "max-autotune-no-cudagraphs"),
                              tune=("default", "reduce-overhead"), requires={"compile": True}, added=True)
