@@ -17,6 +17,7 @@ import json
 import os
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -25,7 +26,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-REPO = str(__import__("pathlib").Path(__file__).resolve().parents[1])
+REPO = str(Path(__file__).resolve().parents[1])
 
 TORCH_DIR = os.path.dirname(torch.__file__)
 WRITE_ONLY = {"copy_", "zero_", "fill_", "set_", "copy"}  # overloads whose mutated self is not read
@@ -102,8 +103,6 @@ class Recorder(TorchDispatchMode):
         read = 0
         for i, a in enumerate(func._schema.arguments):
             v = args[i] if i < len(args) else kwargs.get(a.name, None)
-            if v is None and a.name in kwargs:
-                v = kwargs[a.name]
             written_only = a.alias_info is not None and a.alias_info.is_write and (
                 base in WRITE_ONLY or a.is_out or a.kwarg_only and a.name.startswith("out"))
             if written_only:
@@ -181,7 +180,7 @@ def table(path: str, base: str = None) -> str:
         return json.load(open(p))
 
     def who(r):
-        if any(c in r["op"] for c in COLLECTIVES) or "allreduce" in r["op"]:
+        if any(c in r["op"] for c in COLLECTIVES):
             return "collective"
         return r["where"] if r["where"] in ("model", "optimizer") else r["where"].split(":")[0]
 
