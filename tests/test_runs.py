@@ -37,6 +37,7 @@ def test_single_writes_every_metrics_field(single_cpu):
     assert m["flops"]["flops_per_token"] > 0 and "6*N" in m["flops"]["formula"]
     assert m["memory"]["host_peak_rss_mb"] > 0
     assert m["memory"]["max_allocated_mb"] is None  # CPU: does not apply -> null, not missing
+    assert m["memory"]["warmup_garbage_freed_mb"] is None and "warmup_garbage_freed_mb" in m["ranks"][0]
     prov = m["provenance"]
     assert prov["versions"]["torch"] and prov["hostname"] and prov["command"][1:3] == ["-m", "bench"]
     assert (single_cpu / "rank0.json").exists() and (single_cpu / ".hydra" / "config.yaml").exists()

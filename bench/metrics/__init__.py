@@ -53,7 +53,8 @@ def skeleton(cfg: dict, status: str, error: Optional[dict] = None) -> dict:
                   "hfu_formula": _flops.HFU_FORMULA, "recompute": cfg.get("recompute", "none"),
                   "hardware_flops_per_token": None, "hfu": None, "hfu_vs_measured_peak": None},
         "memory": {"max_allocated_mb": None, "max_reserved_mb": None, "nvml_used_peak_mb": None,
-                   "nvml_used_mean_mb": None, "host_peak_rss_mb": None, "allocator": None, "plan": None},  # plan: bench/plan/memory_model.py
+                   "nvml_used_mean_mb": None, "host_peak_rss_mb": None, "warmup_garbage_freed_mb": None,
+                   "allocator": None, "plan": None},  # plan: bench/plan/memory_model.py
         "utilization": {"gpu_util_mean_pct": None},
         "energy": {"joules": None, "joules_per_token": None},
         "profile": None,  # metrics.profile_steps > 0: per rank, bench/metrics/profile.py
@@ -189,6 +190,8 @@ def _memory(ranks: list[dict], device_type: str = "cpu") -> dict:
         "nvml_used_peak_mb": _max(r["nvml_mem_used_peak_mb"] for r in ranks),
         "nvml_used_mean_mb": _mean(r["nvml_mem_used_mean_mb"] for r in ranks),
         "host_peak_rss_mb": _max(r["host_peak_rss_mb"] for r in ranks),
+        # device memory in cyclic garbage that the warm-up freed (bench/launch/worker.py _collect_garbage)
+        "warmup_garbage_freed_mb": _max(r.get("warmup_garbage_freed_mb") for r in ranks),
     }
 
 

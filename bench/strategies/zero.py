@@ -6,13 +6,12 @@ global batch n: this rank's slice is cut into ``plan.grad_accum`` micro-batches,
 ``engine.backward`` / ``engine.step``; DeepSpeed scales each micro-batch loss by 1/grad_accum and only reduces and
 steps at the accumulation boundary (checked against ``engine.global_steps``).
 
-Precision is DeepSpeed's own by default: bf16/fp16 mean 16-bit parameters, gradients and
-compute with fp32 master weights and Adam states inside DeepSpeed's optimizer wrapper; fp16
-adds DeepSpeed's dynamic loss scaling, and a step skipped for overflow comes back as
-``StepResult(skipped=True)`` (``engine.was_step_applied()``).  With ``strategy.autocast=true``
-it is DeepSpeed's ``torch_autocast`` instead: fp32 weights, forward under torch.autocast as in
-``single``; fp16 then scales with torch's GradScaler, whose lowered scale marks a skipped step
-(DeepSpeed does not report those in ``was_step_applied``).
+Precision is DeepSpeed's own by default: bf16/fp16 mean 16-bit parameters, gradients and compute with fp32 master
+weights and Adam states inside DeepSpeed's optimizer wrapper; fp16 adds DeepSpeed's dynamic loss scaling, and a step
+skipped for overflow comes back as ``StepResult(skipped=True)`` (``engine.was_step_applied()``).  With
+``strategy.autocast=true`` it is DeepSpeed's ``torch_autocast`` instead: fp32 weights, forward under torch.autocast as
+in ``single``; fp16 then scales with torch's GradScaler, whose lowered scale marks a skipped step (DeepSpeed does not
+report those in ``was_step_applied``).
 """
 from __future__ import annotations
 
@@ -61,9 +60,9 @@ class ZeroConfig(StrategyConfig):
 
     name: str = "zero"
     impl: str = "deepspeed"
-    zero_stage: int = knob(alias_default("zero_stage", 0), "0: plain data parallel; 1: optimizer states sharded; 2: + gradients (reduce-scatter); "
-                           "3: + parameters (gathered per layer in forward and again in backward)",
-                           choices=(0, 1, 2, 3))
+    zero_stage: int = knob(alias_default("zero_stage", 0), "0: plain data parallel; 1: optimizer states sharded; "
+                           "2: + gradients (reduce-scatter); 3: + parameters (gathered per layer in forward and again "
+                           "in backward)", choices=(0, 1, 2, 3))
     autocast: bool = knob(False, "false: DeepSpeed's own 16-bit training (16-bit params, fp32 master in its optimizer "
                           "wrapper: host work per step); true: DeepSpeed's torch_autocast (fp32 weights, forward "
                           "under torch.autocast, as single)", tune=(False, True), added=True)
@@ -245,16 +244,18 @@ def _reduce_buckets(plan: Plan) -> tuple[float, float]:
 
 
 def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, float], str]:
-    """Stages 1-2: the reduce buckets, allocated whole at a backward's first gradient hook (setup_buckets) and
-    released at its end (_release_ipg_buffers), whatever the model's size.  ZeRO-3: its gathered parameters,
-    from the forward to the backward.  The step: the gradient partition flattened (16-bit, or fp32 under
-    torch_autocast) and cast to fp32 for the optimizer (stage_1_and_2.py step; stage3.py
-    _prepare_fp32_grad_for_sub_group, one sub-group of at most sub_group_size parameters at a time); with
-    optimizer offload the host holds those.  Under DeepCompile its own buckets, in backward (_reduce_buckets)."""
+    """Stages 1-2: the reduce buckets, allocated whole at a backward's first gradient hook and freed by the epilogue
+    (setup_buckets, _release_ipg_buffers); stage 1 runs it at the boundary only, so with accumulation the buckets stay
+    beside the later micro-batches' activations ("pass": 3,815 MiB at Llama 3.2 1B's peak,
+    results/2026-12-06-h100x1-zero-memory).  ZeRO-3: its gathered parameters, from forward to backward.  The step:
+    the gradient partition flattened (16-bit, or fp32 under torch_autocast) and cast to fp32 for the optimizer
+    (stage_1_and_2.py step; stage3.py _prepare_fp32_grad_for_sub_group, one sub-group of at most sub_group_size
+    parameters at a time); with optimizer offload the host holds those.  DeepCompile: its own, in backward."""
     s, stage = plan.strategy, plan.strategy.zero_stage
     out = {}
     if stage:
-        out["backward"] = _reduce_buckets(plan)[1]
+        kept = stage == 1 and plan.grad_accum > 1 and not s.deepcompile
+        out["pass" if kept else "backward"] = _reduce_buckets(plan)[1]
     if stage == 3:
         out["pass"] = _gathered_params(plan, psi, per_block) * _param_bytes(plan)
     if stage and s.offload_optimizer == "none":
@@ -314,16 +315,16 @@ FETCH_OPS, PARAM_OPS = 12, 8
 
 
 def traffic(plan: Plan, params: float) -> dict[str, float]:
-    """Stage 0: one all-reduce of the gradients after backward; 1-2: gradients reduced in buckets (overlapped only
-    with overlap_comm), at stage 2 every micro-batch from the per-parameter backward hooks (each gradient then
-    copied into its partition), at stage 1 once, at the accumulation boundary (stage_1_and_2.py
-    reduce_ready_partitions_and_remove_grads), the updated parameters all-gathered after the step, and with
-    overlap_comm the host waits for the device at the end of each reducing backward (a sync); 3: every
-    micro-batch gathers each module's parameters for forward and again for backward and reduce-scatters the
-    gradients, the host waiting for them at the backward's end.  Gradients and parameters travel in the parameters'
-    dtype (fp32 under autocast).  Host: those Python hooks (per module at stage 3, per block with leaf_blocks), the
-    step's pass over the parameters (twice with DeepSpeed's 16-bit wrapper, whose module hooks also leave a compiled
-    step eager), a host read of the gradient norm; offload crosses PCIe and runs Adam on the host."""
+    """Stage 0: one all-reduce of the gradients after backward; 1-2: gradients reduced in buckets (overlapped only with
+    overlap_comm), at stage 2 every micro-batch from the per-parameter backward hooks (each gradient then copied into
+    its partition), at stage 1 once, at the accumulation boundary (stage_1_and_2.py
+    reduce_ready_partitions_and_remove_grads), the updated parameters all-gathered after the step, and with overlap_comm
+    the host waits for the device at the end of each reducing backward (a sync); 3: every micro-batch gathers each
+    module's parameters for forward and again for backward and reduce-scatters the gradients, the host waiting for them
+    at the backward's end.  Gradients and parameters travel in the parameters' dtype (fp32 under autocast).  Host: those
+    Python hooks (per module at stage 3, per block with leaf_blocks), the step's pass over the parameters (twice with
+    DeepSpeed's 16-bit wrapper, whose module hooks also leave a compiled step eager), a host read of the gradient norm;
+    offload crosses PCIe and runs Adam on the host."""
     s, dp, m, n = plan.strategy, plan.dp_size, plan.grad_accum, param_tensors(plan)
     autocast = runs_torch_autocast(plan.run)
     stage, elem = s.zero_stage, 4 if plan.run.precision == "fp32" or autocast else 2
@@ -376,8 +377,7 @@ def label(name: str, v: dict) -> list[str]:
 SPEC = register(StrategySpec(
     name="zero", schema=ZeroConfig, summary="DeepSpeed ZeRO stages 0-3 (+ CPU offload) on bench's model",
     implementation=lambda plan: Zero, rules=rules, model_states=model_states, buffers=buffers, label=label,
-    phase_buffers=phase_buffers,
-    traffic=traffic, variants_figure=("zero_stage", "ZeRO stages"), loss_chunks=True,
+    phase_buffers=phase_buffers, traffic=traffic, variants_figure=("zero_stage", "ZeRO stages"), loss_chunks=True,
     # each stage is a strategy of its own (the analysis, the store of measured bests): a knob search that leaves the
     # stage unset searches every stage, each with its own trials and winner
     search_bases={"strategy.zero_stage": (0, 1, 2, 3)},
