@@ -80,15 +80,33 @@ def test_cuda_graphs_across_micro_batches_are_refused_where_gradients_accumulate
     assert p.grad_accum == 1 and p.cfg["compile_mode"] == "reduce-overhead"
 
 
+H100_1B = ("model=llama3_1b", "recompute=none", "device=cuda", "dry_run=true", "hardware=h100_sxm_80gb")
+
+
 def test_zero2_keeps_cuda_graphs_across_micro_batches_and_best_skips_them_elsewhere():
-    """ZeRO-2 moves every gradient out each micro-batch (it ran with 2); where the memory plan leaves 2 micro-batches
-    on an H100, tuning=best skips ZeRO-1's graphs with the rule's message."""
+    """ZeRO-2 moves every gradient out each micro-batch (it ran with 2).  ZeRO-1 on an H100: graphs need the whole
+    batch of 8 in one micro-batch, which the memory plan calls tight beside the graphs' pool, so tuning=best skips
+    them for memory, not for the micro-batch auto would have chosen without them."""
     p = plan("strategy=zero", "zero_stage=2", *GRAPHED, "strategy.micro_batch_size=4", gpus=1)
     assert p.grad_accum == 2 and p.cfg["compile_mode"] == "reduce-overhead"
-    h100 = ("model=llama3_1b", "recompute=none", "device=cuda", "tuning=best", "dry_run=true", "hardware=h100_sxm_80gb")
-    p = plan("strategy=zero", "zero_stage=1", *h100, gpus=1)
-    assert p.grad_accum == 2 and p.cfg["compile_mode"] == "default"
-    assert "micro-batches a step" in p.tuning["skipped"]["compile_mode"]["reason"]
+    p = plan("strategy=zero", "zero_stage=1", *H100_1B, "tuning=best", gpus=1)
+    assert p.cfg["compile_mode"] == "default"
+    assert "the memory plan is tight with it" in p.tuning["skipped"]["compile_mode"]["reason"]
+
+
+def test_auto_micro_batch_passes_over_what_the_rules_refuse():
+    """micro_batch_size=auto with CUDA graphs where gradients accumulate (ZeRO-1 under autocast, batch 8): only
+    micro-batch 2 fits outside the plan's error, but 4 micro-batches under graphs are refused, so auto takes 8, tight,
+    and says why 2 was passed over (it used to choose 2, and validation failed)."""
+    p = plan("strategy=zero", "zero_stage=1", "strategy.autocast=true", *H100_1B, *GRAPHED, "strategy.micro_batch_size=auto",
+             gpus=1)
+    a = p.micro_batch_auto
+    assert (a["chosen"], p.grad_accum) == (8, 1) and "tight" in a["reason"]
+    two = next(t for t in a["tried"] if t["micro_batch_size"] == 2)
+    assert two["fits"] and not two["tight"] and "4 micro-batches a step" in two["refused"]
+    p = plan("strategy=zero", "zero_stage=2", "strategy.autocast=true", *H100_1B, *GRAPHED, "strategy.micro_batch_size=auto",
+             gpus=1)
+    assert not any("refused" in t for t in p.micro_batch_auto["tried"])  # ZeRO-2 runs graphs over micro-batches
 
 
 def test_an_explicit_setting_wins_over_the_profile():

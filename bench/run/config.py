@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -258,40 +258,60 @@ def _layout(c: dict, spec: StrategySpec, device: str) -> Plan:
     plan = Plan(run=run, device=device, backend="nccl" if device == "cuda" else "gloo",
                 world_size=c["world_size"], layout=build_layout(run), command=c.get("_command"))
     if c["strategy"].get("micro_batch_size") == "auto":
-        _auto_micro_batch(plan, plan.layout.per_rank_batch)
+        _auto_micro_batch(plan, plan.layout.per_rank_batch, _rules_refusal(spec))
     return plan
 
 
-def _auto_micro_batch(plan: Plan, per_rank: int) -> None:
+def _auto_micro_batch(plan: Plan, per_rank: int, refusal: Callable[[Plan], Optional[str]] = lambda p: None) -> None:
     """``strategy.micro_batch_size=auto``: the largest divisor of the per-rank batch whose memory plan fits the
     device (the visible GPU, the hardware preset or memory_gib) outside the plan's error margin (not tight),
-    else the largest that fits at all, else 1; the rest of the per-rank batch by gradient accumulation.  With
-    no device memory to plan against (a CPU run without memory_gib) the whole per-rank batch, as null.  The
-    choice goes into the config (the run key says what ran) and plan.micro_batch_auto (why)."""
+    else the largest that fits at all, else 1; the rest of the per-rank batch by gradient accumulation.  A
+    micro-batch the strategy's rules refuse (``refusal``: CUDA graphs across accumulated micro-batches, say) is
+    passed over, unless the rules refuse every one (then validation names the cause).  With no device memory to
+    plan against (a CPU run without memory_gib) the whole per-rank batch, as null.  The choice goes into the
+    config (the run key says what ran) and plan.micro_batch_auto (why)."""
     from bench.plan.memory_model import memory_plan
 
     tried, chosen, why = [], None, None
-    for b in sorted((d for d in range(1, per_rank + 1) if per_rank % d == 0), reverse=True):
-        plan.layout = plan.layout.with_micro_batch(b)
-        plan.strategy.micro_batch_size = b
-        mem = memory_plan(plan)
+    sizes = sorted((d for d in range(1, per_rank + 1) if per_rank % d == 0), reverse=True)
+    refused = {b: refusal(_with_micro_batch(plan, b)) for b in sizes}
+    if all(refused.values()):
+        refused = dict.fromkeys(sizes)
+    for b in sizes:
+        mem = memory_plan(_with_micro_batch(plan, b))
         if mem["fits"] is None:
             chosen, why = per_rank, (f"no device memory to plan against ({mem['device_memory_source']}): the whole "
                                      "per-rank batch, one micro-batch (as null); set memory_gib or hardware= to choose")
             break
         tried.append({"micro_batch_size": b, "needed_gib": round(mem["needed_mb"] / 1024, 1), "fits": mem["fits"],
-                      "tight": mem["tight"]})
-        if mem["fits"] and not mem["tight"]:
+                      "tight": mem["tight"], **({"refused": refused[b]} if refused[b] else {})})
+        if mem["fits"] and not mem["tight"] and not refused[b]:
             chosen, why = b, f"the largest that fits {mem['device_memory_gib']:.1f} GiB ({mem['device_memory_source']})"
             break
     if chosen is None:
-        fit = [t["micro_batch_size"] for t in tried if t["fits"]]
+        fit = [t["micro_batch_size"] for t in tried if t["fits"] and not t.get("refused")]
         chosen, why = (fit[0], "the largest that fits, within the plan's error of the limit (tight: it may run out "
                        "of memory)") if fit else (1, "none fits: the smallest (the memory plan says it does not fit)")
-    plan.layout = plan.layout.with_micro_batch(chosen)
-    plan.strategy.micro_batch_size = chosen
+    _with_micro_batch(plan, chosen)
     plan.micro_batch_auto = {"key": "strategy.micro_batch_size", "chosen": chosen, "grad_accum": per_rank // chosen,
                              "per_rank_batch": per_rank, "reason": why, "tried": tried}
+
+
+def _with_micro_batch(plan: Plan, b: int) -> Plan:
+    plan.layout = plan.layout.with_micro_batch(b)
+    plan.strategy.micro_batch_size = b
+    return plan
+
+
+def _rules_refusal(spec: StrategySpec) -> Callable[[Plan], Optional[str]]:
+    """What the strategy's rules say against a plan (None: nothing)."""
+    def refusal(plan: Plan) -> Optional[str]:
+        try:
+            spec.rules(plan)
+        except ConfigError as e:
+            return str(e)
+        return None
+    return refusal
 
 
 # --------------------------------------------------------------------------- precision=fp8
