@@ -1,7 +1,7 @@
 """``tuning=best``: apply a strategy's profile of best measured settings, honestly.
 
 Each strategy declares its profile in its module (``StrategySpec.profiles["best"]``): dotted keys
-(or groups of keys that only work together, e.g. compile + compile_mode) with the value measured
+(or groups of keys that only work together) with the value measured
 fastest and the evidence (a results/ folder); ``EVERY_STRATEGY``'s entries (the CUDA allocator) follow it.  Applied in order, each entry is:
 
 * ``kept`` when the user set that key (command line, sweep, preset: an explicit override, or a value
