@@ -39,10 +39,13 @@ NCCL_COMM_BYTES = 0.4 * GIB
 # keeps apart is extra): Llama-3 8B, Megatron tp=4 on 4 x H200 (results/2026-11-26-h200x4-llama8b) reserved 11.5 GiB
 # over allocated with strategy.cuda_graph=true against 2.2 GiB without, 9.3 GiB = 17% of the 56 GiB captured
 GRAPH_POOL_SHARE = 0.2
-# each further micro-batch captured in the same graph: Megatron tp=2 x dp=2, Llama-3 8B on 4 x H100
-# (results/2026-11-27-h100x4-edge, megatron_capture) ran out of memory in the capture with 16.7 GiB (2 x 4) and
-# 24.3 GiB (1 x 8) reserved beyond the allocated peak, 1.19 and 3.47 x one micro-batch's captured memory: lower
-# bounds (the capture wanted more), which 0.2 + 0.47 (m - 1) covers
+# each further micro-batch captured in the same graph (a strategy's own capture of the whole step): Megatron tp=2 x
+# dp=2, Llama-3 8B on 4 x H100 (results/2026-11-27-h100x4-edge, megatron_capture) ran out of memory in the capture
+# with 16.7 GiB (2 x 4) and 24.3 GiB (1 x 8) reserved beyond the allocated peak, 1.19 and 3.47 x one micro-batch's
+# captured memory: lower bounds (the capture wanted more), which 0.2 + 0.47 (m - 1) covers.  Not torch.compile's
+# reduce-overhead: it graphs each compiled block, and every micro-batch replays the same graphs in the same pool
+# (ZeRO-2, Llama 3.2 1B at 4 x 2 on one H100: NVML 55.5-57.4 GiB with graphs, 59.7 without; planned 68.3 with this
+# term; results/2026-12-06-h100x1-zero-best, results/2026-12-06-h100x1-graphs-and-host)
 GRAPH_POOL_PER_MICROBATCH = 0.47
 
 
@@ -71,10 +74,12 @@ def captures_step(plan: Plan, graph_pool: bool) -> bool:
 
 def graph_pool_bytes(plan: Plan, graph_pool: bool, captured: float) -> float:
     """What a captured step's CUDA graph pool keeps beyond the eager peak: GRAPH_POOL_SHARE of one micro-batch's
-    ``captured`` memory, and GRAPH_POOL_PER_MICROBATCH more for each further micro-batch the same graph holds."""
+    ``captured`` memory, and, where the strategy captures the whole step (``graph_pool``), GRAPH_POOL_PER_MICROBATCH
+    more for each further micro-batch the same graph holds."""
     if not captures_step(plan, graph_pool):
         return 0.0
-    return (GRAPH_POOL_SHARE + GRAPH_POOL_PER_MICROBATCH * (plan.grad_accum - 1)) * captured
+    further = plan.grad_accum - 1 if graph_pool else 0
+    return (GRAPH_POOL_SHARE + GRAPH_POOL_PER_MICROBATCH * further) * captured
 
 
 def verdict(allocated: float, extra: float, mem_gib: Optional[float]) -> dict:
