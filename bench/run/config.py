@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -258,23 +258,23 @@ def _layout(c: dict, spec: StrategySpec, device: str) -> Plan:
     plan = Plan(run=run, device=device, backend="nccl" if device == "cuda" else "gloo",
                 world_size=c["world_size"], layout=build_layout(run), command=c.get("_command"))
     if c["strategy"].get("micro_batch_size") == "auto":
-        _auto_micro_batch(plan, plan.layout.per_rank_batch, _rules_refusal(spec))
+        _auto_micro_batch(plan, plan.layout.per_rank_batch, spec)
     return plan
 
 
-def _auto_micro_batch(plan: Plan, per_rank: int, refusal: Callable[[Plan], Optional[str]] = lambda p: None) -> None:
+def _auto_micro_batch(plan: Plan, per_rank: int, spec: StrategySpec) -> None:
     """``strategy.micro_batch_size=auto``: the largest divisor of the per-rank batch whose memory plan fits the
     device (the visible GPU, the hardware preset or memory_gib) outside the plan's error margin (not tight),
     else the largest that fits at all, else 1; the rest of the per-rank batch by gradient accumulation.  A
-    micro-batch the strategy's rules refuse (``refusal``: CUDA graphs across accumulated micro-batches, say) is
-    passed over, unless the rules refuse every one (then validation names the cause).  With no device memory to
-    plan against (a CPU run without memory_gib) the whole per-rank batch, as null.  The choice goes into the
-    config (the run key says what ran) and plan.micro_batch_auto (why)."""
+    micro-batch the strategy's rules refuse (CUDA graphs across accumulated micro-batches, say) is passed over,
+    unless they refuse every one (then validation names the cause).  With no device memory to plan against (a CPU
+    run without memory_gib) the whole per-rank batch, as null.  The choice goes into the config (the run key says
+    what ran) and plan.micro_batch_auto (why)."""
     from bench.plan.memory_model import memory_plan
 
     tried, chosen, why = [], None, None
     sizes = sorted((d for d in range(1, per_rank + 1) if per_rank % d == 0), reverse=True)
-    refused = {b: refusal(_with_micro_batch(plan, b)) for b in sizes}
+    refused = {b: _refusal(spec, _with_micro_batch(plan, b)) for b in sizes}
     if all(refused.values()):
         refused = dict.fromkeys(sizes)
     for b in sizes:
@@ -303,15 +303,13 @@ def _with_micro_batch(plan: Plan, b: int) -> Plan:
     return plan
 
 
-def _rules_refusal(spec: StrategySpec) -> Callable[[Plan], Optional[str]]:
+def _refusal(spec: StrategySpec, plan: Plan) -> Optional[str]:
     """What the strategy's rules say against a plan (None: nothing)."""
-    def refusal(plan: Plan) -> Optional[str]:
-        try:
-            spec.rules(plan)
-        except ConfigError as e:
-            return str(e)
-        return None
-    return refusal
+    try:
+        spec.rules(plan)
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 # --------------------------------------------------------------------------- precision=fp8
