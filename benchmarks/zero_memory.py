@@ -5,85 +5,101 @@ steps 2,004 MiB above DDP on one H100, one micro-batch's bf16 logits (results/20
 
     python benchmarks/zero_memory.py OUT.json [override ...]      # 5 steps (2 warm-up) of bench's strategy
 
-On CPU it runs too (a smoke test): the allocator figures read 0."""
-import gc, json, os, sys, weakref
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-import torch, torch.distributed as dist
-import bench.models.model as mm
+On CPU it runs too (a smoke test): the allocator figures read 0.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import weakref
+
+import torch
+import torch.distributed as dist
+
+import bench.models.model as model_module
+
 CUDA = torch.cuda.is_available()
+MB = 2**20
+LOGITS: list = []  # weak references to each micro-batch's logits, as the loss receives them
+_lm_loss = model_module.lm_loss
 
 
-def alloc():
-    return torch.cuda.memory_allocated() if CUDA else 0
+def _tracked_lm_loss(logits, targets):
+    LOGITS.append(weakref.ref(logits))
+    return _lm_loss(logits, targets)
 
 
-def peak():
-    return torch.cuda.max_memory_allocated() if CUDA else 0
+def _allocated() -> float:
+    return torch.cuda.memory_allocated() / MB if CUDA else 0.0
 
 
-def sync():
+def _sync() -> None:
     if CUDA:
         torch.cuda.synchronize()
 
-refs = []
-orig = mm.lm_loss
-def lm_loss(logits, targets):
-    refs.append(weakref.ref(logits))
-    return orig(logits, targets)
-mm.lm_loss = lm_loss
 
-
-def build(overrides):
+def build(overrides: list[str]):
     from hydra import compose, initialize_config_dir
+
     from bench.run.config import register_configs, validate
-    from bench.strategies.registry import get_spec
     from bench.strategies.base import DistContext
+    from bench.strategies.registry import get_spec
+
     register_configs()
     with initialize_config_dir(config_dir=f"{os.getcwd()}/conf", version_base="1.3"):
         plan = validate(compose("config", overrides=list(overrides)), gpus=1 if CUDA else 0)
-    ctx = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cuda", 0) if CUDA else torch.device("cpu"), backend="nccl" if CUDA else "gloo")
+    device = torch.device("cuda", 0) if CUDA else torch.device("cpu")
+    ctx = DistContext(rank=0, local_rank=0, world_size=1, device=device, backend="nccl" if CUDA else "gloo")
     st = get_spec(plan.strategy.name).implementation(plan)(plan, ctx)
     st.setup()
     return plan, st
 
 
-def main(out, overrides):
+def _step_record(st, n: int) -> dict:
+    """Step n, and what it left behind."""
+    if CUDA:
+        torch.cuda.reset_peak_memory_stats()
+    start = _allocated()
+    st.step(n)
+    _sync()
+    alive = [t for t in (r() for r in LOGITS) if t is not None]
+    rec = {"step": n, "start_mb": start, "end_mb": _allocated(),
+           "peak_mb": torch.cuda.max_memory_allocated() / MB if CUDA else 0.0,
+           "logits_alive_after_step": len(alive),
+           "referrers": [[type(x).__name__ for x in gc.get_referrers(t)][:6] + [str(tuple(t.shape)), str(t.dtype)]
+                         for t in alive]}
+    del alive
+    if n == 3:
+        gc.collect()
+        _sync()
+        rec["after_gc_mb"] = _allocated()
+        rec["logits_alive_after_gc"] = sum(r() is not None for r in LOGITS)
+    LOGITS.clear()
+    return rec
+
+
+def main(out: str, overrides: list[str]) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                      LOCAL_WORLD_SIZE="1")
+    model_module.lm_loss = _tracked_lm_loss
     if CUDA:
         torch.cuda.set_device(0)
     dist.init_process_group("nccl" if CUDA else "gloo", rank=0, world_size=1)
     plan, st = build(overrides + ["world_size=1", f"device={'cuda' if CUDA else 'cpu'}", "steps=6", "warmup_steps=2"])
     from bench.plan.memory_model import memory_plan
+
     rows = []
-    MB = 2**20
     for n in range(5):
-        if CUDA:
-            torch.cuda.reset_peak_memory_stats()
-        a0 = alloc()
-        st.step(n)
-        sync()
-        a1 = alloc()
-        alive = [r() for r in refs]
-        alive_n = sum(t is not None for t in alive)
-        who = []
-        for t in alive:
-            if t is not None:
-                who.append([type(x).__name__ for x in gc.get_referrers(t)][:6] + [str(tuple(t.shape)), str(t.dtype), str(sys.getrefcount(t))])
-        del alive
-        rec = {"step": n, "start_mb": a0 / MB, "end_mb": a1 / MB, "peak_mb": peak() / MB,
-               "logits_alive_after_step": alive_n, "referrers": who}
-        if n == 3:
-            gc.collect()
-            sync()
-            rec["after_gc_mb"] = alloc() / MB
-            rec["logits_alive_after_gc"] = sum(r() is not None for r in refs)
-        refs.clear()
-        rows.append(rec)
-        print(json.dumps(rec), flush=True)
-    mem = memory_plan(plan)
-    res = {"overrides": overrides, "rows": rows, "plan_peak_mb": mem["predicted_peak_allocated_mb"],
-           "describe": {k: v for k, v in st.describe().items() if k in ("optimizer", "compiled", "precision", "grad_accum")}}
-    json.dump(res, open(out, "w"), indent=1, default=str)
-    print("plan", mem["predicted_peak_allocated_mb"])
+        rows.append(_step_record(st, n))
+        print(json.dumps(rows[-1]), flush=True)
+    planned = memory_plan(plan)["predicted_peak_allocated_mb"]
+    describe = {k: v for k, v in st.describe().items() if k in ("optimizer", "compiled", "precision", "grad_accum")}
+    with open(out, "w") as f:
+        json.dump({"overrides": overrides, "rows": rows, "plan_peak_mb": planned, "describe": describe}, f, indent=1,
+                  default=str)
+    print("plan", planned)
 
 
 if __name__ == "__main__":
