@@ -125,7 +125,9 @@ class Recorder(TorchDispatchMode):
         return out
 
 
-def build(overrides: list[str], rank: int, world: int):
+def build(overrides: list[str], rank: int, world: int, device: torch.device = torch.device("cpu")):
+    """(plan, set-up strategy, parameters) of bench's run for these overrides, on this rank of an initialized group
+    (also benchmarks/zero_memory.py's, on one GPU)."""
     from hydra import compose, initialize_config_dir
     from bench.run.config import register_configs, validate
     from bench.strategies.registry import get_spec
@@ -134,9 +136,10 @@ def build(overrides: list[str], rank: int, world: int):
 
     register_configs()
     with initialize_config_dir(config_dir=f"{REPO}/conf", version_base="1.3"):
-        plan = validate(compose("config", overrides=list(overrides)), gpus=0)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    ctx = DistContext(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"), backend=plan.backend)
+        plan = validate(compose("config", overrides=list(overrides)), gpus=int(device.type == "cuda"))
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    ctx = DistContext(rank=rank, local_rank=rank, world_size=world, device=device, backend=plan.backend)
     strat = get_spec(plan.strategy.name).implementation(plan)(plan, ctx)
     strat.setup()
     return plan, strat, total_params(plan.model)
@@ -160,7 +163,8 @@ def main_rank(rank: int, world: int, out_path: str, overrides: list[str], port: 
         try:
             desc = strat.describe()
             desc = {k: desc.get(k) for k in ("optimizer", "optimizer_wrapper", "precision", "grad_accum",
-                                             "micro_batch_size", "ds_config", "dp_reduction", "gradient_as_bucket_view")}
+                                             "micro_batch_size", "ds_config", "dp_reduction",
+                                             "gradient_as_bucket_view")}
         except Exception as e:  # noqa: BLE001
             desc = {"error": repr(e)}
         json.dump({"overrides": overrides, "world_size": world, "params": nparams, "loss": loss,

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 import bench.models.model as model_module
+from benchmarks.zero_copies import build
 
 CUDA = torch.cuda.is_available()
 MB = 2**20
@@ -38,23 +39,6 @@ def _allocated() -> float:
 def _sync() -> None:
     if CUDA:
         torch.cuda.synchronize()
-
-
-def build(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    from bench.run.config import register_configs, validate
-    from bench.strategies.base import DistContext
-    from bench.strategies.registry import get_spec
-
-    register_configs()
-    with initialize_config_dir(config_dir=f"{os.getcwd()}/conf", version_base="1.3"):
-        plan = validate(compose("config", overrides=list(overrides)), gpus=1 if CUDA else 0)
-    device = torch.device("cuda", 0) if CUDA else torch.device("cpu")
-    ctx = DistContext(rank=0, local_rank=0, world_size=1, device=device, backend="nccl" if CUDA else "gloo")
-    st = get_spec(plan.strategy.name).implementation(plan)(plan, ctx)
-    st.setup()
-    return plan, st
 
 
 def _step_record(st, n: int) -> dict:
@@ -87,7 +71,9 @@ def main(out: str, overrides: list[str]) -> None:
     if CUDA:
         torch.cuda.set_device(0)
     dist.init_process_group("nccl" if CUDA else "gloo", rank=0, world_size=1)
-    plan, st = build(overrides + ["world_size=1", f"device={'cuda' if CUDA else 'cpu'}", "steps=6", "warmup_steps=2"])
+    device = torch.device("cuda", 0) if CUDA else torch.device("cpu")
+    run = ["world_size=1", f"device={device.type}", "steps=6", "warmup_steps=2"]
+    plan, st, _ = build(overrides + run, 0, 1, device)
     from bench.plan.memory_model import memory_plan
 
     rows = []
