@@ -70,9 +70,10 @@ def test_oom_of_one_rank_ends_the_run_with_its_status(tmp_path, world, rank, ste
         assert "has not ended" in out, out[-3000:]
 
 
-def test_oom_raised_from_a_failed_capture_is_recorded_as_the_oom():
+def test_oom_raised_from_a_failed_capture_or_in_nccl_is_recorded_as_the_oom():
     """The error a CUDA graph capture raises after running out of memory (AcceleratorError at capture_end,
-    raised while handling the OutOfMemoryError) is recorded as the out-of-memory error it came from."""
+    raised while handling the OutOfMemoryError) is recorded as the out-of-memory error it came from; NCCL's failed
+    device allocation is an out-of-memory error."""
     import torch
 
     from bench.launch.worker import failure_record
@@ -88,6 +89,20 @@ def test_oom_raised_from_a_failed_capture_is_recorded_as_the_oom():
     assert rec["message"] == "CUDA out of memory. Tried to allocate 3.25 GiB"
     assert rec["raised_as"] == "RuntimeError: CUDA error: operation failed due to a previous error during capture"
     assert "Tried to allocate" in rec["traceback"] and "previous error during capture" in rec["traceback"]
+    # NCCL's own allocation on a full device, as a one-rank run's barrier after its warm-up raised it at the limit
+    # (1 x H100, results/2026-12-06-h100x1-tight-edge): out of memory, not a failure of the run's code
+    nccl = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, unhandled cuda error (run with "
+            "NCCL_DEBUG=INFO for details), NCCL version 2.28.9\nncclUnhandledCudaError: Call to CUDA function failed."
+            "\nLast error:\nFailed to CUDA calloc async 4 bytes")
+    try:
+        raise torch.distributed.DistBackendError(nccl)
+    except RuntimeError as e:
+        rec = failure_record(e, 0)
+    assert rec["oom"] is True and rec["type"] == "DistBackendError" and rec["raised_as"] is None
+    try:
+        raise torch.distributed.DistBackendError(nccl.replace("Failed to CUDA calloc async 4 bytes", "remote process exited"))
+    except RuntimeError as e:
+        assert failure_record(e, 0)["oom"] is False
     try:
         raise RuntimeError("injected fault")
     except RuntimeError as e:

@@ -38,25 +38,10 @@ from bench.strategies.registry import get_spec, sweep_preloads
 from bench.run.config import plan_from_dict
 from bench.spec.schema import FaultConfig, Plan
 from bench.strategies.base import DistContext
+from bench.launch.outcome import oom_in_chain
 from bench.launch.teardown import arm_teardown_deadline, exit_without_finalizing, failed_teardown_s, release_process_groups
 
 log = logging.getLogger("bench.worker")
-
-
-def is_oom(exc: BaseException) -> bool:
-    return _oom_in_chain(exc) is not None
-
-
-def _oom_in_chain(exc: BaseException) -> BaseException | None:
-    """The out-of-memory error that ``exc`` is or was raised from or while handling: a CUDA graph
-    capture that ran out of memory raises torch.AcceleratorError from capture_end instead."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
 
 
 def _setup_logging(run_dir: Path, rank: int) -> None:
@@ -172,6 +157,7 @@ def _setup(plan: Plan, rank: int, local_rank: int, world_size: int):
         device = _device(plan, local_rank)
         dist.init_process_group(plan.backend, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=plan.run.dist_timeout_s))
+        _first_collective(device)
     ctx = DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=plan.backend)
     strategy = spec.implementation(plan)(plan, ctx)
     matmul_peak = None
@@ -184,6 +170,14 @@ def _setup(plan: Plan, rank: int, local_rank: int, world_size: int):
     log.info("setup done in %.1f s: %s", setup_s, strategy.describe())
     return ctx, strategy, {"setup_s": setup_s, "startup_phases_s": startup, "preloaded_modules": preloaded,
                            "cpus": cpus, "matmul_peak": matmul_peak}
+
+
+def _first_collective(device: torch.device) -> None:
+    """A barrier as soon as the group exists.  NCCL sets up a communicator's connections and device buffers at its
+    first collective (with cudaMalloc, outside PyTorch's allocator); made here, they are taken before the model and
+    its steps fill the device.  A one-rank run's first collective was the barrier after its warm-up: at the limit,
+    with PyTorch's allocator holding the rest of the card, it failed (gemma-2b, results/2026-12-06-h100x1-tight-edge)."""
+    dist.barrier(device_ids=[device.index]) if device.type == "cuda" else dist.barrier()
 
 
 def _warmup(plan: Plan, strategy, rank: int, device, losses: list, skipped: list) -> dict:
@@ -357,11 +351,11 @@ def worker_main(plan_dict: dict, run_dir: str, teardown_deadline: bool = False) 
 def failure_record(exc: BaseException, rank: int) -> dict:
     """failure_rank{r}.json: the error that ended this rank; an out-of-memory error it was raised
     from or while handling is the root cause (type and message), the error raised is ``raised_as``."""
-    root = _oom_in_chain(exc) or exc
+    root = oom_in_chain(exc) or exc
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     raised = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
     return {"rank": rank, "node": placement()["node"], "type": type(root).__name__, "message": str(root),
-            "oom": is_oom(exc), "raised_as": None if root is exc else raised,
+            "oom": oom_in_chain(exc) is not None, "raised_as": None if root is exc else raised,
             "traceback": traceback.format_exc(), "time": time.time(), "pid": os.getpid(),
             "world_size": int(os.environ.get("WORLD_SIZE", 0)),
             "device_name": torch.cuda.get_device_name() if cuda else None,  # the analysis re-plans a failed run
