@@ -12,6 +12,11 @@ def test_kernel_kinds_and_busy_union():
     assert kind_of("pytorch_flash::flash_bwd_kernel") == "attention"
     assert kind_of("multi_tensor_apply_kernel<FusedAdam>") == "optimizer"
     assert kind_of("vectorized_elementwise_kernel") == "other"
+    # the loss' softmax is not attention: eager cross entropy's kernels and Inductor's fused log_softmax
+    assert kind_of("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+                   "at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>") == "other"
+    assert kind_of("triton_red_fused__log_softmax__to_copy_0") == "other"
+    assert kind_of("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7") == "attention"
     # overlapping kernels on two streams count once: [0,10] u [5,12] u [20,21] = 13
     assert _union_us([(5, 12), (0, 10), (20, 21), (6, 7)]) == 13
 
