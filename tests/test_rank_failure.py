@@ -100,7 +100,7 @@ def test_oom_raised_from_a_failed_capture_or_in_nccl_is_recorded_as_the_oom():
         rec = failure_record(e, 0)
     assert rec["oom"] is True and rec["type"] == "DistBackendError" and rec["raised_as"] is None
     try:
-        raise torch.distributed.DistBackendError(nccl.replace("Failed to CUDA calloc async 4 bytes", "remote process exited"))
+        raise torch.distributed.DistBackendError(nccl.replace("Failed to CUDA calloc async 4 bytes", "peer exited"))
     except RuntimeError as e:
         assert failure_record(e, 0)["oom"] is False
     try:

@@ -1,8 +1,8 @@
 """The per-rank loop: the only training loop in bench.
 
-init process group -> strategy.setup() -> warm-up steps -> barrier -> timed steps (timed by
-CUDA events or a host sync after each: metrics.step_timing) -> per-rank record -> rank 0
-assembles and writes metrics.json.  A rank that raises writes ``failure_rank{r}.json`` (type, message,
+init process group and a first barrier (NCCL's buffers taken now) -> strategy.setup() -> warm-up steps
+-> barrier -> timed steps (timed by CUDA events or a host sync after each: metrics.step_timing) -> per-rank
+record -> rank 0 assembles and writes metrics.json.  A rank that raises writes ``failure_rank{r}.json`` (type, message,
 traceback) before the exception leaves, so the launcher can tell the root cause from its collateral.
 """
 from __future__ import annotations
@@ -176,7 +176,7 @@ def _first_collective(device: torch.device) -> None:
     """A barrier as soon as the group exists.  NCCL sets up a communicator's connections and device buffers at its
     first collective (with cudaMalloc, outside PyTorch's allocator); made here, they are taken before the model and
     its steps fill the device.  A one-rank run's first collective was the barrier after its warm-up: at the limit,
-    with PyTorch's allocator holding the rest of the card, it failed (gemma-2b, results/2026-12-06-h100x1-tight-edge)."""
+    with PyTorch's allocator holding the rest of the card, it failed (results/2026-12-06-h100x1-tight-edge)."""
     dist.barrier(device_ids=[device.index]) if device.type == "cuda" else dist.barrier()
 
 
