@@ -292,17 +292,25 @@ def _exposed(wire, window, share):
     return wire - hidden + share * hidden, hidden
 
 
-def combine(t: dict, k: dict) -> dict:
-    """The step and its parts from ``terms`` and the constants; works on floats or numpy arrays alike."""
+def compute_parts(t: dict, k: dict) -> dict:
+    """The compute's parts in seconds, as the kernels of a profiled step divide it (benchmarks/term_check.py): the
+    matmuls, causal attention, the memory-bound elementwise work, the AdamW step, and the rest of the device's bytes
+    (fp8's casts, the strategy's own); floats or numpy arrays alike."""
     def e(x):
         return k["e_max"] * x / (x + k["x_half"])
 
     w8 = t["fp8_time_share"]  # float8 matmuls: their own size on e(x) (_float8_split)
     matmuls = t["flops"] / t["peak"] * ((1 - w8) / e(t["matmul_size"]) + w8 / e(t["matmul_size_fp8"]))
     fused = np.where(t["compiled"] > 0, k["fused"], 1.0)
-    compute = ((matmuls + t["attention_flops"] / (t["attention_peak"] * k["e_max"]))
-               / t["peak_ratio"] + k["passes"] * t["elementwise_s"] * fused + t["optimizer_s"]
-               + k["fp8_cast"] * t["fp8_cast_s"] + t["device_bytes_s"])
+    return {"matmul": matmuls / t["peak_ratio"],
+            "attention": t["attention_flops"] / (t["attention_peak"] * k["e_max"]) / t["peak_ratio"],
+            "elementwise": k["passes"] * t["elementwise_s"] * fused, "optimizer": t["optimizer_s"],
+            "device_bytes": k["fp8_cast"] * t["fp8_cast_s"] + t["device_bytes_s"]}
+
+
+def combine(t: dict, k: dict) -> dict:
+    """The step and its parts from ``terms`` and the constants; works on floats or numpy arrays alike."""
+    compute = sum(compute_parts(t, k).values())
     link = np.where(t.get("link_fitted", 1.0) > 0, k["link_eff"], 1.0) * t.get("link_factor", 1.0)
     # gradient reductions and parameter gathers share one link and one compute window: what the reductions
     # hide behind is not there for the gathers (a slow link's step is at least its overlapped bytes' time)
