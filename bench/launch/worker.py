@@ -177,7 +177,10 @@ def _first_collective(device: torch.device) -> None:
     first collective (with cudaMalloc, outside PyTorch's allocator); made here, they are taken before the model and
     its steps fill the device.  A one-rank run's first collective was the barrier after its warm-up: at the limit,
     with PyTorch's allocator holding the rest of the card, it failed (results/2026-12-06-h100x1-tight-edge)."""
-    dist.barrier(device_ids=[device.index]) if device.type == "cuda" else dist.barrier()
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
 
 
 def _warmup(plan: Plan, strategy, rank: int, device, losses: list, skipped: list) -> dict:
