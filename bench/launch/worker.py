@@ -157,7 +157,7 @@ def _setup(plan: Plan, rank: int, local_rank: int, world_size: int):
         device = _device(plan, local_rank)
         dist.init_process_group(plan.backend, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=plan.run.dist_timeout_s))
-        _first_collective(device)
+        _barrier(device)  # the first collective: NCCL's buffers taken now
     ctx = DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=plan.backend)
     strategy = spec.implementation(plan)(plan, ctx)
     matmul_peak = None
@@ -172,11 +172,12 @@ def _setup(plan: Plan, rank: int, local_rank: int, world_size: int):
                            "cpus": cpus, "matmul_peak": matmul_peak}
 
 
-def _first_collective(device: torch.device) -> None:
-    """A barrier as soon as the group exists.  NCCL sets up a communicator's connections and device buffers at its
-    first collective (with cudaMalloc, outside PyTorch's allocator); made here, they are taken before the model and
-    its steps fill the device.  A one-rank run's first collective was the barrier after its warm-up: at the limit,
-    with PyTorch's allocator holding the rest of the card, it failed (results/2026-12-06-h100x1-tight-edge)."""
+def _barrier(device: torch.device) -> None:
+    """All ranks meet, on this rank's device (named for NCCL: no guess, no warning).  The first is made as soon as the
+    group exists: NCCL sets up a communicator's connections and device buffers at its first collective (with
+    cudaMalloc, outside PyTorch's allocator), so they are taken before the model and its steps fill the device.  A
+    one-rank run's first collective was the barrier after its warm-up: at the limit, with PyTorch's allocator holding
+    the rest of the card, it failed (results/2026-12-06-h100x1-tight-edge)."""
     if device.type == "cuda":
         dist.barrier(device_ids=[device.index])
     else:
@@ -226,7 +227,7 @@ def _timed_window(plan: Plan, strategy, rank: int, device, losses: list, skipped
     use_events = device.type == "cuda" and run.metrics.step_timing == "events"
     source = "host_clock_cpu" if device.type != "cuda" else "cuda_events" if use_events else "host_sync_each_step"
     sampler = NvmlSampler(device.index if device.type == "cuda" else None, run.metrics.nvml_interval_ms)
-    dist.barrier()
+    _barrier(device)
     sampler.start()
     step_times, events = [], []  # use_events: one before the first timed step, then one after each
     t_window = time.perf_counter()
@@ -297,7 +298,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
     dist.gather_object(rec, gathered, dst=0)
     if rank == 0:
         _write_metrics(plan, run_dir, device, gathered, strategy, start["matmul_peak"])
-    dist.barrier()
+    _barrier(device)
     if teardown_deadline:
         arm_teardown_deadline(run_dir, rank, plan.run.teardown_timeout_s)
     strategy.close()
