@@ -36,10 +36,10 @@ def measured(run: dict) -> dict | None:
     return {k: float(ms.get(k, 0.0)) for k in KINDS}
 
 
-def predicted(run: dict, k: dict) -> dict:
-    """The same kinds from the prediction's compute parts, in ms."""
+def predicted(run: dict, hw, k: dict) -> dict:
+    """The same kinds from the prediction's compute parts on the run's recorded hardware ``hw``, in ms."""
     plan = replan(run)
-    parts = compute_parts(terms(plan, device_hardware(plan, recorded_hardware(run))), k)
+    parts = compute_parts(terms(plan, device_hardware(plan, hw)), k)
     return {"matmul": parts["matmul"] * 1e3, "attention": parts["attention"] * 1e3,
             "other": (parts["elementwise"] + parts["device_bytes"]) * 1e3, "optimizer": parts["optimizer"] * 1e3}
 
@@ -56,13 +56,13 @@ def main(argv: list[str]) -> None:
         for run in json.loads((folder / "runs.json").read_text()):
             if run.get("status") != "completed" or (m := measured(run)) is None:
                 continue
+            hw = recorded_hardware(run)
             try:
-                p = predicted(run, k)
+                p = predicted(run, hw, k)
             except Exception:  # no longer re-plannable under the current code
                 continue
             r = run["run"]
-            gpu = recorded_hardware(run).name
-            groups[(gpu, r["model"])].append((m, p))
+            groups[(hw.name, r["model"])].append((m, p))
             if show_runs:
                 cells = " | ".join(f"{m[x]:.1f} ({p[x]:.1f})" for x in KINDS)
                 row = f"{folder.name} | {r['model']} | {r['strategy']} | {r['world_size']} | {r['precision']}"

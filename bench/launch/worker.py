@@ -355,11 +355,12 @@ def worker_main(plan_dict: dict, run_dir: str, teardown_deadline: bool = False) 
 def failure_record(exc: BaseException, rank: int) -> dict:
     """failure_rank{r}.json: the error that ended this rank; an out-of-memory error it was raised
     from or while handling is the root cause (type and message), the error raised is ``raised_as``."""
-    root = oom_in_chain(exc) or exc
+    oom = oom_in_chain(exc)
+    root = oom or exc
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     raised = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
     return {"rank": rank, "node": placement()["node"], "type": type(root).__name__, "message": str(root),
-            "oom": oom_in_chain(exc) is not None, "raised_as": None if root is exc else raised,
+            "oom": oom is not None, "raised_as": None if root is exc else raised,
             "traceback": traceback.format_exc(), "time": time.time(), "pid": os.getpid(),
             "world_size": int(os.environ.get("WORLD_SIZE", 0)),
             "device_name": torch.cuda.get_device_name() if cuda else None,  # the analysis re-plans a failed run
