@@ -125,9 +125,10 @@ class Recorder(TorchDispatchMode):
         return out
 
 
-def build(overrides: list[str], rank: int, world: int, device: torch.device = torch.device("cpu")):
+def build(overrides: list[str], rank: int, world: int, device: torch.device = torch.device("cpu"),
+          gpus: int | None = None):
     """(plan, set-up strategy, parameters) of bench's run for these overrides, on this rank of an initialized group
-    (also benchmarks/zero_memory.py's, on one GPU)."""
+    (also benchmarks/zero_memory.py's, on one GPU; benchmarks/fake_ranks.py's, ``gpus`` the layout's, on one)."""
     from hydra import compose, initialize_config_dir
     from bench.run.config import register_configs, validate
     from bench.strategies.registry import get_spec
@@ -136,7 +137,8 @@ def build(overrides: list[str], rank: int, world: int, device: torch.device = to
 
     register_configs()
     with initialize_config_dir(config_dir=f"{REPO}/conf", version_base="1.3"):
-        plan = validate(compose("config", overrides=list(overrides)), gpus=int(device.type == "cuda"))
+        plan = validate(compose("config", overrides=list(overrides)),
+                        gpus=int(device.type == "cuda") if gpus is None else gpus)
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     ctx = DistContext(rank=rank, local_rank=rank, world_size=world, device=device, backend=plan.backend)

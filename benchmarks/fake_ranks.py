@@ -1,0 +1,151 @@
+"""Rank 0 of an N-rank layout on one device, with its collectives faked: torch's fake process group returns from
+every collective at once and moves nothing, so the step runs every kernel and every host call of the real layout's
+rank 0 (its shards, its DTensor and float8 work, its memory) except the communication.  Why: torch TP=2 in float8
+is 19-23% slower than predicted on NVLink and with peer-to-peer off alike, where bf16 TP=2 is within 3%
+(docs/results.md, "What remains"); this splits such a gap, on one GPU, into the rank's own work and what the links
+add.
+
+    python benchmarks/fake_ranks.py OUT.json WORLD override ...   # e.g. 4 model=llama3_1b strategy=fsdp strategy.tp=2
+    FAKE_WARM=2 FAKE_STEPS=3 python benchmarks/fake_ranks.py ...  # fewer warm-up and timed steps (default 3, 6)
+
+Writes and prints: the timed steps (CUDA events, after the warm-up), the peak memory, one profiled step's kernel ms
+by kind (bench/metrics/profile.py), and beside them the prediction with the communication left out (the shipped
+calibration, bench/plan/predict.py ``compute_parts`` and ``combine`` with every link term zeroed) and the whole
+prediction.  On CPU it runs too (a smoke test: the kernels read 0).  Losses are meaningless: gathered tensors hold
+whatever memory they were given.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from benchmarks.zero_copies import build
+
+CUDA = torch.cuda.is_available()
+# the terms that are time on a link (bench/plan/predict.py combine): zeroed for the prediction without communication
+LINK_TERMS = ("grad_reduce_s", "param_gather_s", "tail_s", "activation_s", "p2p_s", "context_s", "collectives",
+              "offload_s")
+
+
+def prediction(plan) -> dict | None:
+    """The step's parts as predicted with and without communication, in ms (shipped calibration); None without
+    hardware to predict for (CPU, no ``hardware=`` preset)."""
+    from bench.plan.predict import combine, compute_parts, load_calibration, terms
+
+    k = load_calibration()["constants"]
+    try:
+        t = terms(plan)
+    except ValueError:
+        return None
+    alone = {**t, **{name: 0.0 for name in LINK_TERMS}}
+    parts = compute_parts(t, k)
+    return {"step_ms": 1e3 * float(combine(t, k)["step_time_s"]),
+            "step_without_links_ms": 1e3 * float(combine(alone, k)["step_time_s"]),
+            "kernel_ms": {"matmul": 1e3 * parts["matmul"], "attention": 1e3 * parts["attention"],
+                          "other": 1e3 * (parts["elementwise"] + parts["device_bytes"]),
+                          "optimizer": 1e3 * parts["optimizer"]}}
+
+
+def timed(strategy, first: int, n: int) -> tuple[list[float], list[float]]:
+    """Seconds of steps first .. first + n - 1: each between two CUDA events (the host runs ahead, as in bench), and
+    on the host clock from one step's return to the next's (the host's own time where the device keeps up)."""
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if CUDA else []
+    if CUDA:
+        torch.cuda.synchronize()
+        events[0].record()
+    host = [time.perf_counter()]
+    for i in range(n):
+        strategy.step(first + i)
+        if CUDA:
+            events[i + 1].record()
+        host.append(time.perf_counter())
+    if CUDA:
+        torch.cuda.synchronize()
+    host_s = [b - a for a, b in zip(host, host[1:])]
+    return ([a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])] if CUDA else host_s), host_s
+
+
+def syncs_in_step(strategy, n: int) -> int:
+    """Host-device synchronizations in step n: CUDA's sync debug mode warns at each (a .item(), a copy to the host,
+    a synchronize): where the host waits for the device, host and device time add instead of overlapping."""
+    if not CUDA:
+        return 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            strategy.step(n)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def host_ops(strategy, n: int, top: int = 25) -> list[dict]:
+    """Step n's host operators by their total CPU time (torch.profiler, CPU only): where the host's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        strategy.step(n)
+    rows = sorted(prof.key_averages(), key=lambda e: -e.cpu_time_total)[:top]
+    return [{"name": e.key[:90], "calls": e.count, "total_ms": e.cpu_time_total / 1e3, "self_ms": e.self_cpu_time_total / 1e3}
+            for e in rows]
+
+
+def main(out: str, world: int, overrides: list[str], warm: int = 3, steps: int = 6) -> dict:
+    """Build, warm up, time ``steps`` steps, then one step each for the syncs, the kernels and the host's operators."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from bench.metrics.profile import profile_steps
+    from bench.strategies.registry import get_spec
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29541", RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0",
+                      LOCAL_WORLD_SIZE=str(world))
+    device = torch.device("cuda", 0) if CUDA else torch.device("cpu")
+    if CUDA:
+        torch.cuda.set_device(device)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    run = [f"world_size={world}", f"device={device.type}", f"steps={warm + steps + 3}", f"warmup_steps={warm}"]
+    plan, st, _ = build(list(overrides) + run, 0, world, device, gpus=world)
+    os.environ.update(get_spec(plan.strategy.name).process_env(plan))
+    for i in range(warm):
+        st.step(i)
+    if CUDA:
+        torch.cuda.reset_peak_memory_stats()
+    secs, host_s = timed(st, warm, steps)
+    syncs = syncs_in_step(st, warm + steps)
+    prof = profile_steps(st.step, [warm + steps + 1], device)
+    ops = host_ops(st, warm + steps + 2)
+    rec = {"overrides": list(overrides), "world_size": world, "layout": st.describe(),
+           "device": torch.cuda.get_device_name(0) if CUDA else "cpu", "torch": torch.__version__,
+           "step_s": secs, "step_ms_median": 1e3 * statistics.median(secs), "host_s": host_s,
+           "host_ms_median": 1e3 * statistics.median(host_s), "syncs_per_step": syncs, "host_ops": ops,
+           "max_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if CUDA else None,
+           "kernel_ms": {k: v for k, v in (prof.get("kernel_ms_per_step") or {}).items()},
+           "gpu_busy_ms": prof.get("gpu_busy_ms_per_step"), "predicted": prediction(plan)}
+    with open(out, "w") as f:
+        json.dump(rec, f, indent=1, default=str)
+    p = rec["predicted"] or {}
+    print(f"{' '.join(overrides)} world {world}: step {rec['step_ms_median']:.1f} ms measured, "
+          f"{p.get('step_without_links_ms', float('nan')):.1f} predicted without links "
+          f"({p.get('step_ms', float('nan')):.1f} with); host clock {rec['host_ms_median']:.1f} ms; {syncs} syncs; "
+          f"GPU busy {rec['gpu_busy_ms'] or 0:.1f} ms; peak {rec['max_allocated_gib'] or 0:.1f} GiB")
+    for kind in ("matmul", "attention", "other", "optimizer", "communication"):
+        print(f"  {kind:10s} kernels {rec['kernel_ms'].get(kind, 0.0):8.1f} ms   predicted "
+              f"{(p.get('kernel_ms') or {}).get(kind, float('nan')):8.1f}")
+    for op in ops[:12]:
+        print(f"  host {op['total_ms']:7.1f} ms total {op['self_ms']:6.1f} self {op['calls']:5d} x {op['name']}")
+    st.close()
+    dist.destroy_process_group()
+    return rec
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3:], int(os.environ.get("FAKE_WARM", 3)),
+         int(os.environ.get("FAKE_STEPS", 6)))
