@@ -32,15 +32,14 @@ def host_link_s(plan: Plan, hw: HardwareConfig, traffic: dict, mem: dict) -> flo
 def measured_link(hw: HardwareConfig, traffic: dict, topo: Optional[Topology] = None) -> dict[str, float]:
     """How the link figure is read: ``link_fitted`` 1 for a datasheet figure (link_eff, fitted on such runs,
     applies); 0 for one that is NCCL's bus bandwidth already (a probe's profile, a PCIe preset: bench/machine/hardware.py
-    gives those as NCCL's), used as measured, times ``link_factor``: the probe's all-reduce bus bandwidth at the
+    gives those as NCCL's), used as measured, times ``link_factor``: the probe's bus bandwidth (``link_curve``) at the
     step's typical message (its bytes over its collectives) over the figure (1 without a curve).  On a slow link
     NCCL reaches its figure at a bucket's size; NVLink does not (its losses are in link_eff).  Where the probe also
     measured smaller groups of a node (``group_curve``), each kind's bytes are read on the curve of the group they
     travel over (``topo``, bench/plan/topology.py), and the factor is their bytes over their summed seconds."""
     if hw.source != "probe" and hw.intra_node_link != "pcie":
         return {"link_fitted": 1.0, "link_factor": 1.0}
-    curves = ((hw.probe or {}).get("curves") or {})
-    curve = (curves.get("intra_node") or {}).get("all_reduce") or []
+    curve = link_curve(hw)
     sent = {k: traffic.get(k, 0.0) for k in LINK_KINDS if traffic.get(k, 0.0)}
     calls = traffic.get("collectives", 0.0)
     if not curve or not hw.intra_node_gbps or not sent or not calls:
@@ -49,6 +48,28 @@ def measured_link(hw: HardwareConfig, traffic: dict, topo: Optional[Topology] = 
     gbps = {k: on_curve(group_curve(hw, topo, k) or curve, total / calls) for k in sent}
     busbw = total / sum(b / gbps[k] for k, b in sent.items()) if len(set(gbps.values())) > 1 else gbps.popitem()[1]
     return {"link_fitted": 0.0, "link_factor": busbw / float(hw.intra_node_gbps)}
+
+
+# collectives whose bus bandwidth a probe measures at the same message sizes (bench/probe/comm.py COLLECTIVES)
+SAME_LINK_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def link_curve(hw: HardwareConfig) -> list[dict]:
+    """The probe's bus-bandwidth curve of the node's link: its all-reduce's, and on a slow link (shared memory,
+    PCIe, sockets: LINK_REGIME) the median of the three collectives' figures at each size.  NCCL's bus bandwidth
+    puts a ring all-reduce, reduce-scatter and all-gather on one scale, the rate of the link they share; where that
+    link is the bottleneck they are three readings of it (with peer-to-peer off they agree within 10% from 16 MiB
+    up), and a --quick probe's single reading moved: over sockets one all-reduce at 64 MiB read 1.86 GB/s beside a
+    reduce-scatter and an all-gather of 2.19 and 2.15 in the same probe (results/2026-11-27-h100x4-slow-links-zero-tp).
+    Over NVLink they differ by NCCL's algorithm (a reduce-scatter of 16 MiB at 83 GB/s beside an all-reduce at 229:
+    results/2026-11-27-h100x4-slow-links), so there the all-reduce's curve is read alone."""
+    intra = ((hw.probe or {}).get("curves") or {}).get("intra_node") or {}
+    curve = intra.get("all_reduce") or []
+    if hw.intra_node_link not in LINK_REGIME:
+        return curve
+    by_size = [{p["bytes"]: p["busbw_gbps"] for p in intra.get(name) or []} for name in SAME_LINK_COLLECTIVES]
+    return [{"bytes": p["bytes"], "busbw_gbps": float(np.median([c[p["bytes"]] for c in by_size if p["bytes"] in c]))}
+            for p in curve]
 
 
 def group_curve(hw: HardwareConfig, topo: Optional[Topology], kind: str) -> Optional[list[dict]]:

@@ -34,7 +34,7 @@ One optimizer step of the slowest rank, in seconds::
              reduction outlasts the backward it hides behind)
              link' = a datasheet link x link_eff (fitted: NCCL's share of the datasheet, and NVLink's losses at
              a step's message sizes); a link given as NCCL's bus bandwidth (a probe's, a PCIe preset's) as it
-             is, at the step's typical message size on the probe's all-reduce curve (link_terms.measured_link;
+             is, at the step's typical message size on the probe's curve (link_terms.measured_link, link_curve;
              where the probe measured smaller groups of a node, each kind on its own group's curve)
              bytes per kind from the strategy (StrategySpec.traffic, bench/costs/traffic.py); the link is the bus
              bandwidth of the group each kind travels over (bench/plan/topology.py: TP inside a node, a data-parallel
