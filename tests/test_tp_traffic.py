@@ -3,7 +3,9 @@ own CommDebugMode (torch.distributed.tensor.debug), against what bench's traffic
 (bench/costs/traffic.py ``torch_tp``, bench/strategies/fsdp.py ``_gathered``): the bytes each rank sends per kind
 (TP activation all-reduces, FSDP2's parameter all-gathers and gradient reduce-scatters, ring bytes) and the TP
 all-reduce calls (float8's amax all-reduces among them).  bench's model and steps run as a run builds them
-(bench/strategies/torch_native.py), eager on CPU; precision=fp8 is planned for an H100 and built on CPU."""
+(bench/strategies/torch_native.py), eager on CPU; precision=fp8 is planned for an H100 and built on CPU.  The same count
+from one process in torch's fake process group checks benchmarks/fake_ranks.py's premise: its rank 0 calls as the
+real layout's rank 0 does."""
 from __future__ import annotations
 
 import json
@@ -125,3 +127,36 @@ def test_traffic_model_counts_what_commdebugmode_counts(tmp_path, overrides):
         assert sent[kind] == pytest.approx(want[kind], rel=1e-6), (kind, dict(sent), want)
     tp = torch_tp(plan)  # every all-reduce here is over the tp group
     assert count["all_reduce"] == tp["collectives"] and count["amax"] == tp.get("scalar_collectives", 0), (count, tp)
+
+
+def _count_fake_rank(_: int, world: int, plan_dict: dict, out: str) -> None:
+    """Rank 0 of the layout alone, its collectives faked (benchmarks/fake_ranks.py's process group)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        _count_step(0, world, plan_dict, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_fake_rank_issues_the_collectives_of_the_real_layouts_rank_0(tmp_path):
+    """benchmarks/fake_ranks.py times rank 0 of a layout on one device with torch's fake process group: it runs the
+    rank's own work as the real layout does only if it makes the same calls.  The collectives of one fp8 FSDP2 TP=2
+    step (op, group size, bytes, in order) from a fake rank equal rank 0's in the real 4-rank gloo run."""
+    import torch.multiprocessing as mp
+
+    plan = plan_of("dry_run=true", "hardware=h100_sxm_80gb", *TINY, "precision=fp8", "compile=true",
+                   "strategy.micro_batch_size=2", "model.n_layers=2", "model.seq_len=32")
+    d = plan.to_dict()
+    d.update(device="cpu", backend="gloo", run={**d["run"], "device": "cpu", "compile": False})
+    real, fake = str(tmp_path / "real.json"), str(tmp_path / "fake.json")
+    spawn_ranks(_count_step, plan.world_size, d, real)
+    mp.spawn(_count_fake_rank, args=(plan.world_size, d, fake), nprocs=1, join=True)
+    with open(real) as f, open(fake) as g:
+        real_calls, fake_calls = json.load(f), json.load(g)
+    assert len(real_calls) > 20 and {op for op, _, _ in real_calls} == {"all_reduce", "_allgather_base_",
+                                                                        "_reduce_scatter_base_"}
+    assert fake_calls == real_calls
