@@ -11,7 +11,8 @@ add.
 Writes and prints: the timed steps (CUDA events, after the warm-up), the peak memory, one profiled step's kernel ms
 by kind (bench/metrics/profile.py), and beside them the prediction with the communication left out (the shipped
 calibration, bench/plan/predict.py ``compute_parts`` and ``combine`` with every link term zeroed) and the whole
-prediction.  On CPU it runs too (a smoke test: the kernels read 0).  Losses are meaningless: gathered tensors hold
+prediction.  Run with bench's torch-native strategies (FSDP2, torch TP / CP, DDP); Megatron's set their environment
+before CUDA starts, which this script does not.  On CPU it runs too (a smoke test: the kernels read 0).  Losses are meaningless: gathered tensors hold
 whatever memory they were given.
 """
 from __future__ import annotations
@@ -94,8 +95,8 @@ def host_ops(strategy, n: int, top: int = 25) -> list[dict]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         strategy.step(n)
     rows = sorted(prof.key_averages(), key=lambda e: -e.cpu_time_total)[:top]
-    return [{"name": e.key[:90], "calls": e.count, "total_ms": e.cpu_time_total / 1e3, "self_ms": e.self_cpu_time_total / 1e3}
-            for e in rows]
+    return [{"name": e.key[:90], "calls": e.count, "total_ms": e.cpu_time_total / 1e3,
+             "self_ms": e.self_cpu_time_total / 1e3} for e in rows]
 
 
 def main(out: str, world: int, overrides: list[str], warm: int = 3, steps: int = 6) -> dict:
@@ -103,7 +104,6 @@ def main(out: str, world: int, overrides: list[str], warm: int = 3, steps: int =
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from bench.metrics.profile import profile_steps
-    from bench.strategies.registry import get_spec
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29541", RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0",
                       LOCAL_WORLD_SIZE=str(world))
@@ -113,7 +113,6 @@ def main(out: str, world: int, overrides: list[str], warm: int = 3, steps: int =
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     run = [f"world_size={world}", f"device={device.type}", f"steps={warm + steps + 3}", f"warmup_steps={warm}"]
     plan, st, _ = build(list(overrides) + run, 0, world, device, gpus=world)
-    os.environ.update(get_spec(plan.strategy.name).process_env(plan))
     for i in range(warm):
         st.step(i)
     if CUDA:
