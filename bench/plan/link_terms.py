@@ -58,7 +58,7 @@ def link_curve(hw: HardwareConfig) -> list[dict]:
     """The probe's bus-bandwidth curve of the node's link: its all-reduce's, and on a slow link (shared memory,
     PCIe, sockets: LINK_REGIME) the median of the three collectives' figures at each size.  NCCL's bus bandwidth
     puts a ring all-reduce, reduce-scatter and all-gather on one scale, the rate of the link they share; where that
-    link is the bottleneck they are three readings of it (with peer-to-peer off they agree within 10% from 16 MiB
+    link is the bottleneck they are three readings of it (with peer-to-peer off they agree within 12% from 16 MiB
     up), and a --quick probe's single reading moved: over sockets one all-reduce at 64 MiB read 1.86 GB/s beside a
     reduce-scatter and an all-gather of 2.19 and 2.15 in the same probe (results/2026-11-27-h100x4-slow-links-zero-tp).
     Over NVLink they differ by NCCL's algorithm (a reduce-scatter of 16 MiB at 83 GB/s beside an all-reduce at 229:
