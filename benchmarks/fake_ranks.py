@@ -30,28 +30,25 @@ import torch.distributed as dist
 from benchmarks.zero_copies import build
 
 CUDA = torch.cuda.is_available()
-# the terms that are time on a link (bench/plan/predict.py combine): zeroed for the prediction without communication
-LINK_TERMS = ("grad_reduce_s", "param_gather_s", "tail_s", "activation_s", "p2p_s", "context_s", "collectives",
-              "offload_s")
 
 
 def prediction(plan) -> dict | None:
     """The step's parts as predicted with and without communication, in ms (shipped calibration); None without
     hardware to predict for (CPU, no ``hardware=`` preset)."""
+    from bench.costs.traffic import BYTE_KINDS
     from bench.plan.predict import combine, compute_parts, load_calibration, terms
+    from benchmarks.term_check import kinds_ms
 
     k = load_calibration()["constants"]
     try:
         t = terms(plan)
     except ValueError:
         return None
-    alone = {**t, **{name: 0.0 for name in LINK_TERMS}}
-    parts = compute_parts(t, k)
+    # every byte kind's seconds and the collectives' latencies: the step's time on its links
+    alone = {**t, **{f"{kind}_s": 0.0 for kind in BYTE_KINDS}, "collectives": 0.0}
     return {"step_ms": 1e3 * float(combine(t, k)["step_time_s"]),
             "step_without_links_ms": 1e3 * float(combine(alone, k)["step_time_s"]),
-            "kernel_ms": {"matmul": 1e3 * parts["matmul"], "attention": 1e3 * parts["attention"],
-                          "other": 1e3 * (parts["elementwise"] + parts["device_bytes"]),
-                          "optimizer": 1e3 * parts["optimizer"]}}
+            "kernel_ms": kinds_ms(compute_parts(t, k))}
 
 
 def timed(strategy, first: int, n: int) -> tuple[list[float], list[float]]:

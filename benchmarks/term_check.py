@@ -36,12 +36,16 @@ def measured(run: dict) -> dict | None:
     return {k: float(ms.get(k, 0.0)) for k in KINDS}
 
 
+def kinds_ms(parts: dict) -> dict:
+    """The prediction's compute parts (``compute_parts``, seconds) as the profile's kernel kinds, in ms."""
+    return {"matmul": parts["matmul"] * 1e3, "attention": parts["attention"] * 1e3,
+            "other": (parts["elementwise"] + parts["device_bytes"]) * 1e3, "optimizer": parts["optimizer"] * 1e3}
+
+
 def predicted(run: dict, hw, k: dict) -> dict:
     """The same kinds from the prediction's compute parts on the run's recorded hardware ``hw``, in ms."""
     plan = replan(run)
-    parts = compute_parts(terms(plan, device_hardware(plan, hw)), k)
-    return {"matmul": parts["matmul"] * 1e3, "attention": parts["attention"] * 1e3,
-            "other": (parts["elementwise"] + parts["device_bytes"]) * 1e3, "optimizer": parts["optimizer"] * 1e3}
+    return kinds_ms(compute_parts(terms(plan, device_hardware(plan, hw)), k))
 
 
 def main(argv: list[str]) -> None:
