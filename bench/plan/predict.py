@@ -308,6 +308,14 @@ def compute_parts(t: dict, k: dict) -> dict:
             "device_bytes": k["fp8_cast"] * t["fp8_cast_s"] + t["device_bytes_s"]}
 
 
+def host_time(t: dict, k: dict):
+    """H of the module docstring: the host's own work in a step (its Python and launches), seconds."""
+    launch = np.where(t["graphed"] > 0, k["graph_host"], np.where(t["compiled"] > 0, k["compiled_host"], 1.0))
+    layers = k["per_layer"] * t["layer_passes"] * np.where(t["compiled"] > 0, 1.0, t["layer_host"])
+    return t.get("host_factor", 1.0) * (1 + k["lockstep"] * t["host_lockstep"]) * (
+        launch * (layers + k["per_microbatch"] * t["microbatches"]) + k["per_step"] + k["per_hook"] * t["hooks"])
+
+
 def combine(t: dict, k: dict) -> dict:
     """The step and its parts from ``terms`` and the constants; works on floats or numpy arrays alike."""
     compute = sum(compute_parts(t, k).values())
@@ -320,10 +328,7 @@ def combine(t: dict, k: dict) -> dict:
     comm = wire + COLLECTIVE_LATENCY_S * t["collectives"] + t["offload_s"]
     bubble = (compute + comm) * t["bubble"]
     device = compute + comm + bubble
-    launch = np.where(t["graphed"] > 0, k["graph_host"], np.where(t["compiled"] > 0, k["compiled_host"], 1.0))
-    layers = k["per_layer"] * t["layer_passes"] * np.where(t["compiled"] > 0, 1.0, t["layer_host"])
-    host = t.get("host_factor", 1.0) * (1 + k["lockstep"] * t["host_lockstep"]) * (launch * (layers + k["per_microbatch"] * t["microbatches"]) + k["per_step"]
-                                        + k["per_hook"] * t["hooks"])
+    host = host_time(t, k)
     overlap = np.where(t["host_waits"] > 0, k["overlap_sync"], k["overlap"])
     step = (np.maximum(device, host) + overlap * np.minimum(device, host) + k["per_sync"] * t["syncs"]
             + k["per_adam_param"] * t["host_adam"])
