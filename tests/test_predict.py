@@ -201,6 +201,31 @@ def test_fsdp2_float8_all_gather_pays_for_its_weight_casts_as_an_h200_traced_the
     assert terms(plan_for(*base, "world_size=1"))["device_bytes_s"] > 0
 
 
+def test_the_float8_all_gathers_weight_casts_cost_the_host_what_a_fake_rank_measured():
+    """The float8 all-gather's weight casts run on the host before each gather (bench/strategies/fsdp.py
+    ``FLOAT8_CAST_HOOKS``).  Rank 0 of Llama 3.2 1B, FSDP2 TP=2 x DP=2 in fp8, its collectives faked
+    (benchmarks/fake_ranks.py, results/2026-12-06-h100x1-fake-ranks, calls 4-5 on one H100 host): its host's own
+    work a step with the float8 all-gather (the median of three processes) less without it is the model's difference
+    in host work, at that host's factor (16 CPUs), within a quarter; no lockstep (the fake rank waits for no peer)."""
+    from bench.plan.predict import host_time, terms
+
+    folder = REPO / "results/2026-12-06-h100x1-fake-ranks"
+    work = {f: json.loads((folder / f).read_text())["host_work_ms_median"]
+            for f in ("call4/tp2_fp8.json", "call5/tp2_fp8_r2.json", "call5/tp2_fp8_r3.json", "call5/tp2_fp8_noag.json")}
+    measured = sorted(list(work.values())[:3])[1] - work["call5/tp2_fp8_noag.json"]
+    cal = load_calibration()
+    base = ("model=llama3_1b", "strategy=fsdp", "strategy.micro_batch_size=4", "strategy.reshard_after_forward=false",
+            "compile=true", "model.global_batch=8", "world_size=4", "strategy.tp=2", "precision=fp8",
+            "hardware=h100_sxm_80gb")
+
+    def host_ms(*extra: str) -> float:
+        t = {**terms(plan_for(*base, *extra)), "host_lockstep": 0.0, "host_factor": cal["host_factors"]["vm/16 CPUs"]}
+        return 1e3 * float(host_time(t, cal["constants"]))
+
+    predicted = host_ms() - host_ms("strategy.fp8_all_gather=false")
+    assert predicted == pytest.approx(measured, rel=0.25), (predicted, measured, work)
+
+
 def test_ranks_in_lockstep_pay_for_the_slowest_host_only_where_hooks_meet_at_collectives():
     """Several ranks with per-layer host hooks (FSDP2, ZeRO-3's gathers) wait for the slowest rank at every collective;
     one rank, or ranks with no host hooks (DDP's C++ reducer), do not; ZeRO-1/2's hooks meet only where a bucket is
