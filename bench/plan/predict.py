@@ -109,7 +109,7 @@ BACKWARD_SHARE = 2.0 / 3.0
 # COLLECTIVE_LATENCY_S above, bench/machine/hardware.py DEFAULT_ATTENTION, bench/plan/link_terms.py
 # HOST_LINK_GBPS; the strategies'
 # host-operation counts (bench/costs/traffic.py DTENSOR_LAYER_HOST and the pipeline's 4 hooks per micro-batch, ZeRO's
-# FETCH_OPS / PARAM_OPS, Megatron's PARAM_OPS).
+# FETCH_OPS / PARAM_OPS, Megatron's PARAM_OPS, FSDP2's FLOAT8_CAST_HOOKS).
 DEFAULTS = {
     # device: matmuls, memory-bound work, links
     "e_max": 0.9,  # fraction of the measured matmul peak (bf16 8192^3) the step's largest matmuls reach
