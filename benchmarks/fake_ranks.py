@@ -145,7 +145,7 @@ def main(out: str, world: int, overrides: list[str], warm: int = 3, steps: int =
            "host_work_s": own, "host_work_ms_median": 1e3 * statistics.median(own),
            "host_ops": ops,
            "max_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if CUDA else None,
-           "kernel_ms": {k: v for k, v in (prof.get("kernel_ms_per_step") or {}).items()},
+           "kernel_ms": dict(prof.get("kernel_ms_per_step") or {}),
            "gpu_busy_ms": prof.get("gpu_busy_ms_per_step"), "predicted": prediction(plan)}
     with open(out, "w") as f:
         json.dump(rec, f, indent=1, default=str)
