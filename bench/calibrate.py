@@ -3,6 +3,7 @@
     python -m bench.calibrate results/ [--out bench/plan/calibration.json] [--freeze FOLDER] [--unfreeze FOLDER]
     python -m bench.calibrate --frozen results/<folder> [...]     # score runs recorded after it, no refit
     python -m bench.calibrate --by-regime results/                # each link regime held out whole, its error
+    python -m bench.calibrate --by-regime --runs 5 results/       # ... and each regime's 5 largest errors, run by run
 
 Reads every ``<folder>/runs.json`` under the given directories (bench/run/recorded.py), fits the prediction's
 constants (scipy.optimize.least_squares on log step time, Huber loss at HUBER, with a weak pull towards
@@ -53,7 +54,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from bench.plan.calibration_error import (agreement, by_case, by_layout, error_statement, error_table,  # noqa: F401
-                                     link_words, per_folder, report, write_docs)
+                                     link_words, per_folder, report, run_errors, run_table, write_docs)
 from bench.run.recorded import device_name, load_runs, probe_of, replan, result_folders  # noqa: F401 - also read here
 from bench.plan.predict import BOUNDED, CALIBRATION, DEFAULTS, ROOFLINE, combine, load_calibration
 
@@ -240,8 +241,10 @@ def by_regime(dirs: list[Path]) -> dict[str, dict]:
     out = {}
     for regime in sorted({r["regime"] for r in runs}):
         inside, rest = [r for r in runs if r["regime"] == regime], [r for r in runs if r["regime"] != regime]
+        predicted = predict_runs(inside, fit(rest)) if rest else None
         out[regime] = {"runs": len(inside), "fitted_on": len(rest), "probed_link": probed_link(inside),
-                       "error": error_statement(inside, predict_runs(inside, fit(rest))) if rest else None}
+                       "error": error_statement(inside, predicted) if rest else None,
+                       "per_run": run_errors(inside, predicted) if rest else []}
     return out
 
 
@@ -281,9 +284,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--unfreeze", action="append", default=[], metavar="FOLDER", help="fold a frozen folder back in")
     ap.add_argument("--by-regime", action="store_true", help="hold each link regime out whole (fit on the others) "
                     "and print its error; writes nothing")
+    ap.add_argument("--runs", type=int, default=0, metavar="N",
+                    help="with --by-regime: also each regime's N runs of largest error, run by run")
     args = ap.parse_args(argv)
+    if args.runs and not args.by_regime:
+        ap.error(f"--runs {args.runs}: lists the runs of --by-regime's held-out regimes; add --by-regime")
     if args.by_regime:
-        print(regime_table(by_regime(args.dirs)))
+        scores = by_regime(args.dirs)
+        print(regime_table(scores))
+        for regime, v in scores.items() if args.runs else ():
+            print(f"\n{regime} held out: the {min(args.runs, len(v['per_run']))} of {v['runs']} runs of largest error "
+                  "(error: predicted over measured tokens/s, less 1)\n" + run_table(v["per_run"][:args.runs]))
     elif args.frozen:
         frozen_report(args.dirs, args.out)
     else:

@@ -26,6 +26,28 @@ def test_each_slow_regime_held_out_is_predicted_within_10_percent_median(scores,
     assert held_out["error"]["median_abs"] <= 0.10, regime_table(scores)
 
 
+def test_by_regime_lists_each_held_out_run_largest_error_first(scores, capsys):
+    """``--by-regime --runs N``: a regime's runs, each its measured and predicted step and the error between them
+    (on tokens/s), the largest first; their absolute errors' median is the table's."""
+    import statistics
+
+    from bench.calibrate import main
+
+    rows = scores["sockets"]["per_run"]
+    assert len(rows) == scores["sockets"]["runs"]
+    errors = [abs(r["error"]) for r in rows]
+    assert errors == sorted(errors, reverse=True)
+    assert all(r["error"] == pytest.approx(r["measured_ms"] / r["predicted_ms"] - 1) for r in rows)
+    assert statistics.median(errors) == pytest.approx(scores["sockets"]["error"]["median_abs"])
+    assert main(["--by-regime", "--runs", "2", str(REPO / "results")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(regime_table(scores))
+    assert printed.count("| 2026-") == 2 * len(scores) and f"| {rows[0]['run']} | {rows[0]['folder']} |" in printed
+    with pytest.raises(SystemExit):
+        main(["--runs", "2", str(REPO / "results")])
+    assert "add --by-regime" in capsys.readouterr().err
+
+
 def _profile(name: str):
     from bench.machine.hardware import resolve
     from omegaconf import OmegaConf

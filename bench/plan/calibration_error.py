@@ -50,6 +50,33 @@ def signed_errors(runs: list[dict], predicted: np.ndarray) -> np.ndarray:
     return np.array([r["step"] for r in runs]) / predicted - 1
 
 
+def run_words(plan) -> str:
+    """A recorded run in a few words: model, strategy (ZeRO with its stage), GPUs, model-parallel sizes, micro-batch
+    x accumulation, and precision and compile where not the default."""
+    lay, run, stage = plan.layout, plan.run, getattr(plan.strategy, "zero_stage", None)
+    words = [run.model.name, plan.strategy.name + (f"-{stage}" if stage is not None else ""), f"{plan.world_size} GPU" + "s" * (plan.world_size > 1)]
+    words += [f"{k}={v}" for k, v in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp)) if v > 1]
+    words.append(f"mb {lay.micro_batch_size} x {lay.grad_accum}")
+    return " ".join(words + ([run.precision] if run.precision != "bf16" else []) + (["compiled"] if run.compile else []))
+
+
+def run_errors(runs: list[dict], predicted: np.ndarray) -> list[dict]:
+    """Each run's measured and predicted step (ms) and its signed error (``signed_errors``), the largest absolute
+    error first: the runs a median and a 90th percentile sum up."""
+    rows = [{"folder": r["folder"], "run": run_words(r["plan"]), "measured_ms": 1e3 * r["step"],
+             "predicted_ms": 1e3 * float(p), "error": float(e)}
+            for r, p, e in zip(runs, predicted, signed_errors(runs, predicted))]
+    return sorted(rows, key=lambda row: -abs(row["error"]))
+
+
+def run_table(rows: list[dict]) -> str:
+    """``run_errors``' rows as a markdown table."""
+    out = ["| run | folder | measured step, ms | predicted, ms | error |", "|---|---|---:|---:|---:|"]
+    out += [f"| {r['run']} | {r['folder']} | {r['measured_ms']:.1f} | {r['predicted_ms']:.1f} | "
+            f"{100 * r['error']:+.1f}% |" for r in rows]
+    return "\n".join(out)
+
+
 def error_statement(runs: list[dict], predicted: np.ndarray) -> dict:
     """Median / p90 absolute error of tokens/s (all runs, steps >= 100 ms) and the winner agreement."""
     measured = np.array([r["step"] for r in runs])
