@@ -3,6 +3,7 @@ tokens/s, the same on steps of 100 ms or more, winner agreement, per case; the p
 generated block of docs/results.md, both rendered from what bench/plan/calibration.json records."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Optional
@@ -51,10 +52,13 @@ def signed_errors(runs: list[dict], predicted: np.ndarray) -> np.ndarray:
 
 
 def run_words(plan) -> str:
-    """A recorded run in a few words: model, strategy (ZeRO with its stage), GPUs, model-parallel sizes, micro-batch
-    x accumulation, and precision and compile where not the default."""
-    lay, run, stage = plan.layout, plan.run, getattr(plan.strategy, "zero_stage", None)
-    words = [run.model.name, plan.strategy.name + (f"-{stage}" if stage is not None else ""), f"{plan.world_size} GPU" + "s" * (plan.world_size > 1)]
+    """A recorded run in a few words: model, strategy in its own words (StrategySpec.label: ZeRO's stage, offloads),
+    GPUs, model-parallel sizes, micro-batch x accumulation, and precision and compile where not the default."""
+    from bench.strategies.registry import get_spec  # the registry imports every strategy: only when asked
+
+    lay, run, name = plan.layout, plan.run, plan.strategy.name
+    strategy = " ".join(get_spec(name).label(name, dataclasses.asdict(plan.strategy)))
+    words = [run.model.name, strategy, f"{plan.world_size} GPU" + "s" * (plan.world_size > 1)]
     words += [f"{k}={v}" for k, v in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp)) if v > 1]
     words.append(f"mb {lay.micro_batch_size} x {lay.grad_accum}")
     return " ".join(words + ([run.precision] if run.precision != "bf16" else []) + (["compiled"] if run.compile else []))
