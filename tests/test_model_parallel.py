@@ -371,6 +371,12 @@ def test_layout_rules_on_a_gpu_machine(overrides, key, text):
     (["strategy=tp", *TORCH, "world_size=2", "precision=fp16", "device=cuda"], "precision", "bf16"),
     (["strategy=pp", *TORCH, "world_size=2", "strategy.virtual_pipeline=2", "strategy.microbatches=3",
       "model.global_batch=6"], None, None),
+    # megatron-core's own knobs: the torch implementation would run without them, so a value it would not run is refused
+    (["strategy=tp", *TORCH, "world_size=2", "strategy.use_distributed_optimizer=true"],
+     "strategy.use_distributed_optimizer", "leave it at False, or use strategy.impl=megatron"),
+    (["strategy=pp", *TORCH, "world_size=2", "strategy.grad_reduce_in_fp32=false"], "strategy.grad_reduce_in_fp32",
+     "megatron-core only"),
+    (["strategy=pp", *TORCH, "world_size=2", "strategy.spec=sdpa"], "strategy.spec", "leave it at auto"),
 ])
 def test_torch_impl_rules(overrides, key, text):
     gpus = 2 if "device=cuda" in overrides else 0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from bench.spec.layout_rules import build as build_layout, check_torch_native
-from bench.spec.schema import CUDA_GRAPH_CAPTURE_STEP, BenchConfig, ConfigError, LayoutKnobs, Plan, knob
+from bench.spec.schema import CUDA_GRAPH_CAPTURE_STEP, BenchConfig, ConfigError, LayoutKnobs, Plan, fields_of, knob
 from bench.strategies.ddp import bucket_bytes
 from bench.strategies.registry import FP32, ModelStates, StrategySpec, register, specs
 from bench.parallel.dp import TorchDDP
@@ -119,6 +119,9 @@ def _knob_rules(plan: Plan, impl: Implementation) -> None:
         raise ConfigError("strategy.bucket_size", s.bucket_size, "must be a positive number of parameters, or null")
     if s.overlap_param_gather and not s.use_distributed_optimizer:
         raise ConfigError("strategy.overlap_param_gather", True, "needs strategy.use_distributed_optimizer=true")
+    for name, f in fields_of(ModelParallelConfig).items():  # a knob the implementation does not read, set: refused
+        if getattr(s, name) != f.default:
+            _refuse(plan, impl, f"strategy.{name}", getattr(s, name))
 
 
 def _cuda_graph_rules(plan: Plan, impl: Implementation) -> None:
@@ -194,6 +197,10 @@ def _torch_traffic(plan: Plan, params: float) -> dict[str, float]:
     return merge(own, torch_tp(plan), pp_p2p(plan), torch_native_hooks(plan))
 
 
+# the family's knobs only megatron-core reads (its DDP, optimizer and layer spec): the torch implementation refuses a
+# value other than the default, which is what it runs
+MEGATRON_ONLY = ("overlap_grad_reduce", "use_distributed_optimizer", "overlap_param_gather", "bucket_size",
+                 "grad_reduce_in_fp32", "fused_adam", "batch_p2p_sync", "spec", "init")
 TORCH_NATIVE = register_implementation(Implementation(
     name="torch", runner=lambda plan: torch_native(TorchDDP()),  # replicas (tp = 1) reduce through torch DDP
     rules=_torch_rules, model_states=_torch_model_states, buffers=_torch_buffers, traffic=_torch_traffic,
@@ -203,7 +210,10 @@ TORCH_NATIVE = register_implementation(Implementation(
                                     "compile=true",
              "strategy.cp": "is implemented for strategy=fsdp (FSDP2 shards and averages over dp x cp; "
                             "strategy={name} with impl=torch reduces through DDP over dp alone); use strategy=fsdp "
-                            "strategy.cp=..."}))
+                            "strategy.cp=...",
+             **{f"strategy.{name}": f"is read by megatron-core only (its DDP, optimizer or layer spec): strategy.impl="
+                                    f"torch would run without it; leave it at {f.default}, or use strategy.impl=megatron"
+                for name, f in fields_of(ModelParallelConfig).items() if name in MEGATRON_ONLY}}))
 
 
 CUDA_GRAPHS_EVIDENCE = ("2 x H200, 300m: Megatron DDP=2 57% -> 79-85% of 2 x one GPU, TP=2 48.5% -> 61-64%, PP=2 m=4p "
