@@ -383,6 +383,7 @@ def test_zero_config_errors(overrides, key):
 
 @pytest.mark.parametrize("overrides,key", [
     (["strategy.reduce_dtype=fp8"], "strategy.reduce_dtype"),
+    (["strategy.reduce_dtype=param", "precision=fp32"], "strategy.reduce_dtype"),  # fp32 parameters: nothing to change
     (["strategy.prefetch=-1"], "strategy.prefetch"),
     (["strategy.blocks_per_unit=0"], "strategy.blocks_per_unit"),
     (["strategy.blocks_per_unit=5"], "strategy.blocks_per_unit"),  # tiny has 4 layers

@@ -106,6 +106,10 @@ def rules(plan: Plan) -> None:
                           "with pp > 1 torch's PipelineStage decides when gradients are reduced")
     if s.cpu_offload and (plan.tp > 1 or plan.pp > 1):
         raise ConfigError("strategy.cpu_offload", True, "is implemented for FSDP2 alone (strategy.tp=1, pp=1)")
+    if s.reduce_dtype == "param" and run.precision == "fp32":  # no MixedPrecisionPolicy: the gradients are fp32
+        raise ConfigError("strategy.reduce_dtype", "param", "takes effect only with precision=bf16, fp16 or fp8 (with "
+                          "precision=fp32 the parameters, so the reduced gradients, are fp32 already); leave "
+                          "strategy.reduce_dtype=fp32 (the default) or use precision=bf16")
     _float8_rules(plan)
 
 
