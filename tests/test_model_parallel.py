@@ -351,6 +351,8 @@ def test_megatron_without_cuda_names_impl_torch():
     (["strategy=tp", "world_size=2", "strategy.overlap_param_gather=true"], "strategy.overlap_param_gather",
      "use_distributed_optimizer"),
     (["strategy=tp", "world_size=2", "compile=true"], "compile", "compile=false"),
+    (["strategy=megatron", "world_size=2", "precision=fp32", "strategy.grad_reduce_in_fp32=false"],
+     "strategy.grad_reduce_in_fp32", "precision=bf16"),
     (["strategy=tp", "world_size=2", "strategy.cuda_graph=true", "warmup_steps=2"], "warmup_steps", "> 2"),
     (["strategy=tp", "world_size=2", "strategy.cuda_graph=true", "precision=fp16"], "strategy.cuda_graph", "bf16"),
     (["strategy=megatron", "world_size=2", "strategy.cuda_graph=true", "strategy.use_distributed_optimizer=true",

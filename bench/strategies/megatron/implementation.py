@@ -63,6 +63,10 @@ def rules(plan: Plan) -> None:
         raise ConfigError("recompute", "op", "torch's op-level selective checkpointing is not megatron-core's: it "
                           "offers recompute=full (whole layers) and recompute=selective (its core attention); use one "
                           f"of those, or {fix}")
+    if not s.grad_reduce_in_fp32 and c.precision == "fp32":  # fp32 main grads either way
+        raise ConfigError("strategy.grad_reduce_in_fp32", False, "takes effect only with precision=bf16 or fp16 (with "
+                          "precision=fp32 the gradients are fp32 already); leave strategy.grad_reduce_in_fp32=true "
+                          "(the default) or use precision=bf16")
     if plan.layout.offload_activations:
         raise ConfigError("offload_activations", True, "megatron-core's activation offload (cpu_offloading) runs "
                           f"through Transformer Engine, which bench does not run; use offload_activations=false, or {fix}")
