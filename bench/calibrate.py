@@ -287,6 +287,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--runs", type=int, default=0, metavar="N",
                     help="with --by-regime: also each regime's N runs of largest error, run by run")
     args = ap.parse_args(argv)
+    if args.runs < 0:
+        ap.error(f"--runs {args.runs}: give how many runs to list per regime, 0 or more")
     if args.runs and not args.by_regime:
         ap.error(f"--runs {args.runs}: lists the runs of --by-regime's held-out regimes; add --by-regime")
     if args.by_regime:

@@ -46,6 +46,9 @@ def test_by_regime_lists_each_held_out_run_largest_error_first(scores, capsys):
     with pytest.raises(SystemExit):
         main(["--runs", "2", str(REPO / "results")])
     assert "add --by-regime" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--by-regime", "--runs", "-1", str(REPO / "results")])
+    assert "0 or more" in capsys.readouterr().err
 
 
 def _profile(name: str):
