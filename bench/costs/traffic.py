@@ -28,6 +28,8 @@ counts per step
   ``eager``         1: torch.compile leaves the step eager (the strategy's module hooks break every graph)
   ``layer_host``    eager host cost of a layer's ops against plain tensors' (> 1: DTensor dispatch, which
                     torch.compile traces away); default 1
+  ``grad_elem``     bytes of a gradient element as the data-parallel reduction sends it (4: fp32, 2: 16-bit); absent
+                    without one.  The planner says where strategies differ in it (bench/planner/reduction.py)
   ``lockstep``      share of the layer passes at which the ranks' hooks meet at a collective (the slowest rank's
                     host sets the pace each time); default 1 (per-layer gathers / reductions)
   ``extra_flops``   FLOPs the rank runs beyond its 1 / world share of the step's (a replicated layer's)
@@ -48,8 +50,8 @@ from bench.spec.schema import Plan
 
 BYTE_KINDS = ("grad_reduce", "param_gather", "tail", "activation", "p2p", "context", "offload")
 COUNT_KINDS = ("collectives", "scalar_collectives", "hooks", "syncs", "host_adam", "graphed", "eager", "layer_host",
-               "lockstep", "extra_flops")
-FLAGS = ("graphed", "eager", "layer_host", "lockstep")  # merged by the largest, not summed
+               "lockstep", "extra_flops", "grad_elem")
+FLAGS = ("graphed", "eager", "layer_host", "lockstep", "grad_elem")  # merged by the largest, not summed
 # torch-native tensor parallelism: a layer's ops dispatched as DTensors cost this many times a plain layer's
 # on the host (300m, TP=2, 2 x H200, eager: 243 ms a step against Megatron's 73-78 ms with the same
 # all-reduces; compiled, where the dispatch is traced away: 104-114 ms; results/2026-11-23-h200x2-zero-fsdp-tp-pp)

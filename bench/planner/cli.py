@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from bench.planner import reduction
 from bench.planner.evaluate import FITS, Evaluator
 from bench.planner.job import Question, common_overrides, compose, job_overrides, parse
 from bench.planner.search import search
@@ -77,12 +78,14 @@ def plan(q: Question) -> tuple[dict, list[dict]]:
     rows = search(by_strategy, facts["gpus_per_node"], fixed, ev, progress=lambda s: log.debug("%s", s))
     records = same_setting([record(r, i + 1, by_strategy[r.strategy], common, named, q.train_tokens,
                                    q.bench_flags()) for i, r in enumerate(rows)])
+    ranks = {(r["strategy"], repr(r["changes"])): r["rank"] for r in records}
+    notes = reduction.notes(ev, by_strategy, rows, fixed, lambda row: ranks.get((row.strategy, repr(row.changes))))
     counts = {"planned": ev.planned, "invalid": len(ev.invalid), "rows": len(records),
               "fits": sum(r["verdict"] == FITS for r in records),
               "tight": sum(r["verdict"] == "tight" for r in records),
               "no_fit": sum(r["verdict"] == "does not fit" for r in records), "seconds": time.time() - t0}
     return {"question": {"argv": q.overrides, **{k: v for k, v in vars(q).items() if k != "overrides"}},
-            "job": facts, "common_overrides": common, "counts": counts}, records
+            "job": facts, "common_overrides": common, "counts": counts, "notes": notes}, records
 
 
 def _parameters(model: ModelConfig) -> int:
@@ -111,7 +114,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    for line in header_lines(head["job"], q, head["counts"]) + lines(records, q.top):
+    for line in header_lines(head["job"], q, head["counts"]) + lines(records, q.top) + head["notes"]:
         print(line)
     if head["job"]["world_size"] > head["job"]["gpus_per_node"]:
         print(f"world_size {head['job']['world_size']} spans nodes: run a command with hydra/launcher=slurm "

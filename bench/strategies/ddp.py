@@ -51,16 +51,26 @@ def rules(plan: Plan) -> None:
         raise ConfigError("strategy.comm_hook", s.comm_hook, "needs NCCL (a GPU); on CPU use none or fp16_compress")
 
 
+# a compress hook's own work a bucket (torch's default_hooks._compress_hook): its Python call, the cast to 16 bit,
+# the division, the callback's copy back; and a parameter's HBM bytes beyond the reducer's own fp32 division (4 + 4):
+# the cast (4 read + 2 written), the division in 16 bit (2 + 2), the copy back (2 + 4)
+COMPRESS_HOOK_OPS, COMPRESS_HOOK_BYTES = 4, (4 + 2) + (2 + 2) + (2 + 4) - (4 + 4)
+
+
 def traffic(plan: Plan, params: float) -> dict[str, float]:
     """One all-reduce of the gradients per step (no_sync on the other micro-batches), bucket by bucket during
-    the last backward; fp32 gradients (the weights are fp32 under autocast) unless a compress hook halves them.
-    The reducer is C++: no Python hooks per parameter."""
+    the last backward; fp32 gradients (the weights are fp32 under autocast) unless a compress hook halves them
+    (its buckets are still the fp32 gradients', its casts cost HBM bytes and host work).  The reducer is C++: no
+    Python hooks per parameter."""
     if plan.dp_size == 1:
         return {}
     s = plan.strategy
-    grads = params * (2 if s.comm_hook != "none" else 4)
-    return {"grad_reduce": all_reduce(grads, plan.dp_size),
-            "collectives": buckets(grads, s.bucket_cap_mb * 2**20)}
+    elem = 2 if s.comm_hook != "none" else 4
+    calls = buckets(4 * params, s.bucket_cap_mb * 2**20)
+    own = {"grad_reduce": all_reduce(params * elem, plan.dp_size), "collectives": calls, "grad_elem": elem}
+    if s.comm_hook != "none":
+        own.update(hooks=COMPRESS_HOOK_OPS * calls, device_bytes=COMPRESS_HOOK_BYTES * params)
+    return own
 
 
 def model_states(run: BenchConfig) -> ModelStates:
@@ -109,6 +119,7 @@ SPEC = register(StrategySpec(
     name="ddp", schema=DDPConfig, summary="torch DistributedDataParallel: replicas, bucketed all-reduce",
     implementation=lambda plan: torch_native(TorchDDP()), rules=rules, traffic=traffic,
     model_states=model_states, buffers=buffers, phase_buffers=phase_buffers, float8=True, loss_chunks=True,
+    half_reduction=("strategy.comm_hook", "bf16_compress"),
     profiles={"best": {
         # one rank is single's step: single's compiled CUDA-graph profile holds; on several ranks it does not
         "compile": (True, "1 x H100, 1 rank: gpt2 94.6k -> 156.4k tokens/s, 300m 153.1k -> 195.0k "

@@ -223,7 +223,8 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     scatter, across = (syncs * b for b in hsdp_grad_reduce(params * grad_bytes, dp, replicate))
     own = {"param_gather": _gathered(plan, params), "grad_reduce": scatter, "device_bytes": _weight_casts(plan),
            "collectives": units * (gathers + syncs * (1 + (replicate > 1))),
-           "hooks": 4 * units * m + param_tensors(plan) * (gathers + 2) + _weight_cast_hooks(plan)}
+           "hooks": 4 * units * m + param_tensors(plan) * (gathers + 2) + _weight_cast_hooks(plan),
+           **({"grad_elem": grad_bytes} if dp * replicate > 1 else {})}
     if replicate > 1:  # over the replicate group (bench/plan/topology.py KIND_GROUP), the rest over the shard group
         own["grad_replicate"] = across
     if s.cpu_offload:  # fp32 shards in (per gather) and gradients out, the AdamW step on the host
@@ -299,7 +300,8 @@ def label(name: str, v: dict) -> list[str]:
 SPEC = register(StrategySpec(
     name="fsdp", schema=FSDPConfig, summary="PyTorch FSDP2 (fully_shard), alone or over torch TP / PP",
     implementation=lambda plan: torch_native(FSDP2()), rules=rules, model_states=model_states, buffers=buffers,
-    phase_buffers=phase_buffers, crowded=crowded, label=label, traffic=traffic, float8=True, loss_chunks=True, profiles={"best": {
+    phase_buffers=phase_buffers, crowded=crowded, label=label, traffic=traffic, float8=True, loss_chunks=True,
+    half_reduction=("strategy.reduce_dtype", "param"), profiles={"best": {
         # compile first: it costs no memory (Inductor casts a norm's output once for all its projections), so the
         # knobs that trade memory for speed after it are judged against the compiled plan, not the eager one
         "compile": (True, "one H200, 300m batch 8: compiled units of 4 92.1k vs eager 65.7k tokens/s "

@@ -158,6 +158,7 @@ def family_spec(name: str, schema: type, summary: str, profiles: dict, float8: b
     strategy's own, checked first."""
     return register(StrategySpec(
         name=name, schema=schema, summary=summary, float8=float8, profiles=profiles, label=label, loss_chunks=True,
+        half_reduction=("strategy.grad_reduce_in_fp32", False),  # megatron-core's (impl=torch refuses it)
         implementation=lambda plan: implementation_of(plan.strategy).runner(plan),
         rules=lambda plan: family_rules(plan, rules),
         model_states=lambda run: implementation_of(run.strategy).model_states(run),
@@ -193,7 +194,7 @@ def _torch_traffic(plan: Plan, params: float) -> dict[str, float]:
     """tp's activation all-reduces and pp's sends (bench/costs/traffic.py), then torch DDP's fp32 all-reduce."""
     dp, grads = plan.dp_size, 4 * params
     own = {"grad_reduce": all_reduce(grads, dp), "collectives": buckets(grads, 25 * 2**20) if dp > 1 else 0,
-           "hooks": param_tensors(plan) if plan.tp > 1 else 0}
+           "hooks": param_tensors(plan) if plan.tp > 1 else 0, **({"grad_elem": 4} if dp > 1 else {})}
     return merge(own, torch_tp(plan), pp_p2p(plan), torch_native_hooks(plan))
 
 

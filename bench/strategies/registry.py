@@ -165,6 +165,10 @@ class StrategySpec:
     devices: tuple[str, ...] = ("cpu", "cuda")
     # precision=fp8 runs: torchao's float8 training composes with its implementation (bench/parallel/float8.py)
     float8: bool = False
+    # the knob and value with which it reduces gradients in 16 bit where its default reduces them in fp32 (half the
+    # bytes, lower-precision sums): not searched, as it changes numerics; the planner names it where it would pay
+    # (bench/planner/reduction.py)
+    half_reduction: Optional[tuple[str, Any]] = None
     # loss_chunks > 1 runs: its step takes the loss from bench's model (bench/models/model.py model_loss, the head's
     # chunked loss), not from a loss of its own (an implementation of a family may still refuse the knob)
     loss_chunks: bool = False

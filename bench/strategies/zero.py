@@ -332,7 +332,7 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     grads = params * elem
     wrapper = not autocast and plan.run.precision != "fp32"  # DeepSpeed's own 16-bit optimizer wrapper
     norm = s.compute_grad_norm and (stage > 0 or wrapper)  # stage 0 under autocast: torch's AdamW, no norm
-    out = {"hooks": n * (3 if wrapper else 1), "syncs": 1 if norm else 0, "eager": 1 if wrapper else 0}
+    out = {"hooks": n * (3 if wrapper else 1), "syncs": int(norm), "eager": int(wrapper), "grad_elem": elem * (dp > 1)}
     if stage == 0:
         out.update(tail=all_reduce(grads, dp), collectives=buckets(grads, STAGE0_ALLREDUCE_ELEMENTS * elem))
     elif stage in (1, 2):

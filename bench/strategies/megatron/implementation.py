@@ -158,6 +158,7 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
         own.update(embedding_grad=all_reduce(m.vocab_size * m.d_model / plan.tp * elem, 2),
                    collectives=1)
     if dp > 1:
+        own["grad_elem"] = elem
         kind = "grad_reduce" if s.overlap_grad_reduce else "tail"
         own["collectives"] = own.get("collectives", 0) + buckets(params, bucket) * (2 if s.use_distributed_optimizer else 1)
         if s.use_distributed_optimizer:
