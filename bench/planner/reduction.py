@@ -2,8 +2,8 @@
 
 By default ZeRO (DeepSpeed's own 16-bit mode) reduces gradients in bf16, while DDP, FSDP2 and Megatron reduce them
 in fp32 (``StrategySpec.half_reduction`` names the knob that halves them). On a slow link that alone can order the
-strategies: over sockets on 4 x H100 (the probe of results/2026-11-28-h100x4-slow-links-planner), Llama 3.2 1B's DDP
-is predicted at 5,890 tokens/s, and with ``strategy.comm_hook=bf16_compress`` at 11,456. So a ranking there compares
+strategies: over sockets on 4 x H100 (the probe of results/2026-11-28-h100x4-slow-links-planner), the planner's best
+DDP row for Llama 3.2 1B is predicted at 5,920 tokens/s, and with ``strategy.comm_hook=bf16_compress`` at 11,347. So a ranking there compares
 strategies at different precisions of the gradient sums. The search does not try 16-bit reductions: they change
 numerics, which is the user's choice. The planner says where the rows differ. It also names each fp32 strategy's
 16-bit knob where its best row would gain at least NOTE_GAIN, with the predicted tokens/s.
