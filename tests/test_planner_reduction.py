@@ -1,6 +1,6 @@
 """The planner says where its rows reduce gradients at different precisions, and what 16 bit would buy a strategy
 that reduces them in fp32 (bench/planner/reduction.py). The number it quotes is checked against the dry run of that
-row's own command with the knob added."""
+row's own command with the knob added. ``grad_reduce`` plans every strategy at one precision."""
 from __future__ import annotations
 
 import re
@@ -29,7 +29,7 @@ def test_over_sockets_ddps_16_bit_reduction_is_named_with_the_throughput_its_com
     by = {}
     for r in records:
         by.setdefault(r["strategy"], set()).add(r["grad_reduce"])
-    assert by["ddp"] == {"fp32"} and "16-bit" in by["zero"], by  # DeepSpeed's bf16 mode reduces in bf16
+    assert by["ddp"] == {"fp32"} and "16bit" in by["zero"], by  # DeepSpeed's bf16 mode reduces in bf16
     assert any(r["grad_reduce"] is None and r["dp"] == 1 for r in records)  # no replicas, no reduction
     notes = "\n".join(head["notes"])
     assert "the ranking compares them at different precisions" in notes, notes
@@ -51,3 +51,23 @@ def test_on_nvlink_no_strategy_is_told_to_change_its_numerics_for_little():
     head, records = plan(parse(["hardware=h100_sxm_80gb", *LLAMA_4]))
     assert not any(n.startswith("ddp:") for n in head["notes"]), head["notes"]
     assert {r["grad_reduce"] for r in records if r["strategy"] == "ddp"} == {"fp32"}
+
+
+def test_grad_reduce_plans_every_strategy_at_one_precision_of_the_gradient_sums():
+    """Over sockets: with grad_reduce=fp32 every row with replicas sums in fp32, ZeRO too (DeepSpeed's
+    communication_data_type, or no 16-bit module under its torch_autocast), and nothing is said about precisions;
+    ZeRO's best row is then slower than at its own 16-bit default (twice the gradient bytes). With grad_reduce=16bit
+    every such row sums in 16 bit, and single (nothing to reduce) is not a candidate."""
+    question = ["--config-dir", str(PROBES), "hardware=h100x4_sockets", "link_regime=sockets", *LLAMA_4]
+    answers = {g: plan(parse([*question, *([f"grad_reduce={g}"] if g else [])])) for g in ("", "fp32", "16bit")}
+    for g in ("fp32", "16bit"):
+        head, records = answers[g]
+        assert {r["grad_reduce"] for r in records if r["dp"] > 1} == {g}, g
+        assert {"ddp", "fsdp", "zero"} <= {r["strategy"] for r in records} and "single" not in {
+            r["strategy"] for r in records}
+        assert not any("different precisions" in n or n.startswith("ddp:") for n in head["notes"]), head["notes"]
+        assert all(f"grad_reduce={g}" in r["overrides"] for r in records)  # each row's command says it
+    best = {g: max(r["tokens_per_s"] for r in answers[g][1] if r["strategy"] == "zero") for g in answers}
+    assert best["fp32"] < best[""] <= best["16bit"] * 1.001, best
+    ddp = {g: max(r["tokens_per_s"] for r in answers[g][1] if r["strategy"] == "ddp") for g in answers}
+    assert ddp["16bit"] > 1.5 * ddp[""] and ddp["fp32"] == ddp[""], ddp

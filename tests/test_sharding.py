@@ -100,8 +100,16 @@ CASES = {  # run name -> its overrides (device, steps and warm-up common to all:
     **{f"offload_{name}": (*strategy, "world_size=2", *FP32) for name, strategy in OFFLOADS.items()},
     "single_bf16": ("strategy=single", *BF16),
     "zero0_autocast": (*AUTOCAST, *BF16),
-    **{f"zero{s}_autocast_ws2": (*AUTOCAST, "world_size=2", f"strategy.zero_stage={s}", *BF16) for s in (0, 2, 3)},
+    **{f"zero{s}_autocast_ws2": (*AUTOCAST, "world_size=2", f"strategy.zero_stage={s}", *BF16, *COMMS_LOGGER)
+       for s in (0, 2, 3)},
+    # every gradient summed in fp32: under torch_autocast (no module in 16 bit), under DeepSpeed's own bf16
+    "zero2_autocast_grad_fp32": (*AUTOCAST, "world_size=2", "strategy.zero_stage=2", "grad_reduce=fp32", *BF16,
+                                 *COMMS_LOGGER),
+    "zero2_bf16_grad_fp32": (*ZERO, "strategy.zero_stage=2", "strategy.reduce_dtype=fp32", *BF16, *COMMS_LOGGER),
 }
+# what each gradient reduction of a case sums in (layout.grad_reduce), and DeepSpeed's op for it
+REDUCED_IN = {"zero0_autocast_ws2": "fp32", "zero2_autocast_ws2": "mixed", "zero3_autocast_ws2": "mixed",
+              "zero2_autocast_grad_fp32": "fp32", "zero2_bf16_grad_fp32": "fp32"}
 COMMON = [o for o in CPU_FAST if not o.startswith("precision=")]  # a case's precision is its own
 
 
@@ -223,6 +231,26 @@ def test_zero_gradient_reductions_are_the_traffic_models(runs):
         traffic = get_spec("zero").traffic(plan, total_params(plan.model))
         assert traffic["collectives"] == (4 if stage == 2 else 1) + 1, stage
         assert traffic["tail"] == pytest.approx(((4 if stage == 2 else 1) * 2 + 1) * grad_bytes * (2 - 1) / 2)
+
+
+def test_zero_gradient_bytes_by_dtype_are_the_traffic_models(runs):
+    """DeepSpeed's comms logger (layout.comms) against the traffic model's gradient bytes (``grad_elem`` a parameter):
+    under torch_autocast stage 0 sums every gradient in fp32; stages 2-3 the blocks' Linear ones in bf16 and the rest
+    in fp32, one bucket each; grad_reduce=fp32 (through strategy.reduce_dtype) one fp32 bucket, under torch_autocast
+    and under DeepSpeed's own bf16, whose default sums in bf16."""
+    for case, kind in REDUCED_IN.items():
+        m = runs[case]
+        assert m["status"] == "completed", (case, m.get("error"))
+        assert m["config"]["strategy"]["reduce_dtype"] == ("fp32" if "grad_fp32" in case else "auto"), case
+        assert "grad_reduce" not in m["config"], case  # a shorthand: the strategy's knob says what ran
+        steps, comms, stage = m["layout"]["global_steps"], m["layout"]["comms"], m["config"]["strategy"]["zero_stage"]
+        sizes = {int(b): n for b, n in comms["reduce_scatter_tensor" if stage == 3 else "all_reduce"].items()
+                 if int(b) > 64}  # the gradient norm's scalars aside
+        assert set(sizes.values()) == {steps} and len(sizes) == (2 if kind == "mixed" else 1), (case, comms)
+        plan = plan_of(*(o for o in CASES[case] if o not in COMMS_LOGGER), *COMMON)
+        params = total_params(plan.model)
+        assert sum(sizes) == get_spec("zero").traffic(plan, params)["grad_elem"] * params, (case, sizes)
+        assert m["layout"]["grad_reduce"] == kind, case
 
 
 def source_of(fn) -> str:

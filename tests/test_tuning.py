@@ -136,6 +136,41 @@ def test_shorthands_zero_stage_and_microbatches():
         assert e.value.key == key, overrides
 
 
+def test_grad_reduce_sets_each_strategys_own_knob_or_fails_naming_it():
+    """grad_reduce=fp32 | 16bit: one run-level choice, set on each strategy's knob (the record keeps only that knob);
+    a strategy that sums nothing, a contradicting explicit knob, or a strategy rule's refusal of the value it sets is
+    an error naming grad_reduce (or the contradicting key) before launch."""
+    bf16 = ("precision=bf16", "world_size=2")
+    for strategy, choice, key, value in (("ddp", "fp32", "comm_hook", "none"), ("fsdp", "16bit", "reduce_dtype", "param"),
+                                         ("fsdp", "fp32", "reduce_dtype", "fp32"), ("zero", "fp32", "reduce_dtype", "fp32"),
+                                         ("zero", "16bit", "reduce_dtype", "param")):
+        p = plan(f"strategy={strategy}", f"grad_reduce={choice}", *bf16, "device=cpu")
+        assert getattr(p.strategy, key) == value and "grad_reduce" not in p.cfg, (strategy, choice)
+    # on a GPU, DDP's 16 bit is its compress hook in the run's own 16-bit dtype
+    for precision, hook in (("bf16", "bf16_compress"), ("fp16", "fp16_compress")):
+        p = plan("strategy=ddp", "grad_reduce=16bit", f"precision={precision}", "world_size=2", "device=cuda", gpus=2)
+        assert p.strategy.comm_hook == hook
+    p = plan("strategy=megatron", "grad_reduce=16bit", "world_size=2", "device=cuda", gpus=2)
+    assert p.strategy.grad_reduce_in_fp32 is False
+    # tuning=best keeps it (an explicit setting)
+    p = plan("strategy=zero", "zero_stage=0", "grad_reduce=fp32", "precision=bf16", "device=cuda", "tuning=best", gpus=1)
+    assert p.strategy.reduce_dtype == "fp32" and p.strategy.autocast is True
+    assert plan("strategy=zero", "zero_stage=0", "strategy.autocast=true", "grad_reduce=16bit",
+                *bf16, "device=cpu").strategy.reduce_dtype == "param"  # stage 0 under torch_autocast: the engine's dtype
+    for overrides, key, words in (
+            (["strategy=single", "grad_reduce=fp32", "world_size=1"], "grad_reduce", "sums no gradients"),
+            (["strategy=fsdp", "grad_reduce=16bit", "strategy.reduce_dtype=fp32", *bf16], "strategy.reduce_dtype",
+             "contradicts grad_reduce=16bit"),
+            (["strategy=fsdp", "grad_reduce=16bit", "precision=fp32", "world_size=2"], "grad_reduce",
+             "sets strategy.reduce_dtype=param here, and takes effect only with precision=bf16"),
+            (["strategy=zero", "zero_stage=2", "strategy.autocast=true", "grad_reduce=16bit", *bf16], "grad_reduce",
+             "reduces the blocks' Linear gradients in 16 bit"),
+            (["strategy=ddp", "grad_reduce=half", *bf16], "grad_reduce", "valid: default, fp32, 16bit")):
+        with pytest.raises(ConfigError) as e:  # the keys set, as the command line passes them
+            plan(*overrides, "device=cpu", explicit=[o.split("=", 1)[0] for o in overrides])
+        assert e.value.key == key and words in str(e.value), (overrides, str(e.value))
+
+
 def test_unconsumed_plus_key_fails_before_launch(tmp_path):
     p = run_bench(*CPU_FAST, "strategy=zero", "+strategy.zero_stag=2", run_dir=tmp_path / "r", timeout=120)
     assert p.returncode == 2 and "strategy.zero_stag=2: bench does not use this key" in p.stdout + p.stderr

@@ -28,8 +28,8 @@ counts per step
   ``eager``         1: torch.compile leaves the step eager (the strategy's module hooks break every graph)
   ``layer_host``    eager host cost of a layer's ops against plain tensors' (> 1: DTensor dispatch, which
                     torch.compile traces away); default 1
-  ``grad_elem``     bytes of a gradient element as the data-parallel reduction sends it (4: fp32, 2: 16-bit); absent
-                    without one.  The planner says where strategies differ in it (bench/planner/reduction.py)
+  ``grad_elem``     bytes of a gradient element as the data-parallel reduction sends it (4: fp32, 2: 16 bit, between:
+                    some in each, ``reduced_in``); absent or 0 without one.  The planner says where strategies differ in it (bench/planner/reduction.py)
   ``lockstep``      share of the layer passes at which the ranks' hooks meet at a collective (the slowest rank's
                     host sets the pace each time); default 1 (per-layer gathers / reductions)
   ``extra_flops``   FLOPs the rank runs beyond its 1 / world share of the step's (a replicated layer's)
@@ -44,6 +44,7 @@ strategy (bench/strategies/ hold each one's terms).
 from __future__ import annotations
 
 from math import ceil
+from typing import Optional
 
 from bench.models.model_spec import describe_model
 from bench.spec.schema import Plan
@@ -84,6 +85,14 @@ def param_tensors(plan: Plan) -> int:
     """Parameter tensors on one rank (bookkeeping that runs once per tensor: hooks, copies)."""
     m = describe_model(plan.model)
     return ceil(m.block_param_tensors() * m.layers / plan.pp) + m.end_param_tensors()
+
+
+def reduced_in(grad_elem: float) -> Optional[str]:
+    """What gradient sums of ``grad_elem`` bytes an element are in: fp32, 16bit, or mixed (some in 16 bit, the rest
+    in fp32: DeepSpeed's torch_autocast); None without a reduction."""
+    if not grad_elem:
+        return None
+    return "fp32" if grad_elem >= 4 else "16bit" if grad_elem <= 2 else "mixed"
 
 
 def buckets(nbytes: float, bucket_bytes: float) -> int:

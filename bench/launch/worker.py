@@ -34,7 +34,7 @@ from bench.metrics.nvml import NvmlSampler
 from bench.metrics.profile import profile_steps
 from bench.metrics.timing import phase
 from bench.parallel.compile import compile_counts, compile_record
-from bench.strategies.registry import get_spec, sweep_preloads
+from bench.strategies.registry import get_spec, grad_reduce_of, sweep_preloads
 from bench.run.config import plan_from_dict
 from bench.spec.schema import FaultConfig, Plan
 from bench.strategies.base import DistContext
@@ -306,7 +306,7 @@ def train(plan: Plan, run_dir: Path, rank: int, local_rank: int, world_size: int
 
 def _write_metrics(plan: Plan, run_dir: Path, device, gathered: list, strategy, matmul_peak) -> None:
     prov = provenance.collect(plan.command or [], [r["device_name"] for r in gathered])
-    layout = strategy.describe()
+    layout = {**strategy.describe(), "grad_reduce": grad_reduce_of(plan)}  # what gradient sums are in
     if plan.tuning:
         layout["tuning"] = plan.tuning
     if plan.micro_batch_auto:  # strategy.micro_batch_size=auto: what it chose and why

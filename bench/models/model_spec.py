@@ -112,6 +112,10 @@ class ModelDescription:
         """The two norms' parameters of a block: replicated over tensor parallelism."""
         return 2 * self.norm_params()
 
+    def block_linear_params(self) -> int:
+        """A block's nn.Linear parameters, weights and biases: the block but its norms."""
+        return self.block_params() - self.norm_params_per_block()
+
     def param_groups(self) -> dict[str, int]:
         """Parameters by part: embedding (token + learned positions), one block, the final norm, the output
         projection (d x V, also when tied), and whether it is tied."""

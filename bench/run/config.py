@@ -17,6 +17,7 @@ from typing import Any, Iterable, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from bench.parallel.cp import NO_CPU
+from bench.run import grad_reduce
 from bench.machine.allocator import check as check_allocator
 from bench.machine.hardware import HardwareConfig, check as check_hardware, preset_nodes
 from bench.machine.hardware_rules import compute_capability, cuda_device_count, planned_device_name, planned_gpus
@@ -138,19 +139,25 @@ def validate(cfg: DictConfig | dict, gpus: Optional[int] = None, explicit: Itera
     _check_known_keys(c["hardware"], HardwareConfig, "hardware.")
     check_hardware(c["hardware"])
     _check_known_keys(c["strategy"], spec.schema, "strategy.")
+    _check_choices(c, spec)
+    c, explicit, reduction = grad_reduce.apply(c, spec, explicit)
     c = _apply_shorthands(c, spec)
     gpus = cuda_device_count() if gpus is None else gpus
-    if c.get("tuning", "default") != "default":
+    try:
+        if c.get("tuning", "default") == "default":
+            return _validate(c, spec, gpus)
         from bench.run.tuning_profiles import apply_profile
 
-        _check_choices(c, spec)
         # each trial is checked on a copy: a setting such as micro_batch_size=auto stays what was set until the end
         c, record = apply_profile(c, spec, lambda trial: _validate(copy.deepcopy(trial), spec, gpus), explicit,
                                   device=planned_device_name(c, gpus))
         plan = _validate(c, spec, gpus)
         plan.tuning = record
         return plan
-    return _validate(c, spec, gpus)
+    except ConfigError as e:  # a strategy's refusal of the knob grad_reduce set: said as grad_reduce's
+        if reduction and e.key == reduction[0]:
+            raise grad_reduce.explain(e, reduction) from e
+        raise
 
 
 def _validate(c: dict, spec: StrategySpec, gpus: int) -> Plan:

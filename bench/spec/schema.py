@@ -217,6 +217,10 @@ class BenchConfig(Section):
                            "the weight gradient's matmul in bf16: the most accurate)",
                            choices=("tensorwise", "rowwise", "rowwise_with_gw_hp"), requires={"precision": "fp8"},
                            added=True)
+    grad_reduce: str = knob("default", "the precision gradients are summed in across data-parallel ranks, on each "
+                            "strategy's own knob (bench/run/grad_reduce.py): default (each strategy's: ZeRO 16 bit, "
+                            "the others fp32) | fp32 | 16bit (precision's 16-bit dtype): strategies at equal numerics",
+                            choices=("default", "fp32", "16bit"), alias="strategy.<its reduction knob>", added=True)
     steps: int = knob(20, "optimizer steps in all, warm-up included")
     warmup_steps: int = knob(5, "steps not timed")
     zero_stage: Optional[int] = knob(None, "shorthand for strategy.zero_stage (strategy=zero zero_stage=3)",
@@ -289,15 +293,13 @@ class BenchConfig(Section):
     force_run: bool = knob(False, "run even when the memory plan predicts an out-of-memory", volatile=True)
     resume: bool = knob(False, "sweeps: skip runs already completed in the sweep folder; run an interrupted one "
                           "again", volatile=True)
-    rerun_failed: bool = knob(False, "sweeps, with resume: run failed / oom / timeout ones again",
-                              volatile=True)
+    rerun_failed: bool = knob(False, "sweeps, with resume: run failed / oom / timeout ones again", volatile=True)
     vars: dict[str, Any] = knob(None, "free-form values presets interpolate; the runner never reads them",
                                 volatile=True, factory=dict)
 
 
 # --------------------------------------------------------------------------- plan
-# the top-level shorthands (zero_stage=3 sets strategy.zero_stage): validation moves them into the strategy section,
-# so a run's record says what ran once
+# the top-level shorthands (zero_stage=3, grad_reduce): validation moves them into the strategy section: said once
 _SHORTHANDS = {f.name: f.metadata.get("alias") for f in dataclasses.fields(BenchConfig)}
 
 

@@ -301,7 +301,8 @@ SPEC = register(StrategySpec(
     name="fsdp", schema=FSDPConfig, summary="PyTorch FSDP2 (fully_shard), alone or over torch TP / PP",
     implementation=lambda plan: torch_native(FSDP2()), rules=rules, model_states=model_states, buffers=buffers,
     phase_buffers=phase_buffers, crowded=crowded, label=label, traffic=traffic, float8=True, loss_chunks=True,
-    half_reduction=("strategy.reduce_dtype", "param"), profiles={"best": {
+    grad_reduce={"fp32": ("strategy.reduce_dtype", "fp32"), "16bit": ("strategy.reduce_dtype", "param")},
+    profiles={"best": {
         # compile first: it costs no memory (Inductor casts a norm's output once for all its projections), so the
         # knobs that trade memory for speed after it are judged against the compiled plan, not the eager one
         "compile": (True, "one H200, 300m batch 8: compiled units of 4 92.1k vs eager 65.7k tokens/s "

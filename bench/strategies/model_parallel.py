@@ -158,7 +158,8 @@ def family_spec(name: str, schema: type, summary: str, profiles: dict, float8: b
     strategy's own, checked first."""
     return register(StrategySpec(
         name=name, schema=schema, summary=summary, float8=float8, profiles=profiles, label=label, loss_chunks=True,
-        half_reduction=("strategy.grad_reduce_in_fp32", False),  # megatron-core's (impl=torch refuses it)
+        # megatron-core's (impl=torch refuses 16 bit)
+        grad_reduce={"fp32": ("strategy.grad_reduce_in_fp32", True), "16bit": ("strategy.grad_reduce_in_fp32", False)},
         implementation=lambda plan: implementation_of(plan.strategy).runner(plan),
         rules=lambda plan: family_rules(plan, rules),
         model_states=lambda run: implementation_of(run.strategy).model_states(run),

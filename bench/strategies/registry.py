@@ -165,10 +165,11 @@ class StrategySpec:
     devices: tuple[str, ...] = ("cpu", "cuda")
     # precision=fp8 runs: torchao's float8 training composes with its implementation (bench/parallel/float8.py)
     float8: bool = False
-    # the knob and value with which it reduces gradients in 16 bit where its default reduces them in fp32 (half the
-    # bytes, lower-precision sums): not searched, as it changes numerics; the planner names it where it would pay
-    # (bench/planner/reduction.py)
-    half_reduction: Optional[tuple[str, Any]] = None
+    # grad_reduce=fp32 | 16bit (bench/run/grad_reduce.py): {choice: (knob, value)}, the knob and value with which it
+    # sums gradients across data-parallel ranks in that precision (a value may be a function of the run's precision);
+    # empty: it reduces none.  Not searched, as it changes numerics; the planner names the 16-bit one where it would
+    # pay (bench/planner/reduction.py)
+    grad_reduce: dict[str, tuple[str, Any]] = field(default_factory=dict)
     # loss_chunks > 1 runs: its step takes the loss from bench's model (bench/models/model.py model_loss, the head's
     # chunked loss), not from a loss of its own (an implementation of a family may still refuse the knob)
     loss_chunks: bool = False
@@ -225,6 +226,17 @@ def strategy_knob(strategy: Any, key: str, default: Any = None) -> Any:
     if isinstance(strategy, dict):
         return strategy.get(key, default)
     return getattr(strategy, key, default)
+
+
+def grad_reduce_of(plan: Plan, params: Optional[float] = None) -> Optional[str]:
+    """What the plan's data-parallel reduction sums gradients in (fp32, 16bit, mixed; None: no reduction), from its
+    strategy's traffic (``grad_elem``) over ``params`` on the rank (the memory plan's, else the model's)."""
+    from bench.costs.traffic import reduced_in
+    from bench.metrics.flops import total_params
+
+    if params is None:
+        params = (plan.memory or {}).get("parameters_on_rank") or total_params(plan.model)
+    return reduced_in(get_spec(plan.strategy.name).traffic(plan, float(params)).get("grad_elem", 0))
 
 
 def sweep_preloads(run: BenchConfig) -> tuple[str, ...]:

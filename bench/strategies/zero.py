@@ -25,7 +25,8 @@ from bench.spec.schema import (BenchConfig, ConfigError, Plan, StrategyConfig, S
                               check_whole, knob)
 from bench.strategies.registry import (AUTOCAST_COPY, FP32, MIXED, ModelStates, StrategySpec, knob_text,
                                       register)
-from bench.strategies.zero_engine import Zero, check_adam, runs_torch_autocast
+from bench.strategies.zero_engine import REDUCE_DTYPES, Zero, check_adam, half_reduced_share, runs_torch_autocast
+from bench.strategies.zero_rules import rules_deepcompile, rules_no_grad_norm, rules_reduce_dtype
 from bench.costs.traffic import all_gather, all_reduce, buckets, param_tensors
 from bench.parallel.compile import refuse_graphs_across_microbatches
 
@@ -84,6 +85,10 @@ class ZeroConfig(StrategyConfig):
     overlap_comm: Optional[bool] = knob(None, "stages 1-3: overlap gradient reduction with backward; null = "
                                         "DeepSpeed's default (true for stage 3, false for 1-2)", tune=(None, True))
     contiguous_gradients: bool = knob(True, "copy gradients into one contiguous buffer as produced")
+    reduce_dtype: str = knob("auto", "the dtype gradients are summed in across ranks: auto (DeepSpeed's: the 16-bit one "
+                             "under its own bf16 / fp16; with autocast=true fp32 at stage 0, and at stages 1-3 the "
+                             "blocks' Linear gradients in 16 bit, the rest in fp32) | fp32 | param (the 16-bit one; "
+                             "with autocast=true stage 0 only)", choices=REDUCE_DTYPES, added=True)
     compute_grad_norm: bool = knob(True, "stages 1-2: false skips DeepSpeed's per-step global gradient norm and its "
                                    "host check (needs no clipping and no optimizer offload)", tune=(True, False),
                                    added=True)
@@ -126,10 +131,11 @@ def rules(plan: Plan) -> None:
     for key in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters"):
         check_whole(f"strategy.{key}", getattr(s, key))
     check_whole("strategy.param_persistence_threshold", s.param_persistence_threshold, allow_zero=True)
+    rules_reduce_dtype(plan)
     if not s.compute_grad_norm:
-        _rules_no_grad_norm(plan)
+        rules_no_grad_norm(plan)
     if s.deepcompile:
-        _rules_deepcompile(plan)
+        rules_deepcompile(plan)
     if stage == 3 and c.compile and plan.device == "cuda" and not s.deepcompile:
         raise ConfigError("compile", True, "with strategy.zero_stage=3 on CUDA, DeepSpeed 0.19.8's engine.compile "
                           "trains a different model (its losses leave single's from the second step); use "
@@ -157,48 +163,6 @@ def rules(plan: Plan) -> None:
         if key in (s.ds_config or {}):
             raise ConfigError(f"strategy.ds_config.{key}", s.ds_config[key],
                               "is derived from model.global_batch and strategy.micro_batch_size; set those instead")
-
-
-def _rules_no_grad_norm(plan: Plan) -> None:
-    """DeepSpeed 0.19.8 accepts zero_optimization.compute_grad_norm=false only where nothing needs the norm;
-    it would raise these inside deepspeed.initialize on every rank."""
-    s, c = plan.strategy, plan.run
-    stage = s.zero_stage
-    if stage not in (1, 2):
-        raise ConfigError("strategy.compute_grad_norm", False, f"only ZeRO stages 1-2 can skip the gradient norm "
-                          f"(strategy.zero_stage={stage} here); use zero_stage=1 or 2, or compute_grad_norm=true")
-    if c.optim.grad_clip > 0:
-        raise ConfigError("strategy.compute_grad_norm", False, f"clipping needs the gradient norm "
-                          f"(optim.grad_clip={c.optim.grad_clip}); set optim.grad_clip=0 or compute_grad_norm=true")
-    if s.offload_optimizer != "none":
-        raise ConfigError("strategy.compute_grad_norm", False, "DeepSpeed's optimizer offload always computes the "
-                          "norm; use offload_optimizer=none or compute_grad_norm=true")
-    accum = ((s.ds_config or {}).get("data_types") or {}).get("grad_accum_dtype")
-    if stage == 1 and c.precision == "bf16" and not s.autocast and accum == "fp32":
-        raise ConfigError("strategy.compute_grad_norm", False, "ZeRO-1 in DeepSpeed's own bf16 with "
-                          "strategy.ds_config.data_types.grad_accum_dtype=fp32 runs its BF16_Optimizer, which always "
-                          "computes the norm; drop that grad_accum_dtype, use zero_stage=2, or compute_grad_norm=true")
-
-
-def _rules_deepcompile(plan: Plan) -> None:
-    """DeepCompile is a torch.compile backend that DeepSpeed installs in engine.compile (ZeRO-1/2/3
-    passes, a CUDA op); DeepSpeed would silently fall back to plain torch.compile otherwise."""
-    s, c = plan.strategy, plan.run
-    if not c.compile:
-        raise ConfigError("strategy.deepcompile", True, "DeepCompile runs through engine.compile; set compile=true "
-                          "(or strategy.deepcompile=false)")
-    if s.zero_stage == 0:
-        raise ConfigError("strategy.deepcompile", True, "DeepCompile has passes for ZeRO stages 1-3 only "
-                          "(DeepSpeed falls back to plain torch.compile at stage 0); use strategy.zero_stage=1, 2 or 3")
-    if plan.device != "cuda":
-        raise ConfigError("strategy.deepcompile", True, f"DeepCompile runs on CUDA only (this run's device is "
-                          f"{plan.device}); set strategy.deepcompile=false")
-    if s.leaf_blocks:
-        raise ConfigError("strategy.leaf_blocks", True, "DeepCompile gathers ZeRO-3 parameters in its graph and fails "
-                          "on leaf modules (DeepSpeed 0.19.8); use leaf_blocks=false with deepcompile, or deepcompile=false")
-    if c.compile_mode != "default":
-        raise ConfigError("compile_mode", c.compile_mode, "DeepCompile compiles with its own Inductor backend, "
-                          "which takes no mode; use compile_mode=default with strategy.deepcompile=true")
 
 
 def model_states(run: BenchConfig) -> ModelStates:
@@ -312,6 +276,7 @@ def buffers(plan: Plan, psi: float, per_block: float) -> tuple[float, str]:
 # partition and release (one H200, gpt2: 12 leaf blocks ran in 100-150 ms a step, 132 hooked modules in 183-252,
 # against 28 ms for single; results/2026-11-25-h100-search-1gpu, results/2026-11-25-h200-search-1gpu)
 FETCH_OPS, PARAM_OPS = 12, 8
+CAST_BYTES = (4 + 2) + (2 + 4)  # a gradient element cast to its communication dtype and back, fp32 <-> 16 bit
 
 
 def traffic(plan: Plan, params: float) -> dict[str, float]:
@@ -321,7 +286,8 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     reduce_ready_partitions_and_remove_grads), the updated parameters all-gathered after the step, and with overlap_comm
     the host waits for the device at the end of each reducing backward (a sync); 3: every micro-batch gathers each
     module's parameters for forward and again for backward and reduce-scatters the gradients, the host waiting for them
-    at the backward's end.  Gradients and parameters travel in the parameters' dtype (fp32 under autocast).  Host: those
+    at the backward's end.  Parameters travel in their dtype (fp32 under autocast), gradients in 16 bit or fp32 by
+    strategy.reduce_dtype (``half_reduced_share``: under autocast at stages 1-3 the Linear ones in 16 bit).  Host: those
     Python hooks (per module at stage 3, per block with leaf_blocks), the step's pass over the parameters (twice with
     DeepSpeed's 16-bit wrapper, whose module hooks also leave a compiled step eager), a host read of the gradient norm;
     offload crosses PCIe and runs Adam on the host."""
@@ -329,20 +295,25 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     autocast = runs_torch_autocast(plan.run)
     stage, elem = s.zero_stage, 4 if plan.run.precision == "fp32" or autocast else 2
     overlap = stage == 3 if s.overlap_comm is None else s.overlap_comm
-    grads = params * elem
+    grads, half = params * elem, half_reduced_share(plan)
+    red = params * (4 - 2 * half)  # the gradients' bytes as reduced
     wrapper = not autocast and plan.run.precision != "fp32"  # DeepSpeed's own 16-bit optimizer wrapper
     norm = s.compute_grad_norm and (stage > 0 or wrapper)  # stage 0 under autocast: torch's AdamW, no norm
-    out = {"hooks": n * (3 if wrapper else 1), "syncs": int(norm), "eager": int(wrapper), "grad_elem": elem * (dp > 1)}
+    out = {"hooks": n * (3 if wrapper else 1), "syncs": int(norm), "eager": int(wrapper),
+           "grad_elem": (4 - 2 * half) * (dp > 1)}
+    # gradients reduced in another dtype than their own: cast into it and the sum copied back, each a read and a write
+    # (stage_1_and_2.py gradient_reduction_w_predivide, stage3.py __avg_scatter_grads), once a reduction
+    cast = CAST_BYTES * params * (dp > 1) * (half if elem == 4 else 1 - half) * (m if stage in (2, 3) else 1)
     if stage == 0:
-        out.update(tail=all_reduce(grads, dp), collectives=buckets(grads, STAGE0_ALLREDUCE_ELEMENTS * elem))
+        out.update(tail=all_reduce(red, dp), collectives=buckets(grads, STAGE0_ALLREDUCE_ELEMENTS * elem))
     elif stage in (1, 2):
         # each reduce bucket all-reduced whole, every rank keeping its partition (use_multi_rank_bucket_allreduce,
         # DeepSpeed's default); without it one reduce per partition to its owner: the bucket's bytes, in n calls
         multi = _zero_option(plan, "use_multi_rank_bucket_allreduce", True)
         per_mb = m if stage == 2 else 1  # stage 2 reduces every micro-batch from its hooks; stage 1 at the boundary
-        reduce = per_mb * (all_reduce(grads, dp) if multi else grads * (dp > 1))
+        reduce = per_mb * (all_reduce(red, dp) if multi else red * (dp > 1))
         out["grad_reduce" if overlap else "tail"] = reduce
-        nb = buckets(grads, s.reduce_bucket_size * elem)
+        nb = _reduce_buckets_count(plan, params, half)
         out.update(tail=out.get("tail", 0.0) + all_gather(grads, dp), hooks=out["hooks"] + stage * n * m,
                    collectives=(per_mb * (1 if multi else dp) + 1) * nb)
         # the hooks launch a reduction only when a bucket fills: the ranks meet once a bucket, not once a layer
@@ -356,16 +327,23 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
         modules = plan.model.n_layers * (1 if per_block else 12) + 5
         # forward gathers every parameter; backward only those released since (_kept_params stay gathered)
         regather = 1.0 - min(1.0, _kept_params(plan, param_groups(plan.model)["block"]) / params)
-        out.update(param_gather=(1 + regather) * m * all_gather(grads, dp), grad_reduce=m * all_gather(grads, dp),
-                   collectives=2 * m * modules + m * buckets(grads, s.reduce_bucket_size * elem),
+        out.update(param_gather=(1 + regather) * m * all_gather(grads, dp), grad_reduce=m * all_gather(red, dp),
+                   collectives=2 * m * modules + m * _reduce_buckets_count(plan, params, half),
                    hooks=out["hooks"] + m * (FETCH_OPS * modules + (0 if s.deepcompile else PARAM_OPS * n)),
                    # each backward's epilogue waits for its reduce stream (stage3.py), unless DeepCompile reduces
                    syncs=out["syncs"] + (0 if s.deepcompile else m))
+    out["device_bytes"] = cast
     if s.offload_optimizer != "none":  # gradients out, updated parameters in, the Adam step on the host
         out.update(offload=(elem + 2) * params / dp, host_adam=params / dp)
     if s.offload_param != "none":  # the shard copied in before each gather
         out["offload"] = out.get("offload", 0.0) + 2 * m * grads / dp
     return out
+
+
+def _reduce_buckets_count(plan: Plan, params: float, half: float) -> int:
+    """Reduce buckets of reduce_bucket_size elements, one set per communication dtype (16 bit, fp32)."""
+    size = plan.strategy.reduce_bucket_size
+    return buckets(params * half, size) + buckets(params * (1 - half), size)
 
 
 def label(name: str, v: dict) -> list[str]:
@@ -378,6 +356,7 @@ SPEC = register(StrategySpec(
     name="zero", schema=ZeroConfig, summary="DeepSpeed ZeRO stages 0-3 (+ CPU offload) on bench's model",
     implementation=lambda plan: Zero, rules=rules, model_states=model_states, buffers=buffers, label=label,
     phase_buffers=phase_buffers, traffic=traffic, variants_figure=("zero_stage", "ZeRO stages"), loss_chunks=True,
+    grad_reduce={"fp32": ("strategy.reduce_dtype", "fp32"), "16bit": ("strategy.reduce_dtype", "param")},
     # each stage is a strategy of its own (the analysis, the store of measured bests): a knob search that leaves the
     # stage unset searches every stage, each with its own trials and winner
     search_bases={"strategy.zero_stage": (0, 1, 2, 3)},

@@ -10,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bench.models.model import Block, build_model, model_loss
+from bench.models.model_spec import describe_model
 from bench.parallel.ac import apply_ac, apply_loss_chunks
 from bench.parallel.compile import compile_kwargs
 from bench.parallel.optim import adamw
@@ -18,6 +19,7 @@ from bench.spec.schema import BenchConfig, ConfigError, Plan
 from bench.strategies.deepspeed_env import ensure_torch_extensions_dir, fix_cuda_arch_list
 
 AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # DeepSpeed's torch_autocast.dtype names
+REDUCE_DTYPES = ("auto", "fp32", "param")  # strategy.reduce_dtype
 
 
 def build_ds_config(plan) -> dict:
@@ -57,6 +59,8 @@ def build_ds_config(plan) -> dict:
         cfg["compile"] = {"deepcompile": True}
     if s.autocast and c.precision in AUTOCAST_DTYPES:
         cfg["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_DTYPES[c.precision]}
+        if s.reduce_dtype == "fp32" and stage:  # stages 1-3 reduce each parameter in its comm_dtype: none in 16 bit
+            cfg["torch_autocast"]["lower_precision_safe_modules"] = []
     elif c.precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     elif c.precision == "fp16":
@@ -66,6 +70,9 @@ def build_ds_config(plan) -> dict:
                        "loss_scale_window": f.loss_scale_window, "hysteresis": f.hysteresis,
                        "consecutive_hysteresis": f.consecutive_hysteresis,
                        "min_loss_scale": f.min_loss_scale}
+    if s.reduce_dtype != "auto" and c.precision != "fp32" and "lower_precision_safe_modules" not in cfg.get(
+            "torch_autocast", {}):  # the engine's, and stages 1-2's and 3's without torch_autocast
+        cfg["communication_data_type"] = "fp32" if s.reduce_dtype == "fp32" else c.precision
     # strategy.ds_config (a raw dict) merged last: dicts merge, anything else replaces
     return OmegaConf.to_container(OmegaConf.merge(cfg, s.ds_config or {}))
 
@@ -111,6 +118,23 @@ def runs_torch_autocast(run: BenchConfig) -> bool:
     return run.precision != "fp32" and bool(run.strategy.autocast or raw)
 
 
+def half_reduced_share(plan: Plan) -> float:
+    """Share of the gradient elements DeepSpeed reduces in 16 bit, the rest in fp32 (as its comms logger counts
+    them, tests/test_sharding.py): under its own bf16 / fp16 all (communication_data_type: the parameters' dtype); in
+    fp32 none; under torch_autocast at stage 0 none (the engine's communication_data_type is fp32), at stages 1-3
+    those of the blocks' nn.Linear layers (torch_autocast.py gives them the autocast dtype as comm_dtype; bench's
+    Head, a subclass, does not match); strategy.reduce_dtype=fp32 none, param all."""
+    s, run = plan.strategy, plan.run
+    if run.precision == "fp32" or s.reduce_dtype == "fp32":
+        return 0.0
+    if not runs_torch_autocast(run) or s.reduce_dtype == "param":
+        return 1.0
+    if not s.zero_stage:
+        return 0.0
+    desc = describe_model(plan.model)
+    return desc.layers * desc.block_linear_params() / desc.total_params()
+
+
 def comms_calls() -> Optional[dict]:
     """DeepSpeed's own count of its collectives since the engine started, warm-up included: {op: {message bytes:
     calls}} from its comms logger (on with +strategy.ds_config.comms_logger.enabled=true and .prof_all=true; each
@@ -129,7 +153,7 @@ PRECISION_NOTES = {  # (precision, autocast) -> what ran
     ("fp16", False): "DeepSpeed fp16: fp16 params/grads/compute, fp32 master weights + Adam states, "
                      "dynamic loss scaling (skipped steps reported)",
     ("bf16", True): "DeepSpeed torch_autocast bf16: fp32 params (the master weights), forward under "
-                    "torch.autocast, Linear gradients reduced in bf16",
+                    "torch.autocast",
     ("fp16", True): "DeepSpeed torch_autocast fp16: fp32 params, forward under torch.autocast, torch "
                     "GradScaler (skipped steps reported)",
 }

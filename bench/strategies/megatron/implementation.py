@@ -156,7 +156,7 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
         # (vocab-parallel) main grad between the two after every backward (_allreduce_word_embedding_grads)
         m = plan.model
         own.update(embedding_grad=all_reduce(m.vocab_size * m.d_model / plan.tp * elem, 2),
-                   collectives=1)
+                   collectives=1, grad_elem=elem)  # a gradient sum too, in the main grads' dtype
     if dp > 1:
         own["grad_elem"] = elem
         kind = "grad_reduce" if s.overlap_grad_reduce else "tail"
