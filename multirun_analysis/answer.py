@@ -19,6 +19,8 @@
 * **Precision** is part of a strategy's identity: an fp8 run (torchao float8 matmuls) is its own row,
   labelled ``precision=fp8`` (and its recipe), beside the same strategy in bf16, and a workload whose
   ranking mixes them says so (float8 computes a numerically different thing; compare the losses too).
+* **Gradient sums**: a workload whose bests sum gradients at different precisions (``layout.grad_reduce``: ZeRO's
+  DeepSpeed bf16 against the others' fp32) says so, and names ``grad_reduce`` to rank them at one.
 * ``memory_budget_gib``: only runs whose measured peak per device (mem_peak_mb: the CUDA allocator's
   peak, or host RSS on CPU) fits are ranked; the others are listed with their peak.
 * **Not to trust**: a best whose runs are flagged (multirun_analysis/trust.py: few timed steps, a large spread of
@@ -147,7 +149,7 @@ def default_vs_best(summary: pd.DataFrame) -> pd.DataFrame:
                      "best_mem_peak_mb": best.get("mem_peak_mb"), "best_mfu": best.get("mfu"),
                      "command": best.get("command"), "n_settings": len(g),
                      "not_to_trust": best.get("not_to_trust"), "device_type": best.get("device_type"),
-                     "total_params": best.get("total_params"),
+                     "total_params": best.get("total_params"), "grad_reduce": best.get("grad_reduce"),
                      "best_measured": f"{_timed_steps(g.loc[[best.name]]).iloc[0]:.0f} timed steps x "
                                       f"{fmt_value(best.get('n_runs'))} run(s)"})
     return pd.DataFrame(rows)
@@ -213,7 +215,7 @@ def ranked(summary: pd.DataFrame, memory_budget_gib: Optional[float] = None) -> 
         for _, r in over.iterrows():
             out.append(f"    - does not fit {memory_budget_gib:g} GiB: {r['strategy_id']} (peak "
                        f"{_mib(r['best_mem_peak_mb'])})")
-        out += _precision_note(g)
+        out += _precision_note(g) + _reduction_note(fits)
     return out
 
 
@@ -242,6 +244,20 @@ def _precision_note(g: pd.DataFrame) -> list[str]:
     return [f"    - note: the precision={FLOAT8} rows run torchao float8 matmuls: the same model and tokens, a "
             f"numerically different computation; compare their loss with the {', '.join(sorted(set(prec) - {FLOAT8}))} "
             "rows' before taking their speed"]
+
+
+def _reduction_note(g: pd.DataFrame) -> list[str]:
+    """A workload whose ranked bests sum gradients at different precisions (layout.grad_reduce): on a slow link that
+    alone can order them (bench/planner/reduction.py), so the ranking says so and how to run them at one."""
+    kinds: dict[str, list[str]] = {}
+    for _, r in g.iterrows():
+        if "grad_reduce" in r and isinstance(plain(r["grad_reduce"]), str):
+            kinds.setdefault(plain(r["grad_reduce"]), []).append(r["strategy_id"])
+    if len(kinds) < 2:
+        return []
+    said = "; ".join(f"in {k} by {', '.join(v)}" for k, v in sorted(kinds.items()))
+    return [f"    - note: gradients are summed {said}: the ranking compares different precisions of the gradient "
+            "sums; with grad_reduce=fp32 or grad_reduce=16bit every strategy sums at one"]
 
 
 def _layout(r: pd.Series) -> str:

@@ -159,6 +159,7 @@ def summarize(runs: pd.DataFrame, compare: bool = True, baseline: dict | None = 
                    seeds=_joined(ok["seed"]) if "seed" in ok else None,
                    device_type=_joined(ok["device_type"]), mem_source=_joined(ok["mem_source"]),
                    not_to_trust=trust.of_runs(ok["not_to_trust"]) if "not_to_trust" in ok else None,
+                   grad_reduce=_joined(ok["layout.grad_reduce"]) if "layout.grad_reduce" in ok else None,
                    command=ok["prov.command"].dropna().iloc[0] if "prov.command" in ok and ok["prov.command"].notna().any()
                    else None)
         for name, (src, minmax) in MEASURES.items():
@@ -171,7 +172,7 @@ def summarize(runs: pd.DataFrame, compare: bool = True, baseline: dict | None = 
         rec["time_per_token_s"] = 1.0 / rec["tokens_per_s"] if rec["tokens_per_s"] > 0 else math.nan
         recs.append(rec)
     cols = key + ["n_runs", "n_failed", "failed_statuses", "seeds", "device_type", "mem_source", "not_to_trust",
-                  "command"]
+                  "grad_reduce", "command"]
     s = pd.DataFrame.from_records(recs) if recs else pd.DataFrame(columns=cols + list(MEASURES))
     s.attrs.update(key_columns=key, **{k: runs.attrs.get(k, []) for k in ("model_columns", "strategy_columns")})
     s.insert(len(key), "label", variant_labels(s))

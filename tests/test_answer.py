@@ -114,3 +114,21 @@ def test_every_ranked_row_carries_the_layout_it_ran(sweep):
         text = "\n".join(ma.ranked(s))
         assert f"; {want}, fp32), " in text and "1. ddp: 100% of the winner" in text and f"({want}, fp32)" in text, text
     assert {r["layout"] for _, r in t.iterrows()} == {"tp=1 pp=1 dp=2 mb=4x1 rc=none", "tp=1 pp=1 dp=2 mb=8x1 rc=none"}
+
+
+def test_a_ranking_of_different_gradient_sum_precisions_says_so(tmp_path):
+    """A real bf16 sweep: DDP sums gradients in fp32, ZeRO (DeepSpeed's own bf16) in bf16; each run's record says
+    which (layout.grad_reduce), and the answer notes the ranking mixes them and names grad_reduce."""
+    import multirun_analysis as ma
+
+    narrow = ("precision=bf16", "model.n_layers=2", "model.seq_len=64", "model.d_model=128", "model.d_ff=512",
+              "model.vocab_size=512")  # bf16 on this CPU is slow: tests/test_sharding.py
+    d = tmp_path / "sweep"
+    p = run_bench("strategy=ddp,zero", "world_size=2", *(o for o in CPU_FAST if not o.startswith("precision=")),
+                  *narrow, run_dir=d, multirun=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    runs = ma.load_runs(d)
+    assert dict(zip(runs["strategy"], runs["layout.grad_reduce"])) == {"ddp": "fp32", "zero": "16bit"}
+    text = "\n".join(ma.ranked(ma.summarize(runs)))
+    assert "note: gradients are summed in 16bit by zero-0; in fp32 by ddp" in text, text
+    assert "grad_reduce=fp32 or grad_reduce=16bit" in text
