@@ -220,7 +220,7 @@ class BenchConfig(Section):
     grad_reduce: str = knob("default", "the precision gradients are summed in across data-parallel ranks, on each "
                             "strategy's own knob (bench/run/grad_reduce.py): default (each strategy's: ZeRO 16 bit, "
                             "the others fp32) | fp32 | 16bit (precision's 16-bit dtype): strategies at equal numerics",
-                            choices=("default", "fp32", "16bit"), alias="strategy.<its reduction knob>", added=True)
+                            choices=("default", "fp32", "16bit"), alias="strategy.<its reduction knob>")
     steps: int = knob(20, "optimizer steps in all, warm-up included")
     warmup_steps: int = knob(5, "steps not timed")
     zero_stage: Optional[int] = knob(None, "shorthand for strategy.zero_stage (strategy=zero zero_stage=3)",
