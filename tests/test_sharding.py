@@ -106,10 +106,13 @@ CASES = {  # run name -> its overrides (device, steps and warm-up common to all:
     "zero2_autocast_grad_fp32": (*AUTOCAST, "world_size=2", "strategy.zero_stage=2", "grad_reduce=fp32", *BF16,
                                  *COMMS_LOGGER),
     "zero2_bf16_grad_fp32": (*ZERO, "strategy.zero_stage=2", "strategy.reduce_dtype=fp32", *BF16, *COMMS_LOGGER),
+    # every gradient in bf16 under torch_autocast: every module class that holds parameters named to DeepSpeed
+    "zero2_autocast_grad_16bit": (*AUTOCAST, "world_size=2", "strategy.zero_stage=2", "grad_reduce=16bit", *BF16,
+                                  *COMMS_LOGGER),
 }
 # what each gradient reduction of a case sums in (layout.grad_reduce), and DeepSpeed's op for it
 REDUCED_IN = {"zero0_autocast_ws2": "fp32", "zero2_autocast_ws2": "mixed", "zero3_autocast_ws2": "mixed",
-              "zero2_autocast_grad_fp32": "fp32", "zero2_bf16_grad_fp32": "fp32"}
+              "zero2_autocast_grad_fp32": "fp32", "zero2_bf16_grad_fp32": "fp32", "zero2_autocast_grad_16bit": "16bit"}
 COMMON = [o for o in CPU_FAST if not o.startswith("precision=")]  # a case's precision is its own
 
 
@@ -237,11 +240,12 @@ def test_zero_gradient_bytes_by_dtype_are_the_traffic_models(runs):
     """DeepSpeed's comms logger (layout.comms) against the traffic model's gradient bytes (``grad_elem`` a parameter):
     under torch_autocast stage 0 sums every gradient in fp32; stages 2-3 the blocks' Linear ones in bf16 and the rest
     in fp32, one bucket each; grad_reduce=fp32 (through strategy.reduce_dtype) one fp32 bucket, under torch_autocast
-    and under DeepSpeed's own bf16, whose default sums in bf16."""
+    and under DeepSpeed's own bf16, whose default sums in bf16; grad_reduce=16bit under torch_autocast one bf16 bucket."""
     for case, kind in REDUCED_IN.items():
         m = runs[case]
         assert m["status"] == "completed", (case, m.get("error"))
-        assert m["config"]["strategy"]["reduce_dtype"] == ("fp32" if "grad_fp32" in case else "auto"), case
+        assert m["config"]["strategy"]["reduce_dtype"] == {"grad_fp32": "fp32", "grad_16bit": "param"}.get(
+            case.split("_", 2)[-1], "auto"), case
         assert "grad_reduce" not in m["config"], case  # a shorthand: the strategy's knob says what ran
         steps, comms, stage = m["layout"]["global_steps"], m["layout"]["comms"], m["config"]["strategy"]["zero_stage"]
         sizes = {int(b): n for b, n in comms["reduce_scatter_tensor" if stage == 3 else "all_reduce"].items()

@@ -87,8 +87,8 @@ class ZeroConfig(StrategyConfig):
     contiguous_gradients: bool = knob(True, "copy gradients into one contiguous buffer as produced")
     reduce_dtype: str = knob("auto", "the dtype gradients are summed in across ranks: auto (DeepSpeed's: the 16-bit one "
                              "under its own bf16 / fp16; with autocast=true fp32 at stage 0, and at stages 1-3 the "
-                             "blocks' Linear gradients in 16 bit, the rest in fp32) | fp32 | param (the 16-bit one; "
-                             "with autocast=true stage 0 only)", choices=REDUCE_DTYPES, added=True)
+                             "blocks' Linear gradients in 16 bit, the rest in fp32) | fp32 | param (the 16-bit one)",
+                             choices=REDUCE_DTYPES, added=True)
     compute_grad_norm: bool = knob(True, "stages 1-2: false skips DeepSpeed's per-step global gradient norm and its "
                                    "host check (needs no clipping and no optimizer offload)", tune=(True, False),
                                    added=True)

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import OmegaConf
 
-from bench.models.model import Block, build_model, model_loss
+from bench.models.model import Block, Head, build_model, model_loss
 from bench.models.model_spec import describe_model
 from bench.parallel.ac import apply_ac, apply_loss_chunks
 from bench.parallel.compile import compile_kwargs
@@ -20,6 +20,9 @@ from bench.strategies.deepspeed_env import ensure_torch_extensions_dir, fix_cuda
 
 AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # DeepSpeed's torch_autocast.dtype names
 REDUCE_DTYPES = ("auto", "fp32", "param")  # strategy.reduce_dtype
+# the module classes of bench's model that hold parameters: each one's gradients summed in 16 bit under torch_autocast
+# with reduce_dtype=param (DeepSpeed matches the class exactly: Head is not an nn.Linear to it)
+PARAM_MODULES = (torch.nn.Linear, Head, torch.nn.Embedding, torch.nn.LayerNorm, torch.nn.RMSNorm)
 
 
 def build_ds_config(plan) -> dict:
@@ -59,8 +62,10 @@ def build_ds_config(plan) -> dict:
         cfg["compile"] = {"deepcompile": True}
     if s.autocast and c.precision in AUTOCAST_DTYPES:
         cfg["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_DTYPES[c.precision]}
-        if s.reduce_dtype == "fp32" and stage:  # stages 1-3 reduce each parameter in its comm_dtype: none in 16 bit
-            cfg["torch_autocast"]["lower_precision_safe_modules"] = []
+        if s.reduce_dtype != "auto" and stage:  # stages 1-3 reduce each parameter in its comm_dtype, the autocast
+            # dtype for the modules named: none (fp32), or every class of bench's model that holds parameters
+            cfg["torch_autocast"]["lower_precision_safe_modules"] = [] if s.reduce_dtype == "fp32" else [
+                f"{c.__module__}.{c.__qualname__}" for c in PARAM_MODULES]
     elif c.precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     elif c.precision == "fp16":
@@ -123,7 +128,7 @@ def half_reduced_share(plan: Plan) -> float:
     them, tests/test_sharding.py): under its own bf16 / fp16 all (communication_data_type: the parameters' dtype); in
     fp32 none; under torch_autocast at stage 0 none (the engine's communication_data_type is fp32), at stages 1-3
     those of the blocks' nn.Linear layers (torch_autocast.py gives them the autocast dtype as comm_dtype; bench's
-    Head, a subclass, does not match); strategy.reduce_dtype=fp32 none, param all."""
+    Head, a subclass, does not match); strategy.reduce_dtype=fp32 none, param all (PARAM_MODULES)."""
     s, run = plan.strategy, plan.run
     if run.precision == "fp32" or s.reduce_dtype == "fp32":
         return 0.0

@@ -3,24 +3,14 @@ raise inside deepspeed.initialize, fall back silently, or run something other th
 from __future__ import annotations
 
 from bench.spec.schema import ConfigError, Plan
-from bench.strategies.zero_engine import runs_torch_autocast
 
 
 def rules_reduce_dtype(plan: Plan) -> None:
-    """strategy.reduce_dtype=param where it cannot apply: in fp32 there is no 16-bit dtype to reduce in, and under
-    torch_autocast stages 1-3 reduce each parameter in its own comm_dtype (the blocks' Linear ones in 16 bit, the
-    rest in fp32), which DeepSpeed sets only for the module classes it deems safe."""
+    """strategy.reduce_dtype=param in fp32: there is no 16-bit dtype to sum in."""
     s, c = plan.strategy, plan.run
-    if s.reduce_dtype != "param":
-        return
-    if c.precision == "fp32":
+    if s.reduce_dtype == "param" and c.precision == "fp32":
         raise ConfigError("strategy.reduce_dtype", "param", "takes effect only with precision=bf16 or fp16 (with "
                           "precision=fp32 the parameters are fp32); use strategy.reduce_dtype=auto or precision=bf16")
-    if runs_torch_autocast(c) and s.zero_stage:
-        raise ConfigError("strategy.reduce_dtype", "param", f"with strategy.autocast=true, ZeRO stage {s.zero_stage} "
-                          "reduces the blocks' Linear gradients in 16 bit and the others in fp32 (DeepSpeed's "
-                          "torch_autocast); for 16-bit sums of every gradient use strategy.autocast=false, or "
-                          "strategy.reduce_dtype=auto")
 
 
 def rules_no_grad_norm(plan: Plan) -> None:
