@@ -33,7 +33,8 @@ planner keys:
 flags:
   --config-dir DIR             your presets and probe profiles (DIR/hardware/NAME.yaml: hardware=NAME), as for bench
 bench overrides: every key python -m bench takes (model=..., model=hf model.hf_config=..., hardware=...,
-  model.seq_len=..., strategy=... to plan one strategy); docs/knobs.md lists them.
+  model.seq_len=..., strategy=... to plan one strategy, grad_reduce=fp32|16bit to plan every strategy at one
+  precision of the gradient sums); docs/knobs.md lists them.
 exit codes: 0 a layout fits, 2 bad input (one line), 3 nothing fits."""
 
 
