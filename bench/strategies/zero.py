@@ -193,18 +193,19 @@ def model_states(run: BenchConfig) -> ModelStates:
 def _reduce_buckets(plan: Plan) -> tuple[float, float]:
     """(bytes held from initialize, bytes held in backward) of the reduce buckets, reduce_bucket_size elements
     each.  Stages 1-2 (stage_1_and_2.py setup_buckets, at a backward's first gradient hook, released at its end):
-    one per communication dtype (under torch_autocast Linear gradients are reduced in 16 bit, the rest in fp32:
-    two), in the parameters' dtype, twice with overlap_comm.  Stage 3 (stage3.py, at initialize): one per
+    one per communication dtype (under torch_autocast by default Linear gradients are reduced in 16 bit, the rest
+    in fp32: two), in the parameters' dtype, twice with overlap_comm.  Stage 3 (stage3.py, at initialize): one per
     communication dtype, in that dtype.  DeepCompile drops those (init_z3) for its own, per gradient dtype and
     double-buffered, allocated at the first gradient and released at the end of backward (deepcompile.h
     DoubleBufferedReduceBucket).  Without contiguous_gradients: none (gradients stay in param.grad)."""
-    s, autocast = plan.strategy, runs_torch_autocast(plan.run)
+    s, half = plan.strategy, half_reduced_share(plan)
+    comm = [b for b, share in ((2, half), (4, 1 - half)) if share > 0]  # the communication dtypes' bytes
     n = float(s.reduce_bucket_size) if s.contiguous_gradients else 0.0
     if s.deepcompile:
         return 0.0, 2 * n * _param_bytes(plan)
     if s.zero_stage == 3:
-        return n * ((2 + 4) if autocast else _param_bytes(plan)), 0.0
-    return 0.0, (2 if autocast else 1) * (2 if s.overlap_comm else 1) * n * _param_bytes(plan)
+        return n * sum(comm), 0.0
+    return 0.0, len(comm) * (2 if s.overlap_comm else 1) * n * _param_bytes(plan)
 
 
 def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, float], str]:
