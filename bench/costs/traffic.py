@@ -29,7 +29,8 @@ counts per step
   ``layer_host``    eager host cost of a layer's ops against plain tensors' (> 1: DTensor dispatch, which
                     torch.compile traces away); default 1
   ``grad_elem``     bytes of a gradient element as the data-parallel reduction sends it (4: fp32, 2: 16 bit, between:
-                    some in each, ``reduced_in``); absent or 0 without one.  The planner says where strategies differ in it (bench/planner/reduction.py)
+                    some in each, ``reduced_in``); absent or 0 without one.  The planner says where strategies differ
+                    in it (bench/planner/reduction.py)
   ``lockstep``      share of the layer passes at which the ranks' hooks meet at a collective (the slowest rank's
                     host sets the pace each time); default 1 (per-layer gathers / reductions)
   ``extra_flops``   FLOPs the rank runs beyond its 1 / world share of the step's (a replicated layer's)

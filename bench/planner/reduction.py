@@ -23,12 +23,6 @@ NOTE_GAIN = 0.10
 KINDS = {"16bit": "in 16 bit", "mixed": "partly in 16 bit (the blocks' Linear gradients)", "fp32": "in fp32"}
 
 
-def reduced_in(row: Row) -> Optional[str]:
-    """"fp32", "16bit" or "mixed": what the row's data-parallel reduction sums a gradient element in (its strategy's
-    traffic, ``grad_elem``); None without a reduction (one replica)."""
-    return grad_reduce_of(row.plan, row.memory["parameters_on_rank"])
-
-
 def notes(ev: Evaluator, bases: dict[str, dict], rows: list[Row], fixed: set[str],
           rank_of: Callable[[Row], Optional[int]] = lambda row: None) -> list[str]:
     """Lines for the answer, from the ranked ``rows``: in what precision each strategy's best row sums gradients,
@@ -39,10 +33,11 @@ def notes(ev: Evaluator, bases: dict[str, dict], rows: list[Row], fixed: set[str
     for r in rows:
         if r.tokens_per_s and r.strategy not in best:
             best[r.strategy] = r
-    kinds = {s: reduced_in(r) for s, r in best.items()}
+    kinds = {s: grad_reduce_of(r.plan, r.memory["parameters_on_rank"]) for s, r in best.items()}
     out = []
     if len(set(kinds.values()) - {None}) > 1:
-        said = [f"{KINDS[k]} by {', '.join(s for s, v in kinds.items() if v == k)}" for k in KINDS if k in kinds.values()]
+        said = [f"{KINDS[k]} by {', '.join(s for s, v in kinds.items() if v == k)}"
+                for k in KINDS if k in kinds.values()]
         out.append(f"gradients are summed {'; '.join(said)} (each at its default): the ranking compares them at "
                    "different precisions of the gradient sums; grad_reduce=fp32 or grad_reduce=16bit plans them at one")
     for s, r in best.items():

@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from bench.planner.evaluate import Row, error_statement, job_cost, mfu
-from bench.planner.reduction import reduced_in
 from bench.spec.schema import setting
-from bench.strategies.registry import get_spec
+from bench.strategies.registry import get_spec, grad_reduce_of
 
 
 def fmt(v: Any) -> str:
@@ -56,7 +55,8 @@ def record(row: Row, rank: int, base: dict, common: list[str], strategy_set: boo
         "tp": lay["tp"], "pp": lay["pp"], "cp": lay.get("cp", 1), "dp": lay["dp"],
         "micro_batch_size": lay["micro_batch_size"], "grad_accum": lay["microbatches"], "recompute": lay["recompute"],
         "precision": row.plan.run.precision,
-        "compile": row.plan.run.compile, "grad_reduce": reduced_in(row), "knobs": knobs(row, base),
+        "compile": row.plan.run.compile, "grad_reduce": grad_reduce_of(row.plan, row.memory["parameters_on_rank"]),
+        "knobs": knobs(row, base),
         "tokens_per_s": round(row.tokens_per_s) if row.tokens_per_s else None,
         "mfu": round(u, 4) if u is not None else None,
         "peak_gib": round(mem["predicted_peak_allocated_mb"] / 1024, 1),

@@ -119,8 +119,8 @@ SPEC = register(StrategySpec(
     name="ddp", schema=DDPConfig, summary="torch DistributedDataParallel: replicas, bucketed all-reduce",
     implementation=lambda plan: torch_native(TorchDDP()), rules=rules, traffic=traffic,
     model_states=model_states, buffers=buffers, phase_buffers=phase_buffers, float8=True, loss_chunks=True,
-    grad_reduce={"fp32": ("strategy.comm_hook", "none"),
-                 "16bit": ("strategy.comm_hook", lambda precision: f"{'fp16' if precision == 'fp16' else 'bf16'}_compress")},
+    grad_reduce={"fp32": ("strategy.comm_hook", "none"), "16bit": (
+        "strategy.comm_hook", lambda precision: f"{'fp16' if precision == 'fp16' else 'bf16'}_compress")},
     profiles={"best": {
         # one rank is single's step: single's compiled CUDA-graph profile holds; on several ranks it does not
         "compile": (True, "1 x H100, 1 rank: gpt2 94.6k -> 156.4k tokens/s, 300m 153.1k -> 195.0k "

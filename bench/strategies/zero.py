@@ -85,8 +85,8 @@ class ZeroConfig(StrategyConfig):
     overlap_comm: Optional[bool] = knob(None, "stages 1-3: overlap gradient reduction with backward; null = "
                                         "DeepSpeed's default (true for stage 3, false for 1-2)", tune=(None, True))
     contiguous_gradients: bool = knob(True, "copy gradients into one contiguous buffer as produced")
-    reduce_dtype: str = knob("auto", "the dtype gradients are summed in across ranks: auto (DeepSpeed's: the 16-bit one "
-                             "under its own bf16 / fp16; with autocast=true fp32 at stage 0, and at stages 1-3 the "
+    reduce_dtype: str = knob("auto", "the dtype gradients are summed in across ranks: auto (DeepSpeed's: the 16-bit "
+                             "one under its own bf16 / fp16; with autocast=true fp32 at stage 0, and at stages 1-3 the "
                              "blocks' Linear gradients in 16 bit, the rest in fp32) | fp32 | param (the 16-bit one)",
                              choices=REDUCE_DTYPES, added=True)
     compute_grad_norm: bool = knob(True, "stages 1-2: false skips DeepSpeed's per-step global gradient norm and its "
@@ -198,14 +198,20 @@ def _reduce_buckets(plan: Plan) -> tuple[float, float]:
     communication dtype, in that dtype.  DeepCompile drops those (init_z3) for its own, per gradient dtype and
     double-buffered, allocated at the first gradient and released at the end of backward (deepcompile.h
     DoubleBufferedReduceBucket).  Without contiguous_gradients: none (gradients stay in param.grad)."""
-    s, half = plan.strategy, half_reduced_share(plan)
-    comm = [b for b, share in ((2, half), (4, 1 - half)) if share > 0]  # the communication dtypes' bytes
+    s, comm = plan.strategy, _comm_dtypes(plan)
     n = float(s.reduce_bucket_size) if s.contiguous_gradients else 0.0
     if s.deepcompile:
         return 0.0, 2 * n * _param_bytes(plan)
     if s.zero_stage == 3:
-        return n * sum(comm), 0.0
+        return n * sum(nbytes for nbytes, _ in comm), 0.0
     return 0.0, len(comm) * (2 if s.overlap_comm else 1) * n * _param_bytes(plan)
+
+
+def _comm_dtypes(plan: Plan) -> tuple[tuple[int, float], ...]:
+    """(bytes an element, share of the gradient elements) of each dtype the run's gradients are reduced in: 16 bit
+    (``half_reduced_share``), fp32 the rest; one reduce bucket per dtype."""
+    half = half_reduced_share(plan)
+    return tuple((nbytes, share) for nbytes, share in ((2, half), (4, 1 - half)) if share > 0)
 
 
 def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, float], str]:
@@ -296,12 +302,13 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     autocast = runs_torch_autocast(plan.run)
     stage, elem = s.zero_stage, 4 if plan.run.precision == "fp32" or autocast else 2
     overlap = stage == 3 if s.overlap_comm is None else s.overlap_comm
-    grads, half = params * elem, half_reduced_share(plan)
-    red = params * (4 - 2 * half)  # the gradients' bytes as reduced
+    comm, grads = _comm_dtypes(plan), params * elem
+    reduce_elem = sum(nbytes * share for nbytes, share in comm)  # bytes a gradient element is reduced in, on average
+    red, half = params * reduce_elem, dict(comm).get(2, 0.0)
     wrapper = not autocast and plan.run.precision != "fp32"  # DeepSpeed's own 16-bit optimizer wrapper
     norm = s.compute_grad_norm and (stage > 0 or wrapper)  # stage 0 under autocast: torch's AdamW, no norm
     out = {"hooks": n * (3 if wrapper else 1), "syncs": int(norm), "eager": int(wrapper),
-           "grad_elem": (4 - 2 * half) * (dp > 1)}
+           "grad_elem": reduce_elem * (dp > 1)}
     # gradients reduced in another dtype than their own: cast into it and the sum copied back, each a read and a write
     # (stage_1_and_2.py gradient_reduction_w_predivide, stage3.py __avg_scatter_grads), once a reduction
     cast = CAST_BYTES * params * (dp > 1) * (half if elem == 4 else 1 - half) * (m if stage in (2, 3) else 1)
@@ -314,7 +321,7 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
         per_mb = m if stage == 2 else 1  # stage 2 reduces every micro-batch from its hooks; stage 1 at the boundary
         reduce = per_mb * (all_reduce(red, dp) if multi else red * (dp > 1))
         out["grad_reduce" if overlap else "tail"] = reduce
-        nb = _reduce_buckets_count(plan, params, half)
+        nb = _reduce_buckets_count(plan, params, comm)
         out.update(tail=out.get("tail", 0.0) + all_gather(grads, dp), hooks=out["hooks"] + stage * n * m,
                    collectives=(per_mb * (1 if multi else dp) + 1) * nb)
         # the hooks launch a reduction only when a bucket fills: the ranks meet once a bucket, not once a layer
@@ -329,7 +336,7 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
         # forward gathers every parameter; backward only those released since (_kept_params stay gathered)
         regather = 1.0 - min(1.0, _kept_params(plan, param_groups(plan.model)["block"]) / params)
         out.update(param_gather=(1 + regather) * m * all_gather(grads, dp), grad_reduce=m * all_gather(red, dp),
-                   collectives=2 * m * modules + m * _reduce_buckets_count(plan, params, half),
+                   collectives=2 * m * modules + m * _reduce_buckets_count(plan, params, comm),
                    hooks=out["hooks"] + m * (FETCH_OPS * modules + (0 if s.deepcompile else PARAM_OPS * n)),
                    # each backward's epilogue waits for its reduce stream (stage3.py), unless DeepCompile reduces
                    syncs=out["syncs"] + (0 if s.deepcompile else m))
@@ -341,10 +348,9 @@ def traffic(plan: Plan, params: float) -> dict[str, float]:
     return out
 
 
-def _reduce_buckets_count(plan: Plan, params: float, half: float) -> int:
-    """Reduce buckets of reduce_bucket_size elements, one set per communication dtype (16 bit, fp32)."""
-    size = plan.strategy.reduce_bucket_size
-    return buckets(params * half, size) + buckets(params * (1 - half), size)
+def _reduce_buckets_count(plan: Plan, params: float, comm: tuple[tuple[int, float], ...]) -> int:
+    """Reduce buckets of reduce_bucket_size elements, one set per communication dtype (``_comm_dtypes``)."""
+    return sum(buckets(params * share, plan.strategy.reduce_bucket_size) for _, share in comm)
 
 
 def label(name: str, v: dict) -> list[str]:

@@ -62,10 +62,6 @@ def build_ds_config(plan) -> dict:
         cfg["compile"] = {"deepcompile": True}
     if s.autocast and c.precision in AUTOCAST_DTYPES:
         cfg["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_DTYPES[c.precision]}
-        if s.reduce_dtype != "auto" and stage:  # stages 1-3 reduce each parameter in its comm_dtype, the autocast
-            # dtype for the modules named: none (fp32), or every class of bench's model that holds parameters
-            cfg["torch_autocast"]["lower_precision_safe_modules"] = [] if s.reduce_dtype == "fp32" else [
-                f"{c.__module__}.{c.__qualname__}" for c in PARAM_MODULES]
     elif c.precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     elif c.precision == "fp16":
@@ -75,9 +71,13 @@ def build_ds_config(plan) -> dict:
                        "loss_scale_window": f.loss_scale_window, "hysteresis": f.hysteresis,
                        "consecutive_hysteresis": f.consecutive_hysteresis,
                        "min_loss_scale": f.min_loss_scale}
-    if s.reduce_dtype != "auto" and c.precision != "fp32" and "lower_precision_safe_modules" not in cfg.get(
-            "torch_autocast", {}):  # the engine's, and stages 1-2's and 3's without torch_autocast
-        cfg["communication_data_type"] = "fp32" if s.reduce_dtype == "fp32" else c.precision
+    if s.reduce_dtype != "auto" and c.precision != "fp32":
+        if "torch_autocast" in cfg and stage:  # stages 1-3 reduce each parameter in its comm_dtype, the autocast
+            # dtype for the modules named: none (fp32), or every class of bench's model that holds parameters
+            cfg["torch_autocast"]["lower_precision_safe_modules"] = [] if s.reduce_dtype == "fp32" else [
+                f"{m.__module__}.{m.__qualname__}" for m in PARAM_MODULES]
+        else:  # the engine's (stage 0), and stages 1-3's without torch_autocast
+            cfg["communication_data_type"] = "fp32" if s.reduce_dtype == "fp32" else c.precision
     # strategy.ds_config (a raw dict) merged last: dicts merge, anything else replaces
     return OmegaConf.to_container(OmegaConf.merge(cfg, s.ds_config or {}))
 
