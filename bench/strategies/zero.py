@@ -368,8 +368,9 @@ SPEC = register(StrategySpec(
     # stage unset searches every stage, each with its own trials and winner
     search_bases={"strategy.zero_stage": (0, 1, 2, 3)},
     # deepspeed.initialize imports TorchInductor (its Muon optimizer module compiles at import; 0.7 s of its
-    # ~1.5 s on the CPU machine). deepspeed itself is not preloaded: importing it queries the CUDA device count.
-    preload=lambda strategy: ("torch._inductor.compile_fx",),  # the same for every knob: reads none
+    # ~1.5 s on the CPU machine); importing deepspeed took 1.8-2.1 s a rank there.  Its import asks
+    # torch.cuda.device_count(), which reads NVML and starts no CUDA where NVML answers (torch's note on it).
+    preload=lambda strategy: ("torch._inductor.compile_fx", "deepspeed"),  # the same for every knob: reads none
     profiles={"best": {
         "strategy.autocast": (True, "one H200, 300m bf16: ZeRO-0 77% -> 96% of single, same losses "
                                     "(results/2026-11-23-h200x2-ddp-ceiling-graph-exit)"),
