@@ -28,7 +28,7 @@ TORCH_CUDA_ARCH_LIST=9.0a python -c "import deepspeed; print('import deepspeed u
   >> "$OUT/fork_check.txt" 2>&1
 grep -v "^\[W" "$OUT/fork_check.txt"
 BASE=/tmp/preload_base
-rm -rf $BASE && mkdir -p $BASE && cp -r bench conf multirun_analysis pyproject.toml $BASE/
+rm -rf $BASE && mkdir -p $BASE && cp -r bench conf hydra_plugins multirun_analysis pyproject.toml $BASE/
 sed -i 's/preload=lambda strategy: ("torch._inductor.compile_fx", "deepspeed"),/preload=lambda strategy: ("torch._inductor.compile_fx",),/' \
   $BASE/bench/strategies/zero.py
 grep -n "preload=lambda" $BASE/bench/strategies/zero.py bench/strategies/zero.py

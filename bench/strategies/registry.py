@@ -188,8 +188,8 @@ _discovered = False
 
 # What a sweep's fork server imports for every run (bench/launch/local.py): torch._dynamo, which
 # torch.optim and DDP import at their first use (1.1 s of DDP's setup on the 2-core CPU machine).
-# None of these, nor a strategy's own (StrategySpec.preload), makes a CUDA call when imported,
-# so each forked rank still starts CUDA itself.
+# None of these, nor a strategy's own (StrategySpec.preload), starts CUDA when imported (DeepSpeed's device
+# count reads NVML), so each forked rank still starts CUDA itself.
 SWEEP_PRELOAD = ("torch._dynamo",)
 # What a compiled run's first torch.compile imports (TorchInductor's compiler: 1.6 s on the CPU machine; most of the
 # 4.1 s an FSDP2 run's compile-wrapper phase took on one H200 on a host that had compiled its graphs before,

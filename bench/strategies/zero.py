@@ -369,7 +369,8 @@ SPEC = register(StrategySpec(
     search_bases={"strategy.zero_stage": (0, 1, 2, 3)},
     # deepspeed.initialize imports TorchInductor (its Muon optimizer module compiles at import; 0.7 s of its
     # ~1.5 s on the CPU machine); importing deepspeed took 1.8-2.1 s a rank there.  Its import asks
-    # torch.cuda.device_count(), which reads NVML and starts no CUDA where NVML answers (torch's note on it).
+    # torch.cuda.device_count(), which reads NVML and starts no CUDA where NVML answers (torch's note on it; a fork
+    # after it starts CUDA on an H100: results/2026-12-06-h100x1-deepspeed-preload).
     preload=lambda strategy: ("torch._inductor.compile_fx", "deepspeed"),  # the same for every knob: reads none
     profiles={"best": {
         "strategy.autocast": (True, "one H200, 300m bf16: ZeRO-0 77% -> 96% of single, same losses "
