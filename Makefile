@@ -6,6 +6,9 @@ TORCH ?= torch==2.13.0
 ARGS  ?=
 # test processes (pytest-xdist): most tests start 2-4 rank processes of their own and much of the suite waits on
 # them; on the 2-core CI machine 3 workers ran the suite in 21m55s against 24m19s with 2 (2026-11-27).
+# 2026-12-06, fresh clones, 3 workers: 1340.6 s (7b7ed72), 1639.1 s (2e8be02), 1509.3 s (27803c7), the machine's
+# speed moving more than the code; its 2 CPUs 97% busy (vmstat, first 150 s), so more workers do not help: 4 had
+# not finished after 28.5 min (another test command beside it for its first 3 min).
 # --dist loadgroup: tests are handed out one at a time in collection order, the slow ones first, and a module's
 # tests that share a module-scoped fixture as one unit (tests/conftest.py): no worker is left with a queue of slow
 # tests at the end, and no sweep fixture runs on several workers.  One at a time, slow first, without the groups:

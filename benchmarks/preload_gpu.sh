@@ -31,6 +31,8 @@ BASE=/tmp/preload_base
 rm -rf $BASE && mkdir -p $BASE && cp -r bench conf hydra_plugins multirun_analysis pyproject.toml $BASE/
 sed -i 's/preload=lambda strategy: ("torch._inductor.compile_fx", "deepspeed"),/preload=lambda strategy: ("torch._inductor.compile_fx",),/' \
   $BASE/bench/strategies/zero.py
+grep -q 'preload=lambda strategy: ("torch._inductor.compile_fx",),' $BASE/bench/strategies/zero.py ||
+  { echo "the baseline tree still preloads deepspeed: bench/strategies/zero.py changed"; exit 1; }
 grep -n "preload=lambda" $BASE/bench/strategies/zero.py bench/strategies/zero.py
 COMMON="strategy=zero zero_stage=1,2,3 world_size=1 model=100m precision=bf16 steps=6 warmup_steps=2 metrics.measure_matmul_peak=false"
 for i in 1 2; do

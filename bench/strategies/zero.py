@@ -368,7 +368,7 @@ SPEC = register(StrategySpec(
     # stage unset searches every stage, each with its own trials and winner
     search_bases={"strategy.zero_stage": (0, 1, 2, 3)},
     # deepspeed.initialize imports TorchInductor (its Muon optimizer module compiles at import; 0.7 s of its
-    # ~1.5 s on the CPU machine); importing deepspeed took 1.8-2.1 s a rank there.  Its import asks
+    # ~1.5 s on the CPU machine); importing deepspeed took 1.76-2.10 s a rank there.  Its import asks
     # torch.cuda.device_count(), which reads NVML and starts no CUDA where NVML answers (torch's note on it; a fork
     # after it starts CUDA on an H100: results/2026-12-06-h100x1-deepspeed-preload).
     preload=lambda strategy: ("torch._inductor.compile_fx", "deepspeed"),  # the same for every knob: reads none
