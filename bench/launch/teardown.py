@@ -73,19 +73,21 @@ def _drop_group_references() -> None:
     """Forget the process groups that outlive destroy_process_group (see the module docstring)."""
     from torch.distributed import ProcessGroup
 
-    if "torch.distributed.device_mesh" in sys.modules:
-        from torch.distributed.device_mesh import DeviceMesh
-
-        for obj in gc.get_objects():
-            if _is(obj, DeviceMesh):
-                registry = getattr(obj, "_pg_registry", None)
-                if isinstance(registry, dict):
-                    registry.clear()
-    # module globals that hold a group (megatron.core.parallel_state, deepspeed.utils.groups, ...) and
-    # default arguments bound to one when their module was imported (torch.distributed.nn.functional);
-    # a tuple of defaults holds no object the garbage collector tracks, so gc never lists it: look.
-    with warnings.catch_warnings():  # isinstance() on deprecated module attributes (torch.distributed.reduce_op) warns
+    # isinstance() on what gc or a module lists can touch deprecated attributes (torch.distributed.reduce_op,
+    # through torch 2.13's OpaqueBaseMeta) and warn: a teardown prints no warning of its own making
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        if "torch.distributed.device_mesh" in sys.modules:
+            from torch.distributed.device_mesh import DeviceMesh
+
+            for obj in gc.get_objects():
+                if _is(obj, DeviceMesh):
+                    registry = getattr(obj, "_pg_registry", None)
+                    if isinstance(registry, dict):
+                        registry.clear()
+        # module globals that hold a group (megatron.core.parallel_state, deepspeed.utils.groups, ...) and
+        # default arguments bound to one when their module was imported (torch.distributed.nn.functional);
+        # a tuple of defaults holds no object the garbage collector tracks, so gc never lists it: look.
         for name, mod in list(sys.modules.items()):
             if mod is not None and name.startswith(_HOLDERS):
                 _drop_module_groups(name, mod, ProcessGroup)
