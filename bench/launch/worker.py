@@ -318,22 +318,13 @@ def _write_metrics(plan: Plan, run_dir: Path, device, gathered: list, strategy, 
     log.info(loss_note(plan.model.vocab_size))
 
 
-def _freeze_what_the_rank_started_with() -> None:
-    """Leave the objects this rank was started with (torch and what the fork server imported: 300-540k on CPU) out
-    of every later garbage collection and of ``gc.get_objects()``: they live as long as the process.  The warm-up's
-    full collection (_collect_garbage) and the teardown's search for process groups' references then walk this run's
-    objects only (on the 2-core CI machine the teardown took 0.35-0.9 s a rank, the walk and the collection over
-    every object; less with the inherited ones left out)."""
-    gc.freeze()
-
-
 @record
 def worker_main(plan_dict: dict, run_dir: str, teardown_deadline: bool = False) -> None:
     """Entry point of one rank (started by torch elastic, or directly under SLURM).
     ``teardown_deadline``: see arm_teardown_deadline (the elastic launcher's ranks only: a SLURM
     task records the run's status itself after this returns)."""
-    if teardown_deadline:  # a process of this run alone (a SLURM task's may hold an earlier run's garbage)
-        _freeze_what_the_rank_started_with()
+    if teardown_deadline:  # this run's own process (not a SLURM task's, which may hold an earlier run's garbage):
+        gc.freeze()  # what it started with (torch, the server's imports) leaves its collections and the teardown's walk
     plan = plan_from_dict(plan_dict)
     rank = int(os.environ["RANK"])
     run_path = Path(run_dir)

@@ -167,6 +167,15 @@ def _optimizer_text(optimizer, fused_adam: bool) -> str:
             + (" (torch fused kernel)" if fused_adam else ""))
 
 
+def _megatron_optimizer(run, s, model):
+    """Megatron's optimizer over the model chunks, without gloo groups: they serve only its distributed optimizer's
+    checkpoints (the state dict gathered over gloo), and bench saves none (on 1 x H100 their six pt_gloo_runloop
+    threads outlived the release of the process groups, and the rank ended with os._exit)."""
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    return get_megatron_optimizer(_optimizer_config(run, s), model, use_gloo_process_groups=False)
+
+
 class MegatronModelParallel(Strategy):
     """Not registered itself: strategies megatron / tp / pp with impl=megatron."""
 
@@ -206,7 +215,7 @@ class MegatronModelParallel(Strategy):
                 tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
                 virtual_pipeline_model_parallel_size=v if v > 1 else None,
                 distributed_timeout_minutes=max(1, math.ceil(p.run.dist_timeout_s / 60)),
-                create_gloo_process_groups=False)  # see _build_optimizer
+                create_gloo_process_groups=False)  # see _megatron_optimizer
         got = (ps.get_data_parallel_rank(), ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank())
         if got != (c.dp, c.pp, c.tp):
             raise RuntimeError(f"rank {self.dist.rank}: Megatron's (dp, pp, tp) = {got} != bench.spec.layout's {c}")
@@ -257,14 +266,9 @@ class MegatronModelParallel(Strategy):
         return chunks
 
     def _build_optimizer(self) -> None:
-        from megatron.core.optimizer import get_megatron_optimizer
-
         s = self.plan.strategy
-        with self.setup_phase("optimizer"):  # Megatron's gloo groups serve only the distributed optimizer's
-            # checkpoints (its state dict gathered over gloo), and bench saves none: neither they nor their threads
-            # exist (on 1 x H100 six pt_gloo_runloop threads outlived the release, and the rank ended with os._exit)
-            self.optimizer = get_megatron_optimizer(_optimizer_config(self.plan.run, s), self.model,
-                                                    use_gloo_process_groups=False)
+        with self.setup_phase("optimizer"):
+            self.optimizer = _megatron_optimizer(self.plan.run, s, self.model)
         self.fused_adam = s.fused_adam and _use_fused_torch_adam(self.optimizer)
 
     def _install_train_hooks(self) -> None:
