@@ -69,76 +69,61 @@ def c10d_threads() -> list[str]:
 
 
 def _drop_group_references() -> None:
-    """Forget the process groups that outlive destroy_process_group (see the module docstring).  Objects are
-    matched by their type, never by isinstance(): through torch 2.13's OpaqueBaseMeta (ProcessGroup's and
-    DeviceMesh's metaclass) isinstance() runs Python (0.17 s over the 318k objects of a rank that imported
-    DeepSpeed, the type lookup 0.05 s), and it reads ``__class__``, at which torch.distributed.reduce_op warns."""
+    """Forget the process groups that outlive destroy_process_group (see the module docstring)."""
     from torch.distributed import ProcessGroup
 
     if "torch.distributed.device_mesh" in sys.modules:
         from torch.distributed.device_mesh import DeviceMesh
 
-        meshes = _with_subclasses(DeviceMesh)
         for obj in gc.get_objects():
-            if type(obj) in meshes:
+            if _is(obj, DeviceMesh):
                 registry = getattr(obj, "_pg_registry", None)
                 if isinstance(registry, dict):
                     registry.clear()
     # module globals that hold a group (megatron.core.parallel_state, deepspeed.utils.groups, ...) and
     # default arguments bound to one when their module was imported (torch.distributed.nn.functional);
     # a tuple of defaults holds no object the garbage collector tracks, so gc never lists it: look.
-    groups = _with_subclasses(ProcessGroup)
     for name, mod in list(sys.modules.items()):
         if mod is not None and name.startswith(_HOLDERS):
-            _drop_module_groups(name, mod, groups)
-
-
-def _with_subclasses(cls: type) -> set[type]:
-    """``cls`` and every class derived from it, as they stand now."""
-    found, todo = set(), [cls]
-    while todo:
-        c = todo.pop()
-        if c not in found:
-            found.add(c)
-            todo.extend(c.__subclasses__())
-    return found
+            _drop_module_groups(name, mod, ProcessGroup)
 
 
 def _is(obj, typ) -> bool:
-    """isinstance by the object's own type: no attribute of ``obj`` is read (torch's deprecated
-    torch.distributed.reduce_op warns at any), and a dead weak proxy is no error (isinstance on one raises
-    ReferenceError: seen on GPU runs, where torch.compile and DeepSpeed leave weakref.proxy objects behind)."""
+    """isinstance by the object's own type, reading nothing of ``obj``: isinstance() through torch 2.13's
+    OpaqueBaseMeta (ProcessGroup's and DeviceMesh's metaclass) runs Python (0.17 s over the 318k objects of a rank
+    that imported DeepSpeed; this 0.07 s), it reads ``__class__`` (at which torch.distributed.reduce_op warns), and
+    on a dead weak proxy it raises ReferenceError (seen on GPU runs: torch.compile and DeepSpeed leave them behind)."""
     return issubclass(type(obj), typ)
 
 
-def _drop_module_groups(name: str, mod, groups: set[type]) -> None:
-    """In module ``mod``: globals that are a group (their type in ``groups``) become None, groups leave module-level
-    dicts, and default arguments that are a group (its functions', its classes' methods') become None."""
+def _drop_module_groups(name: str, mod, group_type) -> None:
+    """In module ``mod``: globals that are a group become None, groups leave module-level dicts, and
+    default arguments that are a group (its functions', its classes' methods') become None."""
     for attr, value in list(vars(mod).items()):
-        if type(value) in groups:
+        if _is(value, group_type):
             setattr(mod, attr, None)
-        elif _is(value, dict) and any(type(v) in groups for v in value.values()):
-            for k in [k for k, v in value.items() if type(v) in groups]:
+        elif _is(value, dict) and any(_is(v, group_type) for v in value.values()):
+            for k in [k for k, v in value.items() if _is(v, group_type)]:
                 del value[k]
         elif _is(value, types.FunctionType):
-            _drop_default_groups(value, groups)
+            _drop_default_groups(value, group_type)
         elif _is(value, type) and value.__module__ == name:
             for member in list(vars(value).values()):
                 member = getattr(member, "__func__", member)  # staticmethod / classmethod
                 if _is(member, types.FunctionType):
-                    _drop_default_groups(member, groups)
+                    _drop_default_groups(member, group_type)
 
 
 _HOLDERS = ("torch.distributed", "megatron.core", "deepspeed")  # the libraries _drop_group_references looks into
 
 
-def _drop_default_groups(fn, groups: set[type]) -> None:
+def _drop_default_groups(fn, group_type) -> None:
     """Default arguments that are a group become None (what a default of group.WORLD is before
     init_process_group)."""
-    if fn.__defaults__ and any(type(v) in groups for v in fn.__defaults__):
-        fn.__defaults__ = tuple(None if type(v) in groups else v for v in fn.__defaults__)
-    if fn.__kwdefaults__ and any(type(v) in groups for v in fn.__kwdefaults__.values()):
-        fn.__kwdefaults__ = {k: None if type(v) in groups else v for k, v in fn.__kwdefaults__.items()}
+    if fn.__defaults__ and any(_is(v, group_type) for v in fn.__defaults__):
+        fn.__defaults__ = tuple(None if _is(v, group_type) else v for v in fn.__defaults__)
+    if fn.__kwdefaults__ and any(_is(v, group_type) for v in fn.__kwdefaults__.values()):
+        fn.__kwdefaults__ = {k: None if _is(v, group_type) else v for k, v in fn.__kwdefaults__.items()}
 
 
 def release_process_groups(abort: bool = False) -> list[str]:
