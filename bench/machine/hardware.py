@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Dict, Optional
 
 from bench.spec.schema import ConfigError, Section, knob
@@ -138,7 +138,10 @@ def resolve(cfg: Any) -> Optional[HardwareConfig]:
     for ``hardware=auto``.  ``cfg``: the run description (BenchConfig: its typed ``hardware``), or a config's
     plain containers (before validation; a recorded run's)."""
     h = (cfg.get("hardware") or {}) if isinstance(cfg, dict) else cfg.hardware
-    values = h if isinstance(h, dict) else asdict(h)  # a copy, as a config's plain containers are
+    # the fields as they are, not asdict's deep copy: a probe profile's raw curves made that most of a planner
+    # question's time (the memory plan and the prediction resolve it a few times per candidate layout); what this
+    # returns shares the config's dicts, and nothing writes to them
+    values = h if isinstance(h, dict) else {f.name: getattr(h, f.name) for f in fields(h)}
     name = values.get("name", "auto")
     if name == "auto":
         return None

@@ -328,16 +328,17 @@ def _float8_rules(plan: Plan, spec: StrategySpec) -> None:
     whose implementation composes with torchao (StrategySpec.float8), a GPU with float8 tensor cores, and
     compile=true: torchao's float8 is fast only compiled (eager, its scaling and casts are separate kernels
     that make it slower than bf16), so an eager fp8 run is refused rather than recorded as float8's speed."""
-    c = plan.cfg
-    if c["precision"] != "fp8":
-        if c.get("fp8_recipe", "tensorwise") != "tensorwise":
-            raise ConfigError("fp8_recipe", c["fp8_recipe"], "takes effect only with precision=fp8; add precision=fp8 "
+    # read typed: plan.cfg, a deep copy (a probe profile's curves too), made this the slowest rule of a planner search
+    r = plan.run
+    if r.precision != "fp8":
+        if r.fp8_recipe != "tensorwise":
+            raise ConfigError("fp8_recipe", r.fp8_recipe, "takes effect only with precision=fp8; add precision=fp8 "
                               "or leave fp8_recipe=tensorwise")
         return
     if not spec.float8:
         able = [n for n, sp in specs().items() if sp.float8]
         raise ConfigError("strategy", spec.name, f"cannot run precision=fp8: torchao's float8 composes with the "
-                          f"torch-native strategies ({'|'.join(able)}); strategy={_float8_alternative(c, able)} "
+                          f"torch-native strategies ({'|'.join(able)}); strategy={_float8_alternative(plan.cfg, able)} "
                           "precision=fp8 runs")
     if plan.device != "cuda":
         raise ConfigError("precision", "fp8", "needs a GPU with float8 tensor cores (compute capability >= "
@@ -347,7 +348,7 @@ def _float8_rules(plan: Plan, spec: StrategySpec) -> None:
     if cc is not None and cc < FLOAT8_MIN_CC:
         raise ConfigError("precision", "fp8", f"needs float8 tensor cores (compute capability >= {FLOAT8_MIN_CC}: "
                           f"H100, H200, L40S), and {where} has {cc}; use precision=bf16")
-    if not c["compile"]:
+    if not r.compile:
         raise ConfigError("compile", False, "with precision=fp8: torchao's float8 is fast only compiled (eager, its "
                           "scaling and casts are separate kernels, slower than bf16); add compile=true")
 
