@@ -196,13 +196,29 @@ def _rank_main(rank: int, fn, world: int, port: int, args: tuple) -> None:
     assert not left, f"rank {rank}: c10d threads still running after the process groups were released: {left}"
 
 
-def spawn_ranks(fn, world: int = 2, *args) -> None:
-    """Run ``fn(rank, world, *args)`` in ``world`` spawned processes joined in one gloo group (the
-    group is created before fn and released after it, even when fn raises; a rank that leaves a
-    c10d thread running fails)."""
+# What the test process's fork server imports once, before it forks any rank of start_ranks: a spawned rank imported
+# them itself (torch and bench: about 2 s of CPU, on the 2-core CI machine beside two other test processes).  Not
+# tests.conftest: its import makes a folder of its own (_BESTS_DIR).
+RANK_PRELOAD = ["torch", "torch.distributed", "bench.run.config"]
+
+
+def start_ranks(fn, args: tuple = (), nprocs: int = 1) -> None:
+    """``torch.multiprocessing.spawn(fn, args, nprocs, join=True)``, the processes forked from this test process's fork
+    server (started at the first call, with RANK_PRELOAD imported; it never runs torch ops, so each process starts
+    as after a spawn).  A process inherits the environment the server started with, not this process's of now."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
-    mp.spawn(_rank_main, args=(fn, world, free_port(), args), nprocs=world, join=True)
+    multiprocessing.set_forkserver_preload(RANK_PRELOAD)  # read when the server starts
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def spawn_ranks(fn, world: int = 2, *args) -> None:
+    """Run ``fn(rank, world, *args)`` in ``world`` processes (start_ranks) joined in one gloo group (the
+    group is created before fn and released after it, even when fn raises; a rank that leaves a
+    c10d thread running fails)."""
+    start_ranks(_rank_main, (fn, world, free_port(), args), world)
 
 
 @pytest.fixture(scope="session")

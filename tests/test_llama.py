@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import socket
 import types
 
 import pytest
@@ -19,7 +18,7 @@ from bench.run.config import register_configs, validate
 from bench.spec.schema import ConfigError, ModelConfig, typed
 from bench.metrics import flops
 from bench.models.model import GPT, apply_rope, build_model, lm_loss, rope_cos_sin, sdpa_kv
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port, start_ranks
 from tests.megatron_by_hand import grads_as_model, run_virtual_pipeline_by_hand
 
 register_configs()
@@ -270,12 +269,6 @@ def test_megatron_tp_slices_of_bench_llama_weights(tp):
     assert torch.equal(out, tied.tok_emb.weight)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _megatron_llama_worker(rank: int, world: int, port: int) -> None:
     import torch.distributed as dist
 
@@ -351,7 +344,7 @@ def test_megatron_llama_on_cpu_matches_bench():
     """Megatron's GPTModel with bench's llama layout (RMSNorm, SwiGLU, RoPE, 4 query groups, no
     biases; tied and untied) from bench's weights: TP=2 logits, loss and gradients, and PP=2 x 2
     virtual stages' loss equal bench's llama_tiny (fp32, CPU, gloo)."""
-    torch.multiprocessing.spawn(_megatron_llama_worker, args=(2, _free_port()), nprocs=2, join=True)
+    start_ranks(_megatron_llama_worker, (2, free_port()), 2)
 
 
 # --------------------------------------------------------------------------- torch-native TP
@@ -398,4 +391,4 @@ def test_torch_tp_of_llama_matches_unsharded():
     """torch-native TP=2 over the llama module names (q/k/v_proj, gate/up_proj column-wise,
     o_proj/down_proj row-wise; RoPE and GQA on the local heads): loss and gradients of the
     unsharded model (tied embeddings replicated)."""
-    torch.multiprocessing.spawn(_torch_tp_llama_worker, args=(2, _free_port()), nprocs=2, join=True)
+    start_ranks(_torch_tp_llama_worker, (2, free_port()), 2)

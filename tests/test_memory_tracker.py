@@ -228,12 +228,10 @@ def test_zero_buckets_outlive_a_micro_batch_at_stage_1_only_and_the_plan_says_so
     in backward only at stage 2; here against the bytes DeepSpeed's buckets hold after each micro-batch."""
     import json
 
-    import torch.multiprocessing as mp
-
-    from tests.conftest import free_port
+    from tests.conftest import free_port, start_ranks
 
     out = tmp_path / "held.json"
-    mp.spawn(_buckets_after_each_backward, args=(stage, str(out), free_port()), nprocs=1, join=True)
+    start_ranks(_buckets_after_each_backward, (stage, str(out), free_port()))
     first, last = json.loads(out.read_text())
     phase = memory_plan(_zero_plan(stage))["phase_buffers_mb"]
     assert last == 0  # freed at the boundary, both stages

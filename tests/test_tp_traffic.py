@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from tests.conftest import spawn_ranks
+from tests.conftest import spawn_ranks, start_ranks
 from tests.test_hsdp import plan_of
 
 # llama_tiny with an MLP width whose tp=2 shards stay multiples of 16, so precision=fp8 converts every projection
@@ -146,15 +146,13 @@ def test_a_fake_rank_issues_the_collectives_of_the_real_layouts_rank_0(tmp_path)
     """benchmarks/fake_ranks.py times rank 0 of a layout on one device with torch's fake process group: it runs the
     rank's own work as the real layout does only if it makes the same calls.  The collectives of one fp8 FSDP2 TP=2
     step (op, group size, bytes, in order) from a fake rank equal rank 0's in the real 4-rank gloo run."""
-    import torch.multiprocessing as mp
-
     plan = plan_of("dry_run=true", "hardware=h100_sxm_80gb", *TINY, "precision=fp8", "compile=true",
                    "strategy.micro_batch_size=2", "model.n_layers=2", "model.seq_len=32")
     d = plan.to_dict()
     d.update(device="cpu", backend="gloo", run={**d["run"], "device": "cpu", "compile": False})
     real, fake = str(tmp_path / "real.json"), str(tmp_path / "fake.json")
     spawn_ranks(_count_step, plan.world_size, d, real)
-    mp.spawn(_count_fake_rank, args=(plan.world_size, d, fake), nprocs=1, join=True)
+    start_ranks(_count_fake_rank, (plan.world_size, d, fake))
     with open(real) as f, open(fake) as g:
         real_calls, fake_calls = json.load(f), json.load(g)
     assert len(real_calls) > 20 and {op for op, _, _ in real_calls} == {"all_reduce", "_allgather_base_",
