@@ -18,13 +18,14 @@ import sys
 import threading
 import time
 
+from bench.metrics.host import host_cpu_ticks
+
 TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _busy_s() -> float:
-    with open("/proc/stat") as f:
-        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in f.readline().split()[1:8])
-    return (user + nice + system + irq + softirq) / TICK
+    """The machine's busy CPU seconds since boot (bench/metrics/host.py: steal counted as busy)."""
+    return host_cpu_ticks()[0] / TICK
 
 
 def _sample(seen: dict, me: int) -> None:

@@ -206,11 +206,9 @@ def start_ranks(fn, args: tuple = (), nprocs: int = 1) -> None:
     """``torch.multiprocessing.spawn(fn, args, nprocs, join=True)``, the processes forked from this test process's fork
     server (started at the first call, with RANK_PRELOAD imported; it never runs torch ops, so each process starts
     as after a spawn).  A process inherits the environment the server started with, not this process's of now."""
-    import multiprocessing
-
     import torch.multiprocessing as mp
 
-    multiprocessing.set_forkserver_preload(RANK_PRELOAD)  # read when the server starts
+    mp.set_forkserver_preload(RANK_PRELOAD)  # read when the server starts
     mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
 
 
