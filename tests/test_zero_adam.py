@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from bench.run.config import ConfigError, register_configs, validate
-from bench.strategies.zero_engine import adam_of
+from bench.strategies.zero_rules import adam_of
 from tests.conftest import REPO, loss_curve, metrics_of
 
 

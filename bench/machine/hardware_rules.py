@@ -19,7 +19,27 @@ from bench.machine.hardware import HardwareConfig, PRESETS, cpu_name, match, res
 from bench.spec.schema import BenchConfig, ConfigError
 
 
+def no_nvidia_driver() -> bool:
+    """NVML finds no NVIDIA driver here (its library absent or the driver not loaded: a laptop, a CPU node, CI), so
+    no CUDA device either.  False where it cannot tell (no nvidia-ml-py) or a driver answers: torch says then."""
+    try:
+        import pynvml
+    except ImportError:
+        return False
+    try:
+        pynvml.nvmlInit()
+    except (pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded):
+        return True
+    except pynvml.NVMLError:
+        return False
+    return False
+
+
 def cuda_device_count() -> int:
+    """CUDA devices this process sees; without an NVIDIA driver none, said without importing torch (most of a
+    command's start on a CPU machine: a dry run, a refused override, a submission, the planner)."""
+    if no_nvidia_driver():
+        return 0
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -147,10 +167,10 @@ def slow_cpu_precision(device: str, precision: str) -> Optional[str]:
     in fp16 against 60-66 in fp32, one thread; docs/development.md).  None elsewhere: on other CPUs it is not known to crawl."""
     import platform
 
-    import torch
-
     if device != "cpu" or precision not in ("bf16", "fp16") or platform.machine().lower() not in ("x86_64", "amd64"):
         return None
+    import torch
+
     level = torch.backends.cpu.get_cpu_capability()
     if level not in _NO_HALF_MATMULS:
         return None

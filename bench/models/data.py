@@ -8,16 +8,20 @@ model can beat ln(vocab) on it: a loss far below that means batches repeat.
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from bench.spec.schema import ModelConfig
+
+if TYPE_CHECKING:  # imported where a batch is drawn: the command reads loss_note without loading torch
+    import torch
 
 _STREAM_SALT = 0x5EED_BA7C  # keeps batch seeds apart from the model-init seed
 
 
 def global_batch(n: int, *, seed: int, vocab_size: int, seq_len: int, batch: int) -> torch.Tensor:
     """Global batch n: int64 ids of shape [batch, seq_len + 1] (inputs and shifted targets)."""
+    import torch
+
     g = torch.Generator().manual_seed((seed * 1_000_003 + n) ^ _STREAM_SALT)
     return torch.randint(0, vocab_size, (batch, seq_len + 1), generator=g)
 

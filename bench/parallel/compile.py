@@ -3,10 +3,12 @@ a wrapper's hooks stay outside the graphs, and DTensor's dispatch is traced away
 from __future__ import annotations
 
 import logging
-
-import torch.nn as nn
+from typing import TYPE_CHECKING
 
 from bench.spec.schema import BenchConfig, ConfigError, Plan
+
+if TYPE_CHECKING:  # annotations only: the rules here are read by validation, which never imports torch
+    import torch.nn as nn
 
 log = logging.getLogger("bench.compile")
 

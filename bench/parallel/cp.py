@@ -10,8 +10,10 @@ No CPU: PyTorch's ring runs only the CUDA attention kernels (flash, memory-effic
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported by the run that shards: validation reads NO_CPU, and never imports torch
+    import torch
 
 # how K / V reach every rank: "allgather" (each layer gathers the whole sequence's K and V once, torchtitan's
 # default) or "alltoall" (a ring of cp - 1 exchanges); the memory plan and the traffic count the all-gather
@@ -24,6 +26,7 @@ NO_CPU = ("PyTorch's context parallelism (ring attention over SDPA) runs only on
 def sequence_shard(cp_mesh, x: torch.Tensor, y: torch.Tensor):
     """Inside: this rank's shard of token ids ``x``, targets ``y`` ([b, s]) and their positions ([1, s / cp]);
     SDPA is the ring over ``cp_mesh``.  Forward and backward both run inside."""
+    import torch
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import set_rotate_method
 

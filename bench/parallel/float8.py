@@ -17,11 +17,12 @@ torchao is imported only by a run that converts: validation, the memory plan and
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
-
-import torch.nn as nn
+from typing import TYPE_CHECKING, Optional
 
 from bench.spec.schema import BenchConfig
+
+if TYPE_CHECKING:  # annotations only: the rules here are read by validation and the plan, which never import torch
+    import torch.nn as nn
 
 HEAD = "head"  # bench.models.model.GPT's output projection
 ALIGN = 16  # torch._scaled_mm: both matmul dimensions a multiple of 16

@@ -185,6 +185,10 @@ def register(spec: StrategySpec) -> StrategySpec:
     return spec
 
 _discovered = False
+# the package's modules that register no strategy: this one, the interface, and the implementations a rank imports
+# (torch, DeepSpeed), which the strategy modules import only where a rank builds one: validation, the planner and the
+# analysis never load torch (1.9 CPU-seconds of every command on the CPU machine)
+_REGISTER_NOTHING = ("registry", "base", "torch_native", "zero_engine")
 
 # What a sweep's fork server imports for every run (bench/launch/local.py): torch._dynamo, which
 # torch.optim and DDP import at their first use (1.1 s of DDP's setup on the 2-core CPU machine).
@@ -204,7 +208,7 @@ def specs() -> dict[str, StrategySpec]:
         import bench.strategies as pkg
 
         for m in pkgutil.iter_modules(pkg.__path__):
-            if m.name not in ("base", "registry"):  # the interface, this module
+            if m.name not in _REGISTER_NOTHING:
                 importlib.import_module(f"bench.strategies.{m.name}")
         _discovered = True
     return REGISTRY

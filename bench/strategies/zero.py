@@ -25,8 +25,8 @@ from bench.spec.schema import (BenchConfig, ConfigError, Plan, StrategyConfig, S
                               check_whole, knob)
 from bench.strategies.registry import (AUTOCAST_COPY, FP32, MIXED, ModelStates, StrategySpec, knob_text,
                                       register)
-from bench.strategies.zero_engine import REDUCE_DTYPES, Zero, check_adam, half_reduced_share, runs_torch_autocast
-from bench.strategies.zero_rules import rules_deepcompile, rules_no_grad_norm, rules_reduce_dtype
+from bench.strategies.zero_rules import (REDUCE_DTYPES, check_adam, half_reduced_share, rules_deepcompile, rules_no_grad_norm,
+                                        rules_reduce_dtype, runs_torch_autocast)
 from bench.costs.traffic import all_gather, all_reduce, buckets, param_tensors
 from bench.parallel.compile import refuse_graphs_across_microbatches
 
@@ -359,9 +359,17 @@ def label(name: str, v: dict) -> list[str]:
     return [head] + [f"{k}={v[k]}" for k in ("offload_optimizer", "offload_param") if v.get(k) not in (None, "none")]
 
 
+def implementation(plan: Plan):
+    """DeepSpeed's engine (bench/strategies/zero_engine.py), imported where a rank builds it: validation, the planner and
+    the analysis read this module and never import torch or DeepSpeed."""
+    from bench.strategies.zero_engine import Zero
+
+    return Zero
+
+
 SPEC = register(StrategySpec(
     name="zero", schema=ZeroConfig, summary="DeepSpeed ZeRO stages 0-3 (+ CPU offload) on bench's model",
-    implementation=lambda plan: Zero, rules=rules, model_states=model_states, buffers=buffers, label=label,
+    implementation=implementation, rules=rules, model_states=model_states, buffers=buffers, label=label,
     phase_buffers=phase_buffers, traffic=traffic, variants_figure=("zero_stage", "ZeRO stages"), loss_chunks=True,
     grad_reduce={"fp32": ("strategy.reduce_dtype", "fp32"), "16bit": ("strategy.reduce_dtype", "param")},
     # each stage is a strategy of its own (the analysis, the store of measured bests): a knob search that leaves the

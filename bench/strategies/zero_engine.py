@@ -10,16 +10,14 @@ import torch
 from omegaconf import OmegaConf
 
 from bench.models.model import Block, Head, build_model, model_loss
-from bench.models.model_spec import describe_model
 from bench.parallel.ac import apply_ac, apply_loss_chunks
 from bench.parallel.compile import compile_kwargs
 from bench.parallel.optim import adamw
 from bench.strategies.base import StepResult, Strategy
-from bench.spec.schema import BenchConfig, ConfigError, Plan
 from bench.strategies.deepspeed_env import ensure_torch_extensions_dir, fix_cuda_arch_list
+from bench.strategies.zero_rules import adam_of
 
 AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # DeepSpeed's torch_autocast.dtype names
-REDUCE_DTYPES = ("auto", "fp32", "param")  # strategy.reduce_dtype
 # the module classes of bench's model that hold parameters: each one's gradients summed in 16 bit under torch_autocast
 # with reduce_dtype=param (DeepSpeed matches the class exactly: Head is not an nn.Linear to it)
 PARAM_MODULES = (torch.nn.Linear, Head, torch.nn.Embedding, torch.nn.LayerNorm, torch.nn.RMSNorm)
@@ -80,64 +78,6 @@ def build_ds_config(plan) -> dict:
             cfg["communication_data_type"] = "fp32" if s.reduce_dtype == "fp32" else c.precision
     # strategy.ds_config (a raw dict) merged last: dicts merge, anything else replaces
     return OmegaConf.to_container(OmegaConf.merge(cfg, s.ds_config or {}))
-
-
-def fused_fp16_wrapper(plan: Plan) -> bool:
-    """DeepSpeed's own fp16 at stage 0 on CUDA: its FP16_Optimizer (flat fp32 master, the loss-scale knobs) wraps
-    FusedAdam only; any other optimizer gets FP16_UnfusedOptimizer (engine._configure_fp16_optimizer)."""
-    return (plan.strategy.zero_stage == 0 and plan.run.precision == "fp16" and plan.device == "cuda"
-            and not runs_torch_autocast(plan.run))
-
-
-UNFUSED_FP16_SCALE_POWER = 16  # DeepSpeed's FP16_UnfusedOptimizer starts its loss scale at 2**16 (loss_scaler.py)
-
-
-def check_adam(plan: Plan) -> None:
-    """strategy.adam where it cannot apply (bench/strategies/zero.py rules): the record would name another Adam."""
-    s = plan.strategy
-    if s.adam != "auto" and s.offload_optimizer != "none":  # the engine steps offloaded states with its CPU Adam only
-        raise ConfigError("strategy.adam", s.adam, "optimizer offload steps on the host with DeepSpeedCPUAdam, whichever "
-                          f"Adam is named (strategy.offload_optimizer={s.offload_optimizer}); use strategy.adam=auto "
-                          "or strategy.offload_optimizer=none")
-    if s.adam == "deepspeed" and plan.device != "cuda":
-        raise ConfigError("strategy.adam", s.adam, f"FusedAdam is a CUDA op (this run's device is {plan.device}); use "
-                          "strategy.adam=auto or torch")
-    if s.adam == "torch" and fused_fp16_wrapper(plan) and s.fp16.initial_scale_power != UNFUSED_FP16_SCALE_POWER:
-        raise ConfigError("strategy.adam", s.adam, "DeepSpeed's own fp16 at stage 0 wraps a torch optimizer in its "
-                          "unfused fp16 optimizer, which starts the loss scale at 2**16 whatever "
-                          f"strategy.fp16.initial_scale_power (={s.fp16.initial_scale_power}) says; use strategy.adam=auto")
-
-
-def adam_of(plan: Plan) -> str:
-    """The Adam that runs without optimizer offload: strategy.adam, auto resolved to torch's AdamW (fused on CUDA:
-    the speed and losses of DeepSpeed's FusedAdam with nothing to JIT-build, results/2026-12-06-h200x1-adam-and-host)
-    except where DeepSpeed's fused fp16 wrapper takes FusedAdam only."""
-    if plan.strategy.adam != "auto":
-        return plan.strategy.adam
-    return "deepspeed" if fused_fp16_wrapper(plan) else "torch"
-
-
-def runs_torch_autocast(run: BenchConfig) -> bool:
-    """DeepSpeed's torch_autocast: strategy.autocast, or a raw ds_config that enables it."""
-    raw = ((run.strategy.ds_config or {}).get("torch_autocast") or {}).get("enabled")
-    return run.precision != "fp32" and bool(run.strategy.autocast or raw)
-
-
-def half_reduced_share(plan: Plan) -> float:
-    """Share of the gradient elements DeepSpeed reduces in 16 bit, the rest in fp32 (as its comms logger counts
-    them, tests/test_sharding.py): under its own bf16 / fp16 all (communication_data_type: the parameters' dtype); in
-    fp32 none; under torch_autocast at stage 0 none (the engine's communication_data_type is fp32), at stages 1-3
-    those of the blocks' nn.Linear layers (torch_autocast.py gives them the autocast dtype as comm_dtype; bench's
-    Head, a subclass, does not match); strategy.reduce_dtype=fp32 none, param all (PARAM_MODULES)."""
-    s, run = plan.strategy, plan.run
-    if run.precision == "fp32" or s.reduce_dtype == "fp32":
-        return 0.0
-    if not runs_torch_autocast(run) or s.reduce_dtype == "param":
-        return 1.0
-    if not s.zero_stage:
-        return 0.0
-    desc = describe_model(plan.model)
-    return desc.layers * desc.block_linear_params() / desc.total_params()
 
 
 def comms_calls() -> Optional[dict]:
