@@ -5,8 +5,9 @@ every process of the machine every 0.3 s (/proc: its CPU time so far, its comman
 PYTEST_CURRENT_TEST its environment inherited), runs the command, then prints the machine's busy CPU seconds, the
 CPU seconds by process kind (bench's command, fork servers and the ranks forked from them, SLURM tasks, test
 processes, ranks the tests start themselves) and by test module.  A process that ends between two samples loses
-its last 0.3 s; one shorter than that is missed.  The breakdown is for the machine it ran on, with that machine's
-other load (results/2026-12-07-cpu-suite-cost.md)."""
+its last 0.3 s; one shorter than that is missed.  A forked process has its fork server's environment, so the ranks
+a test process's fork server forks count under the test that started that server.  The breakdown is for the machine
+it ran on, with that machine's other load (results/2026-12-07-cpu-suite-cost.md)."""
 from __future__ import annotations
 
 import collections

@@ -6,8 +6,9 @@ its validation rules, how it holds model states (the memory plan), what a step m
 (the throughput prediction), its tuning profile, what the fork server should preload, and its class
 (bench/strategies/base.py: the interface).  Nothing outside
 the module names the strategy: bench.run.config, the memory plan, the run key and the knob search ask
-this module, which imports every module of the package once (importing none of them itself, so that
-what only needs the descriptions - validation, run keys, the analysis - stays light).  Adding a
+this module, which imports every strategy module of the package once (importing none of them itself), and not the
+implementations a rank builds (``_REGISTER_NOTHING``): what only needs the descriptions - validation, run keys, the
+planner, the analysis - never imports torch.  Adding a
 strategy is adding its module: nothing here names one.
 """
 from __future__ import annotations
