@@ -13,6 +13,7 @@ ARGS  ?=
 # tests that share a module-scoped fixture as one unit (tests/conftest.py): no worker is left with a queue of slow
 # tests at the end, and no sweep fixture runs on several workers.  One at a time, slow first, without the groups:
 # 30m14s on the 2-core machine, module fixtures recomputed on each worker (2026-12-02)
+# --durations=30: CI's log lists the 30 slowest tests (setup, call, teardown), where a cut of CI's time starts
 WORKERS ?= 3
 
 .PHONY: run test setup clean
@@ -28,7 +29,7 @@ run: setup
 	$(PY) -m bench $(ARGS)
 
 test: setup
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup --no-loadscope-reorder $(ARGS)
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30 $(ARGS)
 
 clean:
 	rm -rf outputs multirun .pytest_cache
