@@ -96,28 +96,51 @@ def _count_step(rank: int, world: int, plan_dict: dict, out: str) -> None:
     del s, mode
 
 
+# the layouts counted: float8 styles (the MLP's input cast once), float8 all-gather, resharding, 2 micro-batches; 2 blocks
+# of 32 tokens (on the CPU float8's matmuls run as torchao's emulation: bench/parallel/float8.py); bf16: llama's gate and
+# up each all-reduce their input gradient; no resharding, units of 2 blocks; 32 tokens (bf16 is slow on a CPU without
+# bf16 instructions: docs/development.md)
+LAYOUTS = {
+    "fp8-reshard-accum": ("precision=fp8", "compile=true", "strategy.micro_batch_size=2", "model.n_layers=2",
+                          "model.seq_len=32"),
+    "bf16-units": ("precision=bf16", "strategy.reshard_after_forward=false", "strategy.blocks_per_unit=2",
+                   "model.seq_len=32"),
+}
+
+
+def _layout(name: str):
+    """(the layout's plan, planned for an H100; the plan dict its CPU ranks run: gloo, eager)."""
+    plan = plan_of("dry_run=true", "hardware=h100_sxm_80gb", *TINY, *LAYOUTS[name])
+    d = plan.to_dict()
+    d.update(device="cpu", backend="gloo", run={**d["run"], "device": "cpu", "compile": False})
+    return plan, d
+
+
+def _real_calls(name: str, folder) -> list:
+    """The collectives of one step of rank 0 of the layout's real 4-rank gloo run."""
+    plan, d = _layout(name)
+    out = str(folder / "calls.json")
+    spawn_ranks(_count_step, plan.world_size, d, out)
+    with open(out) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def fp8_real_calls(tmp_path_factory):
+    """The fp8 layout's real run, counted once for the two tests that read it."""
+    return _real_calls("fp8-reshard-accum", tmp_path_factory.mktemp("fp8"))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides", [
-    # float8 styles (the MLP's input cast once), float8 all-gather, resharding, 2 micro-batches; 2 blocks of 32
-    # tokens (on the CPU float8's matmuls run as torchao's emulation: bench/parallel/float8.py)
-    ("precision=fp8", "compile=true", "strategy.micro_batch_size=2", "model.n_layers=2", "model.seq_len=32"),
-    # bf16: llama's gate and up each all-reduce their input gradient; no resharding, units of 2 blocks; 32 tokens
-    # (bf16 is slow on a CPU without bf16 instructions: docs/development.md)
-    ("precision=bf16", "strategy.reshard_after_forward=false", "strategy.blocks_per_unit=2", "model.seq_len=32"),
-], ids=["fp8-reshard-accum", "bf16-units"])
-def test_traffic_model_counts_what_commdebugmode_counts(tmp_path, overrides):
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_traffic_model_counts_what_commdebugmode_counts(tmp_path, name, request):
     from bench.plan.memory_model import memory_plan
     from bench.costs.traffic import torch_tp
     from bench.strategies.registry import get_spec
 
-    plan = plan_of("dry_run=true", "hardware=h100_sxm_80gb", *TINY, *overrides)
+    plan, _ = _layout(name)
     want = get_spec("fsdp").traffic(plan, float(memory_plan(plan)["parameters_on_rank"]))
-    d = plan.to_dict()
-    d.update(device="cpu", backend="gloo", run={**d["run"], "device": "cpu", "compile": False})
-    out = str(tmp_path / "calls.json")
-    spawn_ranks(_count_step, plan.world_size, d, out)
-    with open(out) as f:
-        calls = json.load(f)
+    calls = request.getfixturevalue("fp8_real_calls") if name == "fp8-reshard-accum" else _real_calls(name, tmp_path)
     sent, count = Counter(), Counter()
     for op, n, nbytes in calls:
         scalar = op == "all_reduce" and nbytes[0] <= 8  # float8's amax all-reduces: latency, no bytes to speak of
@@ -142,19 +165,15 @@ def _count_fake_rank(_: int, world: int, plan_dict: dict, out: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_fake_rank_issues_the_collectives_of_the_real_layouts_rank_0(tmp_path):
+def test_a_fake_rank_issues_the_collectives_of_the_real_layouts_rank_0(tmp_path, fp8_real_calls):
     """benchmarks/fake_ranks.py times rank 0 of a layout on one device with torch's fake process group: it runs the
     rank's own work as the real layout does only if it makes the same calls.  The collectives of one fp8 FSDP2 TP=2
     step (op, group size, bytes, in order) from a fake rank equal rank 0's in the real 4-rank gloo run."""
-    plan = plan_of("dry_run=true", "hardware=h100_sxm_80gb", *TINY, "precision=fp8", "compile=true",
-                   "strategy.micro_batch_size=2", "model.n_layers=2", "model.seq_len=32")
-    d = plan.to_dict()
-    d.update(device="cpu", backend="gloo", run={**d["run"], "device": "cpu", "compile": False})
-    real, fake = str(tmp_path / "real.json"), str(tmp_path / "fake.json")
-    spawn_ranks(_count_step, plan.world_size, d, real)
+    plan, d = _layout("fp8-reshard-accum")
+    fake = str(tmp_path / "fake.json")
     start_ranks(_count_fake_rank, (plan.world_size, d, fake))
-    with open(real) as f, open(fake) as g:
-        real_calls, fake_calls = json.load(f), json.load(g)
+    with open(fake) as g:
+        real_calls, fake_calls = fp8_real_calls, json.load(g)
     assert len(real_calls) > 20 and {op for op, _, _ in real_calls} == {"all_reduce", "_allgather_base_",
                                                                         "_reduce_scatter_base_"}
     assert fake_calls == real_calls

@@ -19,9 +19,16 @@ from bench.machine.hardware import HardwareConfig, PRESETS, cpu_name, match, res
 from bench.spec.schema import BenchConfig, ConfigError
 
 
+# what an NVIDIA driver puts on a Linux machine (its kernel module's files; WSL's GPU device): where one is there,
+# torch says how many CUDA devices this process sees
+_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/dxg")
+
+
 def no_nvidia_driver() -> bool:
-    """NVML finds no NVIDIA driver here (its library absent or the driver not loaded: a laptop, a CPU node, CI), so
-    no CUDA device either.  False where it cannot tell (no nvidia-ml-py) or a driver answers: torch says then."""
+    """No NVIDIA driver here (none of its files, and NVML's library absent or its driver not loaded: a laptop, a CPU
+    node, CI), so no CUDA device either.  False where it cannot tell (no nvidia-ml-py) or a driver is there."""
+    if any(os.path.exists(f) for f in _DRIVER_FILES):
+        return False
     try:
         import pynvml
     except ImportError:
