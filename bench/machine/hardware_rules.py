@@ -11,6 +11,7 @@ re-validations) passes the config, not who it is.
 """
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from typing import Optional
@@ -24,6 +25,7 @@ from bench.spec.schema import BenchConfig, ConfigError
 _DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/dxg")
 
 
+@functools.cache  # a driver neither comes nor goes while a command runs; validation asks once per planned layout
 def no_nvidia_driver() -> bool:
     """No NVIDIA driver here (none of its files, and NVML's library absent or its driver not loaded: a laptop, a CPU
     node, CI), so no CUDA device either.  False where it cannot tell (no nvidia-ml-py) or a driver is there."""

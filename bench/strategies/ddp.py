@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from bench.spec.schema import BenchConfig, ConfigError, Plan, StrategyConfig, fields_of, knob
-from bench.strategies.registry import ModelStates, StrategySpec, register, replicated_states
+from bench.strategies.registry import ModelStates, StrategySpec, register, replicated_states, torch_native_over
 from bench.strategies.single import REDUCE_OVERHEAD
 from bench.parallel.compile import refuse_graphs_across_microbatches
 from bench.costs.traffic import all_reduce, buckets
@@ -113,17 +113,9 @@ def phase_buffers(plan: Plan, psi: float, per_block: float) -> tuple[dict[str, f
     return {"pass": 4 * psi}, "the first micro-batch's gradients (no_sync), beside the bucket views"
 
 
-def implementation(plan: Plan):
-    """torch DDP under bench's torch-native steps, imported where a rank builds it (as single's)."""
-    from bench.parallel.dp import TorchDDP
-    from bench.strategies.torch_native import torch_native
-
-    return torch_native(TorchDDP())
-
-
 SPEC = register(StrategySpec(
     name="ddp", schema=DDPConfig, summary="torch DistributedDataParallel: replicas, bucketed all-reduce",
-    implementation=implementation, rules=rules, traffic=traffic,
+    implementation=torch_native_over("TorchDDP"), rules=rules, traffic=traffic,
     model_states=model_states, buffers=buffers, phase_buffers=phase_buffers, float8=True, loss_chunks=True,
     grad_reduce={"fp32": ("strategy.comm_hook", "none"), "16bit": (
         "strategy.comm_hook", lambda precision: f"{'fp16' if precision == 'fp16' else 'bf16'}_compress")},

@@ -9,7 +9,7 @@ from typing import Optional
 
 from bench.spec.layout_rules import check_torch_native
 from bench.spec.schema import AddedLayoutKnobs, BenchConfig, ConfigError, Plan, knob
-from bench.strategies.registry import FP32, ModelStates, Scheme, StrategySpec, register
+from bench.strategies.registry import FP32, ModelStates, Scheme, StrategySpec, register, torch_native_over
 from bench.parallel.float8 import fsdp_float8_all_gather, precomputes_scales
 from bench.metrics.flops import float8_matmul_params
 from bench.costs.activations import params_per_rank
@@ -295,17 +295,9 @@ def label(name: str, v: dict) -> list[str]:
         (["cpu_offload"] if v.get("cpu_offload") is True else [])
 
 
-def implementation(plan: Plan):
-    """FSDP2 under bench's torch-native steps, imported where a rank builds it (as single's)."""
-    from bench.parallel.dp import FSDP2
-    from bench.strategies.torch_native import torch_native
-
-    return torch_native(FSDP2())
-
-
 SPEC = register(StrategySpec(
     name="fsdp", schema=FSDPConfig, summary="PyTorch FSDP2 (fully_shard), alone or over torch TP / PP",
-    implementation=implementation, rules=rules, model_states=model_states, buffers=buffers,
+    implementation=torch_native_over("FSDP2"), rules=rules, model_states=model_states, buffers=buffers,
     phase_buffers=phase_buffers, crowded=crowded, label=label, traffic=traffic, float8=True, loss_chunks=True,
     grad_reduce={"fp32": ("strategy.reduce_dtype", "fp32"), "16bit": ("strategy.reduce_dtype", "param")},
     profiles={"best": {

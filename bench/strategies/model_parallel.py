@@ -15,8 +15,8 @@ from typing import Any, Callable, Optional
 
 from bench.spec.layout_rules import build as build_layout, check_torch_native
 from bench.spec.schema import CUDA_GRAPH_CAPTURE_STEP, BenchConfig, ConfigError, LayoutKnobs, Plan, fields_of, knob
-from bench.strategies.ddp import bucket_bytes, implementation as torch_ddp
-from bench.strategies.registry import FP32, ModelStates, StrategySpec, register, specs
+from bench.strategies.ddp import bucket_bytes
+from bench.strategies.registry import FP32, ModelStates, StrategySpec, register, specs, torch_native_over
 from bench.costs.traffic import all_reduce, buckets, merge, param_tensors, pp_p2p, torch_native_hooks, torch_tp
 
 
@@ -202,7 +202,7 @@ def _torch_traffic(plan: Plan, params: float) -> dict[str, float]:
 MEGATRON_ONLY = ("overlap_grad_reduce", "use_distributed_optimizer", "overlap_param_gather", "bucket_size",
                  "grad_reduce_in_fp32", "fused_adam", "batch_p2p_sync", "spec", "init")
 TORCH_NATIVE = register_implementation(Implementation(
-    name="torch", runner=torch_ddp,  # replicas (tp = 1) reduce through torch DDP
+    name="torch", runner=torch_native_over("TorchDDP"),  # replicas (tp = 1) reduce through torch DDP
     rules=_torch_rules, model_states=_torch_model_states, buffers=_torch_buffers, traffic=_torch_traffic,
     refuses={"strategy.sequence_parallel": "is implemented for strategy.impl=megatron only; use "
                                            "sequence_parallel=false with impl=torch",

@@ -96,6 +96,18 @@ def replicated_states(run: BenchConfig) -> ModelStates:
                        + (" (autocast)" if run.precision != "fp32" else ""))
 
 
+def torch_native_over(policy: str) -> Callable[[Plan], Callable]:
+    """A torch-native strategy's implementation: bench/strategies/torch_native.py's steps over the data-parallel policy
+    ``policy`` names (bench/parallel/dp.py), both imported where a rank builds it: the modules that register, which
+    validation, the planner and the analysis read, never import torch."""
+    def implementation(plan: Plan) -> Callable:
+        from bench.parallel import dp
+        from bench.strategies.torch_native import torch_native
+
+        return torch_native(getattr(dp, policy)())
+    return implementation
+
+
 def no_buffers(plan: Plan, params: float, per_block: float) -> tuple[float, str]:
     """Communication / gather buffers beside the model states: none (torch DDP's buckets are the gradients)."""
     return 0.0, ""

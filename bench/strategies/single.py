@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench.spec.schema import ConfigError, Plan, StrategyConfig
-from bench.strategies.registry import StrategySpec, register
+from bench.strategies.registry import StrategySpec, register, torch_native_over
 from bench.parallel.compile import refuse_graphs_across_microbatches
 
 
@@ -20,15 +20,6 @@ def rules(plan: Plan) -> None:
     refuse_graphs_across_microbatches(plan)
 
 
-def implementation(plan: Plan):
-    """bench's torch-native steps over one replica, imported here, where a rank builds it: validation, the planner and
-    the analysis read this module and never import torch."""
-    from bench.parallel.dp import DataParallel
-    from bench.strategies.torch_native import torch_native
-
-    return torch_native(DataParallel())
-
-
 # CUDA graphs of the compiled step: the launch cost a small step is bound by goes (CUDA only; skipped on CPU)
 REDUCE_OVERHEAD = ("1 x H100, compiled: gpt2 119.5k -> 242.3k tokens/s, 300m 193.5k -> 197.4k "
                    "(results/2026-11-25-h100-search-1gpu); 1 x H200, gpt2 fp16 133.3k -> 217.2k, 300m "
@@ -37,7 +28,7 @@ REDUCE_OVERHEAD = ("1 x H100, compiled: gpt2 119.5k -> 242.3k tokens/s, 300m 193
 
 SPEC = register(StrategySpec(
     name="single", schema=SingleConfig, summary="one device, plain PyTorch, fused AdamW: the baseline",
-    implementation=implementation, rules=rules, baseline=True, float8=True, loss_chunks=True,
+    implementation=torch_native_over("DataParallel"), rules=rules, baseline=True, float8=True, loss_chunks=True,
     profiles={"best": {
         "compile": (True, "300m bf16, one H200: 168k -> 204k tokens/s (results/2026-11-22-h200x2-foundation)"),
         "compile_mode": ("reduce-overhead", REDUCE_OVERHEAD),
