@@ -5,6 +5,7 @@ with what tells rows apart in the table; and a knob the memory plan counts is se
 without it."""
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -16,6 +17,7 @@ from bench.planner.cli import main, plan
 from bench.planner.evaluate import verdict_of
 from bench.planner.job import parse
 from bench.plan.predict import predict
+from bench.plan.prediction_text import prediction_line
 from tests.conftest import REPO
 
 register_configs()
@@ -23,6 +25,7 @@ register_configs()
 HF = sorted(p.name for p in (REPO / "tests" / "data" / "hf").iterdir() if p.is_dir())
 PRESETS = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml") if p.stem != "hf")
 PROFILE = REPO / "results" / "2026-11-27-h100x4-edge" / "hardware" / "h100x4_probe.yaml"
+SLOW = REPO / "results" / "2026-11-27-h100x4-slow-links"  # its hardware/: the probe profiles of each link regime
 HF_QUESTION = ["model=hf", "model.hf_config=tests/data/hf/llama-3.2-1b", "hardware=h100_sxm_80gb", "nodes=1",
                "gpus_per_node=4", "model.seq_len=2048", "tokens_per_step=32768", "train_tokens=10B"]
 
@@ -113,3 +116,31 @@ def test_a_counted_knob_is_searched_where_nothing_fits_without_it_and_rows_are_d
     assert not any(r["strategy"] == "pp" and r["pp"] == 1 for r in rows)
     zero = [r for r in rows if r["strategy"] == "zero"]
     assert zero and all("zero_stage=" in r["knobs"] for r in zero)
+
+
+def test_a_measured_error_every_row_shares_is_printed_once_and_each_rank_says_what_differs(tmp_path, capsys):
+    """Over a sockets probe every row quotes the sockets regime's held-out error: the planner prints that sentence
+    once, and by rank where the groups live and the error of the recorded runs with the layout's features.  Together
+    they are, row by row, what ``python -m bench <the row's command> dry_run=true`` prints after its numbers (an
+    independent re-plan through Hydra)."""
+    argv = ["--config-dir", str(SLOW), "hardware=h100x4_sockets", "link_regime=sockets", "model=llama3_1b", "top=8",
+            f"out={tmp_path}"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out.splitlines()
+    shared = [line for line in printed if line.startswith("the prediction's error, every row: ")]
+    assert len(shared) == 1 and "over the sockets link regime, held out of the fit" in shared[0]
+    case = shared[0].split(": ", 1)[1].rsplit("; by rank, ", 1)[0]
+    assert sum(case in line for line in printed) == 1  # the long sentence once, not once a rank
+    by_rank = {}
+    for line in printed[printed.index(shared[0]) + 1:]:
+        if not line.startswith("  rank"):
+            break
+        ranks, text = line.strip().split(": ", 1)
+        for part in ranks.split(" ", 1)[1].split(", "):
+            a, _, b = part.partition("-")
+            by_rank.update({r: text for r in range(int(a), int(b or a) + 1)})
+    rows = json.loads((tmp_path / "plan.json").read_text())["rows"][:8]
+    assert sorted(by_rank) == [r["rank"] for r in rows] and len(set(by_rank.values())) > 1
+    for r in rows:
+        statement = prediction_line(predict(replan(r["overrides"], str(SLOW)))).split("; ", 1)[1]
+        assert statement == r["error"] and statement.replace(f"; {case}", "", 1) == by_rank[r["rank"]], r["command"]

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from bench.run.config import validate
 from bench.plan.memory_model import memory_plan
 from bench.plan.predict import device_hardware
-from bench.plan.prediction_text import predicted, prediction_line
+from bench.plan.prediction_text import case_words, layout_words, predicted
 from bench.spec.schema import BenchConfig, ConfigError, Plan, setting
 
 FITS, TIGHT, NO_FIT, UNKNOWN = "fits", "tight", "does not fit", "unknown"
@@ -105,10 +105,18 @@ class Evaluator:
         return Row(base["strategy"]["name"], dict(changes), plan, mem, verdict, pred)
 
 
-def error_statement(pred: Optional[dict]) -> str:
-    """The prediction's error statement as bench.plan.predict prints it (the part of its line after the numbers)."""
-    line = prediction_line(pred)
-    return line.split("; ", 1)[1] if "; " in line else line
+def error_parts(pred: dict) -> tuple[str, str, str]:
+    """The prediction's error statement as ``python -m bench`` prints it after the numbers, in its three parts: where
+    the plan's groups live (its topology past the node count, which the planner's header gives), the error measured
+    on its case's or link regime's recorded runs, and that of the recorded runs with its layout's features ("" where
+    none)."""
+    return pred["topology"].split("; ", 1)[-1], case_words(pred), layout_words(pred.get("layout_error"))
+
+
+def error_statement(parts: tuple[str, str, str]) -> str:
+    """The three parts of ``error_parts`` as one statement, as ``python -m bench`` prints it."""
+    where, case, layout = parts
+    return f"{where}; {case}{layout}"
 
 
 def mfu(row: Row) -> Optional[float]:

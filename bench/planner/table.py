@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from bench.planner.evaluate import Row, error_statement, job_cost, mfu
+from bench.planner.evaluate import Row, error_parts, error_statement, job_cost, mfu
 from bench.spec.schema import setting
 from bench.strategies.registry import get_spec, grad_reduce_of
 
@@ -49,6 +49,7 @@ def record(row: Row, rank: int, base: dict, common: list[str], strategy_set: boo
     days, gpu_hours = job_cost(row, train_tokens)
     mem, lay = row.memory, row.memory["layout"]
     u = mfu(row)
+    parts = list(error_parts(row.prediction)) if row.prediction else None
     overrides = command_overrides(row, base, common, strategy_set)
     return {
         "rank": rank, "verdict": row.verdict, "strategy": row.strategy,
@@ -64,7 +65,7 @@ def record(row: Row, rank: int, base: dict, common: list[str], strategy_set: boo
         "device_gib": mem.get("device_memory_gib"),
         "days": round(days, 2) if days is not None else None,
         "gpu_hours": round(gpu_hours) if gpu_hours is not None else None,
-        "error": error_statement(row.prediction) if row.prediction else None,
+        "error": error_statement(parts) if parts else None, "error_parts": parts,
         "command": " ".join(["python -m bench", *flags, *overrides]), "overrides": overrides,
         "changes": {k: v for k, v in row.changes.items()},
     }
@@ -92,15 +93,22 @@ def same_setting(records: list[dict]) -> list[dict]:
 
 
 def error_notes(records: list[dict]) -> list[str]:
-    """Each distinct error statement of the printed rows once, with the ranks it applies to."""
-    by_error: dict[str, list[int]] = {}
-    for r in records:
-        if r["error"]:
-            by_error.setdefault(r["error"], []).append(r["rank"])
-    if len(by_error) == 1:
-        return [f"the prediction's error, the same for every row: {next(iter(by_error))}"]
-    return [f"the prediction's error, rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}: {err}"
-            for err, ranks in by_error.items()]
+    """The printed rows' error statements, each once with the ranks it applies to.  Where every row quotes one
+    measured error (its case's, or its link regime's), that sentence is printed once and, by rank, only what differs:
+    where the groups live and the error on the recorded runs with the layout's features."""
+    rows = [r for r in records if r["error"]]
+    cases = {r["error_parts"][1] for r in rows}
+    shared = len(cases) == 1 and len(rows) > 1
+    by_text: dict[str, list[int]] = {}
+    for r in rows:
+        where, _, layout = r["error_parts"]
+        by_text.setdefault(where + layout if shared else r["error"], []).append(r["rank"])
+    if len(by_text) == 1:
+        return [f"the prediction's error, the same for every row: {rows[0]['error']}"]
+    lead = "  " if shared else "the prediction's error, "
+    notes = [f"{lead}rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}: {text}" for text, ranks in by_text.items()]
+    return ([f"the prediction's error, every row: {cases.pop()}; by rank, where its groups live and the error on the "
+             "recorded runs with its layout's features:"] if shared else []) + notes
 
 
 def _ranges(ranks: list[int]) -> str:
@@ -140,7 +148,8 @@ def write(out_dir: Path, header: dict, records: list[dict]) -> tuple[Path, Path]
 
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = out_dir / "plan.csv", out_dir / "plan.json"
-    pd.DataFrame([{k: v for k, v in r.items() if k not in ("overrides", "changes")} for r in records]).to_csv(
+    pd.DataFrame([{k: v for k, v in r.items() if k not in ("overrides", "changes", "error_parts")}
+                  for r in records]).to_csv(
         csv_path, index=False)
     write_json_atomic(json_path, json.loads(json.dumps({**header, "rows": records}, default=str)))
     return csv_path, json_path
