@@ -61,8 +61,8 @@ def rows() -> list[dict]:
     return out
 
 
-def _pct(x: Optional[float]) -> str:
-    return "-" if x is None else f"{100 * x:.0f}%"
+def _pct(x: Optional[float], digits: int = 0) -> str:
+    return "-" if x is None else f"{100 * x:.{digits}f}%"
 
 
 def block(table: list[dict]) -> str:
@@ -71,10 +71,10 @@ def block(table: list[dict]) -> str:
             + " | bench, median | bench - study |", "|---|---:|---|---:|" + "---:|" * (len(MODELS) + 2)]
     body = []
     for r in table:
-        gap = (f"{100 * (r['bench_median'] - r['study']):+.0f} points"
+        gap = (f"{100 * (r['bench_median'] - r['study']):+.1f} points"
                if r["study"] is not None and r["bench_median"] is not None else "-")
         body.append(f"| {r['strategy']} | {r['gpus']} | {r['study_words']} | {_pct(r['study'])} | "
-                    + " | ".join(_pct(r["bench"][m]) for m in MODELS) + f" | {_pct(r['bench_median'])} | {gap} |")
+                    + " | ".join(_pct(r["bench"][m]) for m in MODELS) + f" | {_pct(r['bench_median'], 1)} | {gap} |")
     return "\n".join([BEGIN, "", *head, *body, "", END])
 
 
